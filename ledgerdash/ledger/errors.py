@@ -1,0 +1,186 @@
+"""Named errors of the ledger. Messages are class constants so tests and the
+API can refer to them; each error has a stable ``code`` for machines."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ledgerdash.ledger.models import Attempt
+
+
+class LedgerError(Exception):
+    """Base of every error the ledger raises on purpose."""
+
+    code = "ledger_error"
+
+
+# --- bad input: nothing was written ------------------------------------------
+
+
+class InvalidInput(LedgerError):
+    code = "invalid_input"
+
+
+class InvalidArgs(InvalidInput):
+    code = "invalid_args"
+    NOT_OBJECT = "tool arguments must be a JSON object (a dict), not {type}"
+    NOT_JSON = "tool arguments are not JSON-serializable"
+    UNSUPPORTED_TYPE = "tool arguments are not JSON-serializable: {type} is not a JSON type"
+    KEY_NOT_STRING = "tool arguments are not JSON-serializable: object key {key} is not a string"
+    NOT_FINITE = "tool arguments contain NaN or Infinity, which JSON cannot represent"
+    INT_RANGE = "tool arguments contain an integer outside ±2**53, which JSON cannot carry exactly"
+    TOO_DEEP = "tool arguments are nested deeper than {max_depth} levels"
+    NUL = "tool arguments contain a NUL character (U+0000), which the ledger does not store"
+    TOO_LARGE = "tool arguments are {size} bytes as canonical JSON; the limit is {limit}"
+
+
+class InvalidKey(InvalidInput):
+    code = "invalid_idempotency_key"
+    EMPTY = "idempotency key must not be empty"
+    TOO_LONG = "idempotency key is {length} characters; the limit is 255"
+    CONTROL = "idempotency key must not contain control characters"
+
+
+class InvalidField(InvalidInput):
+    code = "invalid_field"
+    EMPTY = "{field} must not be empty"
+    TOO_LONG = "{field} is {length} characters; the limit is {limit}"
+    CONTROL = "{field} must not contain control characters"
+
+
+class UnknownTenant(LedgerError):
+    code = "unknown_tenant"
+    MESSAGE = "no tenant {tenant!r}"
+
+
+class TenantInactive(LedgerError):
+    code = "tenant_inactive"
+    MESSAGE = "tenant {tenant!r} is not active"
+
+
+class NoPolicy(LedgerError):
+    code = "no_policy"
+    MESSAGE = "tenant {tenant!r} has no policy; nothing is allowed"
+
+
+class ToolNotAllowed(LedgerError):
+    code = "tool_not_allowed"
+    MESSAGE = "tool {tool!r} is not allowed by policy v{version} of tenant {tenant!r}"
+
+
+class ScopeNotAllowed(LedgerError):
+    code = "scope_not_allowed"
+    MESSAGE = "scope {scopes} is not allowed for tool {tool!r} by policy v{version} (allowed: {allowed})"
+
+
+# --- moves the state machine refuses ------------------------------------------
+
+
+class AttemptNotFound(LedgerError):
+    code = "attempt_not_found"
+    MESSAGE = "no attempt {attempt_id}"
+
+
+class IllegalTransition(LedgerError):
+    code = "illegal_transition"
+    MESSAGE = "{actor} may not move attempt {attempt_id} from {from_state} to {to_state}"
+
+
+class StaleFence(LedgerError):
+    """The caller's fence is not the attempt's: someone else moved it since."""
+
+    code = "stale_fence"
+    MESSAGE = "attempt {attempt_id} is at fence {current}, not {given}: it changed since you read it"
+
+
+class ClaimLost(StaleFence):
+    """Another worker claimed the attempt for dispatch first."""
+
+    code = "claim_lost"
+    MESSAGE = "attempt {attempt_id} was claimed by another worker (now {state} at fence {current})"
+
+
+class MissingEvidence(LedgerError):
+    code = "missing_evidence"
+    MESSAGE = "confirming attempt {attempt_id} needs evidence: a provider request id or a result reference"
+
+
+class RequestIdConflict(LedgerError):
+    code = "request_id_conflict"
+    MESSAGE = "attempt {attempt_id} already names provider request {existing!r}, not {given!r}"
+
+
+class AuthorizationChanged(LedgerError):
+    """The authority an attempt was recorded under no longer holds."""
+
+    code = "authorization_changed"
+    MESSAGE = "attempt {attempt_id} may not be dispatched: {changes}"
+
+
+# --- what an agent is told instead of dispatching -------------------------------
+
+
+class AttemptBlocked(LedgerError):
+    """The ledger refuses to let the agent call the tool for this key now."""
+
+    code = "attempt_blocked"
+
+    def __init__(self, message: str, attempt: Attempt) -> None:
+        super().__init__(message)
+        self.attempt = attempt
+
+
+class IdempotencyConflict(AttemptBlocked):
+    """The key was used before with other arguments. A linked attempt was
+    recorded for review; the tool was not called."""
+
+    code = "idempotency_key_reused"
+    MESSAGE = (
+        "idempotency key {key!r} was used with other arguments (attempt {original_id}); "
+        "recorded linked attempt {attempt_id} for review instead of calling the tool"
+    )
+
+
+class OutcomeUnknown(AttemptBlocked):
+    code = "outcome_unknown"
+    MESSAGE = "attempt {attempt_id} may already have happened; the reconciler is checking with the provider"
+
+
+class UnderReview(AttemptBlocked):
+    code = "under_review"
+    MESSAGE = "attempt {attempt_id} is waiting for an operator's decision"
+
+
+class AttemptInFlight(AttemptBlocked):
+    code = "attempt_in_flight"
+    MESSAGE = "attempt {attempt_id} is being dispatched by {holder}"
+
+
+class RetryPending(AttemptBlocked):
+    code = "retry_pending"
+    MESSAGE = "attempt {attempt_id} failed retryably; it may be dispatched again after {due}"
+
+
+class AttemptFailed(AttemptBlocked):
+    code = "attempt_failed"
+    MESSAGE = "attempt {attempt_id} failed: {reason}"
+
+
+class AttemptSuperseded(AttemptBlocked):
+    code = "attempt_superseded"
+    MESSAGE = "attempt {attempt_id} was superseded by linked attempt {child_id}"
+
+
+# --- what a tool tells the ledger ------------------------------------------------
+
+
+class NothingHappened(Exception):
+    """Raise from a tool when the provider guarantees it did not act (it
+    rejected the request before acting). The attempt becomes FAILED_RETRYABLE
+    and may be retried with the same key."""
+
+
+class PermanentFailure(Exception):
+    """Raise from a tool when the provider definitively refused; the attempt
+    becomes FAILED and is not retried."""

@@ -1,0 +1,281 @@
+"""The ledger's tables.
+
+Rows here are written by :mod:`ledgerdash.ledger.transitions` (attempts and
+their events) and by admins (tenants, policies). Nothing else writes
+``Attempt.state``; events are append-only, which the database itself enforces
+(see migration 0002).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class State(models.TextChoices):
+    INTENT_RECORDED = "INTENT_RECORDED", "intent recorded"
+    DISPATCHED = "DISPATCHED", "dispatched"
+    OUTCOME_CONFIRMED = "OUTCOME_CONFIRMED", "outcome confirmed"
+    FAILED_RETRYABLE = "FAILED_RETRYABLE", "failed, retryable"
+    FAILED = "FAILED", "failed"
+    UNKNOWN = "UNKNOWN", "unknown"
+    MANUAL_REVIEW = "MANUAL_REVIEW", "manual review"
+    RECONCILED = "RECONCILED", "reconciled"
+
+
+TERMINAL_STATES = frozenset({State.OUTCOME_CONFIRMED, State.FAILED, State.RECONCILED})
+#: States the reconciler works on when they fall due (``next_check_at``).
+IN_FLIGHT_STATES = frozenset({State.INTENT_RECORDED, State.DISPATCHED, State.UNKNOWN, State.FAILED_RETRYABLE})
+#: States that must have an owner: someone is accountable until they settle.
+OWNED_STATES = frozenset({State.UNKNOWN, State.MANUAL_REVIEW})
+
+
+class ActorKind(models.TextChoices):
+    AGENT = "agent"
+    RECONCILER = "reconciler"
+    USER = "user"
+    SYSTEM = "system"
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    is_active = models.BooleanField(default=True)
+    default_owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Owns UNKNOWN and MANUAL_REVIEW work when nobody is on call.",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Policy(models.Model):
+    """One version of what a tenant's agents may do. Versions are never edited:
+    a change is a new row with the next version number, so every attempt can
+    name exactly the authority it was recorded under."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="policies")
+    version = models.PositiveIntegerField()
+    #: ``{"tool_name": ["scope", ...], ...}``: the tools allowed and the
+    #: credential scopes each may use.
+    tools = models.JSONField(default=dict)
+    note = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["tenant", "-version"]
+        verbose_name_plural = "policies"
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "version"], name="ledger_policy_unique_version"),
+            models.CheckConstraint(condition=Q(version__gte=1), name="ledger_policy_version_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} v{self.version}"
+
+    def clean(self) -> None:
+        validate_policy_tools(self.tools)
+
+    def scopes_for(self, tool_name: str) -> frozenset[str] | None:
+        """The scopes ``tool_name`` may use, or None when the tool is not allowed."""
+        scopes = self.tools.get(tool_name)
+        return None if scopes is None else frozenset(scopes)
+
+
+def validate_policy_tools(tools: Any) -> None:
+    if not isinstance(tools, dict):
+        raise ValidationError("tools must be a JSON object mapping tool names to lists of scopes")
+    for name, scopes in tools.items():
+        if not isinstance(name, str) or not name.strip():
+            raise ValidationError("tool names must be non-empty strings")
+        if not isinstance(scopes, list) or not all(isinstance(s, str) and s and " " not in s for s in scopes):
+            raise ValidationError(f"scopes of {name!r} must be a list of non-empty strings without spaces")
+
+
+class OnCallShift(models.Model):
+    """Who owns newly stuck work of a tenant during a window of time."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="on_call")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["tenant", "starts_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")), name="ledger_shift_ends_after_start")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.user_id} {self.starts_at:%Y-%m-%d %H:%M} to {self.ends_at:%H:%M}"
+
+
+class Attempt(models.Model):
+    """One attempt at one logical side effect.
+
+    The idempotency key names the side effect, not the attempt: the first
+    attempt for a key (the root, ``parent`` empty) holds it uniquely per
+    tenant; a linked retry is a new row with the same key that points at the
+    attempt it re-tries, so the whole chain shares one key.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="attempts")
+    task_id = models.CharField(max_length=255)
+    tool_name = models.CharField(max_length=255)
+    idempotency_key = models.CharField(max_length=255)
+    #: The key sent to the provider. The root's is the idempotency key; a
+    #: linked retry with the same arguments keeps it (so the provider
+    #: deduplicates against the original); one with other arguments gets a
+    #: key derived from its arguments hash, since the provider would otherwise
+    #: answer with the original's effect.
+    provider_key = models.CharField(max_length=300)
+    args = models.JSONField()
+    args_hash = models.CharField(max_length=64)
+    state = models.CharField(max_length=32, choices=State.choices)
+    policy_version = models.PositiveIntegerField()
+    #: Space-separated, sorted credential scopes this attempt was authorized to use.
+    credential_scope = models.CharField(max_length=1000, blank=True)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    #: Who asked for this linked retry (an approver may not approve their own).
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    approved_at = models.DateTimeField(null=True, blank=True)
+    #: Bumped on every transition and every reconciler claim; a writer must
+    #: name the fence it holds, so a stale one cannot complete a newer claim.
+    fence = models.PositiveBigIntegerField(default=0)
+    #: The fence handed to whoever last dispatched. A late outcome report
+    #: (after the lease moved the attempt to UNKNOWN) is accepted with it.
+    dispatch_fence = models.PositiveBigIntegerField(null=True, blank=True)
+    dispatch_count = models.PositiveIntegerField(default=0)
+    provider_request_id = models.CharField(max_length=255, blank=True)
+    result_ref = models.CharField(max_length=1000, blank=True)
+    #: The tool's return value, replayed to an agent that re-runs the call.
+    result = models.JSONField(null=True, blank=True)
+    #: When the reconciler should next look at this attempt (a lease for
+    #: INTENT_RECORDED and DISPATCHED, a back-off for UNKNOWN and
+    #: FAILED_RETRYABLE); empty when it waits on people or is settled.
+    next_check_at = models.DateTimeField(null=True, blank=True)
+    check_count = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    #: The answer of the last provider lookup: found, not_found, mismatch, unavailable.
+    last_lookup = models.CharField(max_length=16, blank=True)
+    #: The reason given by the last transition, shown in the queues.
+    last_note = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=State.values), name="ledger_attempt_state_valid"),
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(parent__isnull=True),
+                name="ledger_attempt_unique_root_key",
+            ),
+            models.CheckConstraint(condition=~Q(idempotency_key=""), name="ledger_attempt_key_not_empty"),
+            models.CheckConstraint(condition=~Q(task_id=""), name="ledger_attempt_task_not_empty"),
+            models.CheckConstraint(
+                condition=Q(args_hash__regex=r"^[0-9a-f]{64}$"), name="ledger_attempt_args_hash_sha256"
+            ),
+            models.CheckConstraint(condition=~Q(parent=models.F("id")), name="ledger_attempt_not_own_parent"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "idempotency_key"], name="ledger_attempt_key_chain"),
+            models.Index(
+                fields=["next_check_at"],
+                condition=Q(next_check_at__isnull=False),
+                name="ledger_attempt_due",
+            ),
+            models.Index(fields=["tenant", "state", "-created_at", "-id"], name="ledger_attempt_queue"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.tool_name} {self.idempotency_key} [{self.state}]"
+
+    @property
+    def scopes(self) -> frozenset[str]:
+        return frozenset(self.credential_scope.split())
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class ChainHead(models.Model):
+    """The latest link of a tenant's event hash chain.
+
+    Appending an event locks this row, so a tenant's events form one ordered
+    chain; tenants never wait on each other, and one tenant's export can be
+    verified without any other tenant's events.
+    """
+
+    tenant = models.OneToOneField(Tenant, primary_key=True, on_delete=models.PROTECT, related_name="chain_head")
+    seq = models.PositiveBigIntegerField(default=0)
+    hash = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} @ {self.seq}"
+
+
+class AttemptEvent(models.Model):
+    """An append-only record of something that happened to an attempt (or,
+    with no attempt, to the tenant's ledger: an export, a policy change).
+
+    ``hash`` = sha256(prev_hash bytes + content_hash bytes); ``content_hash``
+    is sha256 of the RFC 8785 canonical JSON of the event's fields (see
+    :func:`ledgerdash.ledger.chain.event_content`).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.PROTECT, related_name="events")
+    kind = models.CharField(max_length=32)
+    actor_kind = models.CharField(max_length=16, choices=ActorKind.choices)
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    actor_label = models.CharField(max_length=255)
+    from_state = models.CharField(max_length=32, blank=True)
+    to_state = models.CharField(max_length=32, blank=True)
+    fence = models.PositiveBigIntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    details = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+    content_hash = models.CharField(max_length=64)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["tenant", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "seq"], name="ledger_event_unique_seq"),
+        ]
+        indexes = [models.Index(fields=["attempt", "seq"], name="ledger_event_attempt")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}#{self.seq} {self.kind} {self.from_state}->{self.to_state}"

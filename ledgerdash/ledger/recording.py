@@ -1,0 +1,519 @@
+"""The agent-facing recording API.
+
+Wrap each side-effecting tool once::
+
+    from ledgerdash.ledger import recording as ledger
+
+    @ledger.tool("send_email", key="invoice:{invoice_id}:send")
+    def send_email(call, *, invoice_id, to, body):
+        response = provider.send(to=to, body=body, idempotency_key=call.key)
+        call.record_request_id(response["id"])   # persisted at once
+        return response
+
+    with ledger.task(tenant="acme", task_id="billing-run-42"):
+        send_email(invoice_id="INV-7", to="ap@example.com", body="…")
+
+Each call records the intent (normalized, hashed, stamped with the tenant's
+current policy version) before anything is sent, commits DISPATCHED before
+the tool runs, and records the outcome. Re-running a task is safe: a call
+whose key was confirmed returns the stored result without calling the tool;
+one whose outcome is UNKNOWN, under review or in flight elsewhere raises
+instead of calling it again.
+
+The same steps are available one by one (:func:`record_intent`,
+:func:`mark_dispatched`, :func:`confirm`, …) for callers that need them,
+such as the HTTP API.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from ledgerdash.ledger import crashpoints, transitions
+from ledgerdash.ledger.authority import current_policy, scope_string
+from ledgerdash.ledger.canonical import normalize_args
+from ledgerdash.ledger.errors import (
+    AttemptFailed,
+    AttemptInFlight,
+    AttemptSuperseded,
+    ClaimLost,
+    IdempotencyConflict,
+    InvalidField,
+    InvalidKey,
+    LedgerError,
+    NoPolicy,
+    NothingHappened,
+    OutcomeUnknown,
+    PermanentFailure,
+    RetryPending,
+    ScopeNotAllowed,
+    TenantInactive,
+    ToolNotAllowed,
+    UnderReview,
+    UnknownTenant,
+)
+from ledgerdash.ledger.models import Attempt, State, Tenant
+from ledgerdash.ledger.transitions import Actor, NewAttempt
+
+log = logging.getLogger("ledgerdash.recording")
+
+MAX_KEY = 255
+MAX_NAME = 255
+
+
+def _default_agent() -> Actor:
+    return Actor.agent(f"{socket.gethostname()}:{os.getpid()}")
+
+
+# --- validation -------------------------------------------------------------------
+
+
+def _has_control(value: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in value)
+
+
+def validate_key(key: Any) -> str:
+    if not isinstance(key, str) or not key.strip():
+        raise InvalidKey(InvalidKey.EMPTY)
+    if len(key) > MAX_KEY:
+        raise InvalidKey(InvalidKey.TOO_LONG.format(length=len(key)))
+    if _has_control(key):
+        raise InvalidKey(InvalidKey.CONTROL)
+    return key
+
+
+def validate_name(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidField(InvalidField.EMPTY.format(field=field))
+    if len(value) > MAX_NAME:
+        raise InvalidField(InvalidField.TOO_LONG.format(field=field, length=len(value), limit=MAX_NAME))
+    if _has_control(value):
+        raise InvalidField(InvalidField.CONTROL.format(field=field))
+    return value
+
+
+def parse_scope(scope: str | Iterable[str] | None) -> frozenset[str] | None:
+    if scope is None:
+        return None
+    items = scope.split() if isinstance(scope, str) else list(scope)
+    for item in items:
+        if not isinstance(item, str) or not item or " " in item or _has_control(item):
+            raise InvalidField(f"credential scope entries must be non-empty strings without spaces, not {item!r}")
+    return frozenset(items)
+
+
+def resolve_tenant(tenant: Tenant | str | int) -> Tenant:
+    if isinstance(tenant, Tenant):
+        found = tenant
+    else:
+        lookup = {"pk": tenant} if isinstance(tenant, int) else {"slug": tenant}
+        try:
+            found = Tenant.objects.get(**lookup)
+        except (Tenant.DoesNotExist, ValueError):
+            raise UnknownTenant(UnknownTenant.MESSAGE.format(tenant=tenant)) from None
+    if not found.is_active:
+        raise TenantInactive(TenantInactive.MESSAGE.format(tenant=found.slug))
+    return found
+
+
+# --- the steps ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What :func:`record_intent` found or wrote."""
+
+    attempt: Attempt
+    #: False when the key was already recorded with these arguments: this is
+    #: that attempt, nothing new was written.
+    created: bool
+
+
+def record_intent(
+    *,
+    tenant: Tenant | str | int,
+    task_id: str,
+    tool_name: str,
+    idempotency_key: str,
+    args: Any,
+    credential_scope: str | Iterable[str] | None = None,
+    actor: Actor | None = None,
+) -> Recorded:
+    """Record the intent to call ``tool_name`` with ``args`` under ``idempotency_key``.
+
+    - a new key: a new attempt in INTENT_RECORDED (``created=True``);
+    - the same key and arguments: the existing attempt (``created=False``);
+    - the same key with other arguments (or another tool): a linked attempt
+      in MANUAL_REVIEW is recorded and :class:`IdempotencyConflict` raised,
+      naming it. The tool must not be called.
+
+    Bad input (arguments that are not JSON, an unknown tenant, a tool or
+    scope the policy does not allow, an empty or over-long key) raises a
+    named error and writes nothing.
+    """
+    actor = actor or _default_agent()
+    key = validate_key(idempotency_key)
+    task_id = validate_name(task_id, "task_id")
+    tool_name = validate_name(tool_name, "tool_name")
+    requested = parse_scope(credential_scope)
+    normalized, args_hash = normalize_args(args)
+    found = resolve_tenant(tenant)
+    policy = current_policy(found.pk)
+    if policy is None:
+        raise NoPolicy(NoPolicy.MESSAGE.format(tenant=found.slug))
+    allowed = policy.scopes_for(tool_name)
+    if allowed is None:
+        raise ToolNotAllowed(ToolNotAllowed.MESSAGE.format(tool=tool_name, version=policy.version, tenant=found.slug))
+    scopes = allowed if requested is None else requested
+    if not scopes <= allowed:
+        raise ScopeNotAllowed(
+            ScopeNotAllowed.MESSAGE.format(
+                scopes=scope_string(scopes - allowed),
+                tool=tool_name,
+                version=policy.version,
+                allowed=scope_string(allowed) or "none",
+            )
+        )
+    new = NewAttempt(
+        tenant_id=found.pk,
+        task_id=task_id,
+        tool_name=tool_name,
+        idempotency_key=key,
+        args=normalized,
+        args_hash=args_hash,
+        policy_version=policy.version,
+        scopes=scopes,
+    )
+    existing = _match(found.pk, key, args_hash, tool_name)
+    if existing is None:
+        created = transitions.attempt_create_intent(new=new, actor=actor)
+        if created is not None:
+            return Recorded(created, True)
+        # A concurrent caller recorded the key first; match against theirs.
+        existing = _match(found.pk, key, args_hash, tool_name)
+    if existing is not None and existing.args_hash == args_hash and existing.tool_name == tool_name:
+        return Recorded(existing, False)
+    return _record_conflict(new, actor)
+
+
+def _chain(tenant_id: int, key: str) -> list[Attempt]:
+    return list(Attempt.objects.filter(tenant_id=tenant_id, idempotency_key=key).order_by("-id"))
+
+
+def _match(tenant_id: int, key: str, args_hash: str, tool_name: str) -> Attempt | None:
+    """The newest attempt of the key's chain with these arguments, else the
+    chain's newest attempt (a conflict), else None (a new key)."""
+    chain = _chain(tenant_id, key)
+    for attempt in chain:
+        if attempt.args_hash == args_hash and attempt.tool_name == tool_name:
+            return attempt
+    return chain[0] if chain else None
+
+
+def _record_conflict(new: NewAttempt, actor: Actor) -> Recorded:
+    with transaction.atomic():
+        # Serialize conflicting recorders on the chain's root, then look again:
+        # a concurrent caller may have recorded this very linked attempt.
+        Attempt.objects.select_for_update().filter(
+            tenant_id=new.tenant_id, idempotency_key=new.idempotency_key, parent__isnull=True
+        ).get()
+        chain = _chain(new.tenant_id, new.idempotency_key)
+        for attempt in chain:
+            if attempt.args_hash == new.args_hash and attempt.tool_name == new.tool_name:
+                return Recorded(attempt, False)
+        head = chain[0]
+        linked = transitions.attempt_create_linked(
+            parent=head,
+            new=new,
+            actor=actor,
+            reason=(
+                f"idempotency key reused with different {'tool' if head.tool_name != new.tool_name else 'arguments'}"
+                f" (attempt #{head.pk}); not sent, needs review"
+            ),
+        )
+    raise IdempotencyConflict(
+        IdempotencyConflict.MESSAGE.format(key=new.idempotency_key, original_id=head.pk, attempt_id=linked.pk),
+        linked,
+    )
+
+
+def mark_dispatched(attempt: Attempt, *, actor: Actor | None = None) -> Attempt:
+    """Claim the attempt for dispatch; commit happens before this returns, so
+    call it BEFORE the request leaves. The returned attempt's ``fence`` goes
+    with the outcome report. Losing to another worker raises ClaimLost."""
+    return transitions.attempt_dispatch(attempt=attempt, actor=actor or _default_agent(), fence=attempt.fence)
+
+
+def record_request_id(
+    attempt: Attempt, request_id: str, *, fence: int | None = None, actor: Actor | None = None
+) -> Attempt:
+    return transitions.attempt_record_request_id(
+        attempt=attempt,
+        fence=attempt.fence if fence is None else fence,
+        request_id=request_id,
+        actor=actor or _default_agent(),
+    )
+
+
+def confirm(
+    attempt: Attempt,
+    *,
+    provider_request_id: str = "",
+    result_ref: str = "",
+    result: Any = None,
+    fence: int | None = None,
+    actor: Actor | None = None,
+) -> Attempt:
+    return transitions.attempt_confirm(
+        attempt=attempt,
+        fence=attempt.fence if fence is None else fence,
+        actor=actor or _default_agent(),
+        provider_request_id=provider_request_id,
+        result_ref=result_ref,
+        result=result,
+    )
+
+
+def fail(attempt: Attempt, *, reason: str, fence: int | None = None, actor: Actor | None = None) -> Attempt:
+    return transitions.attempt_fail(
+        attempt=attempt, fence=attempt.fence if fence is None else fence, actor=actor or _default_agent(), reason=reason
+    )
+
+
+def fail_retryable(attempt: Attempt, *, reason: str, fence: int | None = None, actor: Actor | None = None) -> Attempt:
+    return transitions.attempt_fail(
+        attempt=attempt,
+        fence=attempt.fence if fence is None else fence,
+        actor=actor or _default_agent(),
+        reason=reason,
+        retryable=True,
+    )
+
+
+def mark_unknown(attempt: Attempt, *, reason: str, fence: int | None = None, actor: Actor | None = None) -> Attempt:
+    return transitions.attempt_mark_unknown(
+        attempt=attempt, fence=attempt.fence if fence is None else fence, actor=actor or _default_agent(), reason=reason
+    )
+
+
+def refuse_unless_dispatchable(attempt: Attempt) -> None:
+    """Raise the error that tells an agent why it must not call the tool now.
+
+    Returns quietly for INTENT_RECORDED (go ahead: claim it) and
+    OUTCOME_CONFIRMED (replay the stored result).
+    """
+    state = attempt.state
+    if state in (State.INTENT_RECORDED, State.OUTCOME_CONFIRMED):
+        return
+    if state == State.UNKNOWN:
+        raise OutcomeUnknown(OutcomeUnknown.MESSAGE.format(attempt_id=attempt.pk), attempt)
+    if state == State.MANUAL_REVIEW:
+        raise UnderReview(UnderReview.MESSAGE.format(attempt_id=attempt.pk), attempt)
+    if state == State.DISPATCHED:
+        raise AttemptInFlight(AttemptInFlight.MESSAGE.format(attempt_id=attempt.pk, holder="another worker"), attempt)
+    if state == State.FAILED_RETRYABLE:
+        if attempt.next_check_at is None or attempt.next_check_at <= _now():
+            return
+        raise RetryPending(RetryPending.MESSAGE.format(attempt_id=attempt.pk, due=attempt.next_check_at), attempt)
+    if state == State.FAILED:
+        raise AttemptFailed(
+            AttemptFailed.MESSAGE.format(attempt_id=attempt.pk, reason=attempt.last_note or "failed"), attempt
+        )
+    child = attempt.children.order_by("-id").first()
+    raise AttemptSuperseded(
+        AttemptSuperseded.MESSAGE.format(attempt_id=attempt.pk, child_id=child.pk if child else "?"), attempt
+    )
+
+
+def _now() -> Any:
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+# --- the one-line wrapper -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    tenant: Tenant
+    task_id: str
+    actor: Actor
+
+
+_current_task: ContextVar[TaskContext | None] = ContextVar("ledgerdash_task", default=None)
+
+
+class NoTask(LedgerError):
+    code = "no_task"
+    MESSAGE = "call ledger tools inside `with ledger.task(tenant=..., task_id=...)`"
+
+
+@contextmanager
+def task(*, tenant: Tenant | str | int, task_id: str, agent: str | None = None) -> Iterator[TaskContext]:
+    """The tenant and task that tool calls inside this block belong to."""
+    context = TaskContext(
+        tenant=resolve_tenant(tenant),
+        task_id=validate_name(task_id, "task_id"),
+        actor=Actor.agent(agent) if agent else _default_agent(),
+    )
+    token = _current_task.set(context)
+    try:
+        yield context
+    finally:
+        _current_task.reset(token)
+
+
+class ToolCall:
+    """What a wrapped tool receives as its first argument."""
+
+    def __init__(self, attempt: Attempt, actor: Actor) -> None:
+        self.attempt = attempt
+        self.actor = actor
+        self.fence = attempt.fence
+        self.request_id = attempt.provider_request_id
+        self.result_ref = ""
+
+    @property
+    def key(self) -> str:
+        """The idempotency key to send to the provider."""
+        return self.attempt.provider_key
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return self.attempt.args
+
+    def record_request_id(self, request_id: str) -> None:
+        """Persist the provider's request id now, before anything else can go wrong."""
+        if request_id and request_id != self.request_id:
+            self.attempt = record_request_id(self.attempt, request_id, fence=self.fence, actor=self.actor)
+            self.request_id = request_id
+
+
+def _json_or_none(value: Any) -> tuple[Any, str]:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return None, f"result not stored for replay: {exc}"
+    return value, ""
+
+
+def tool[T](
+    name: str,
+    *,
+    key: str | Callable[[dict[str, Any]], str],
+    scope: str | Iterable[str] | None = None,
+) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Wrap a tool function so every call goes through the ledger.
+
+    ``key`` names the logical side effect: a format string over the call's
+    arguments (``"invoice:{invoice_id}:send"``) or a function of them. It
+    must be stable across restarts, never random.
+
+    The tool receives a :class:`ToolCall` first (``call.key`` for the
+    provider, ``call.record_request_id``), then its own arguments. Raise
+    :class:`NothingHappened` when the provider guarantees it did not act,
+    :class:`PermanentFailure` for a definitive refusal; any other exception
+    leaves the outcome UNKNOWN for the reconciler. Return JSON-serializable
+    values to have them replayed on a re-run.
+    """
+    validate_name(name, "tool name")
+
+    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> T:
+            context = _current_task.get()
+            if context is None:
+                raise NoTask(NoTask.MESSAGE)
+            bound = signature.bind(None, *args, **kwargs)
+            bound.apply_defaults()
+            call_args = dict(list(bound.arguments.items())[1:])
+            idempotency_key = key(call_args) if callable(key) else key.format(**call_args)
+            recorded = record_intent(
+                tenant=context.tenant,
+                task_id=context.task_id,
+                tool_name=name,
+                idempotency_key=idempotency_key,
+                args=call_args,
+                credential_scope=scope,
+                actor=context.actor,
+            )
+            attempt = recorded.attempt
+            if attempt.state == State.OUTCOME_CONFIRMED:
+                log.info("replaying confirmed attempt %s for key %s", attempt.pk, idempotency_key)
+                return attempt.result  # type: ignore[return-value]
+            refuse_unless_dispatchable(attempt)
+            crashpoints.reached(crashpoints.AFTER_INTENT)
+            try:
+                attempt = mark_dispatched(attempt, actor=context.actor)
+            except ClaimLost:
+                raise AttemptInFlight(
+                    AttemptInFlight.MESSAGE.format(attempt_id=attempt.pk, holder="another worker"), attempt
+                ) from None
+            call = ToolCall(attempt, context.actor)
+            return _run(fn, call, bound, context.actor)
+
+        wrapper.ledger_tool = name  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+def _run[R](fn: Callable[..., R], call: ToolCall, bound: inspect.BoundArguments, actor: Actor) -> R:
+    bound.arguments[next(iter(bound.arguments))] = call
+    try:
+        value = fn(*bound.args, **bound.kwargs)
+    except NothingHappened as exc:
+        fail_retryable(
+            call.attempt,
+            reason=str(exc) or "provider rejected the request before acting",
+            fence=call.fence,
+            actor=actor,
+        )
+        raise
+    except PermanentFailure as exc:
+        fail(call.attempt, reason=str(exc) or "provider refused the request", fence=call.fence, actor=actor)
+        raise
+    except BaseException as exc:
+        reason = f"tool raised {type(exc).__name__}: {exc}"[:1000]
+        try:
+            mark_unknown(call.attempt, reason=reason, fence=call.fence, actor=actor)
+        except Exception:  # the ledger may be unreachable too; the lease will catch it
+            log.exception("could not mark attempt %s UNKNOWN", call.attempt.pk)
+        raise
+    crashpoints.reached(crashpoints.AFTER_RESPONSE)
+    stored, note = _json_or_none(value)
+    if not (call.request_id or call.result_ref):
+        mark_unknown(
+            call.attempt,
+            reason="the tool returned without a receipt (no provider request id or result reference); "
+            "the reconciler will verify it at the provider",
+            fence=call.fence,
+            actor=actor,
+        )
+        return value
+    if note:
+        log.warning("attempt %s: %s", call.attempt.pk, note)
+    confirm(
+        call.attempt,
+        provider_request_id=call.request_id,
+        result_ref=call.result_ref,
+        result=stored,
+        fence=call.fence,
+        actor=actor,
+    )
+    return value

@@ -1,0 +1,1229 @@
+"""Every change to an attempt, and the event that records it.
+
+This module is the only writer of ``Attempt.state``. Each function is
+keyword-only, named ``<thing>_<verb>``, and in one transaction:
+
+1. compare-and-sets the row on ``(id, state, fence)`` (or locks it, for
+   people's decisions, which re-check authority under the lock),
+2. checks the move is legal for that actor (:data:`LEGAL_MOVES`),
+3. writes the new state and appends the event to the tenant's hash chain.
+
+An illegal move raises a named error from :mod:`ledgerdash.ledger.errors`
+and writes nothing. A stale caller (its fence moved on) gets
+:class:`~ledgerdash.ledger.errors.StaleFence`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from ledgerdash.ledger import chain
+from ledgerdash.ledger.authority import scope_string, standing_of
+from ledgerdash.ledger.errors import (
+    AttemptNotFound,
+    ClaimLost,
+    IllegalTransition,
+    InvalidField,
+    LedgerError,
+    MissingEvidence,
+    RequestIdConflict,
+    StaleFence,
+)
+from ledgerdash.ledger.models import (
+    OWNED_STATES,
+    ActorKind,
+    Attempt,
+    AttemptEvent,
+    ChainHead,
+    OnCallShift,
+    State,
+    Tenant,
+)
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+S = State
+A, R, U = ActorKind.AGENT, ActorKind.RECONCILER, ActorKind.USER
+
+#: (from, to) -> the kinds of actor that may make that move. DESIGN.md's
+#: table, plus three moves it implies: INTENT_RECORDED -> FAILED (an intent
+#: abandoned past its lease: nothing was sent), UNKNOWN -> FAILED (a late,
+#: definitive failure report from the original dispatcher) and
+#: FAILED_RETRYABLE -> MANUAL_REVIEW (its retry needs review because the
+#: authority changed).
+LEGAL_MOVES: dict[tuple[str, str], frozenset[str]] = {
+    (S.INTENT_RECORDED, S.DISPATCHED): frozenset({A, R}),
+    (S.INTENT_RECORDED, S.FAILED): frozenset({R}),
+    (S.DISPATCHED, S.OUTCOME_CONFIRMED): frozenset({A, R}),
+    (S.DISPATCHED, S.FAILED_RETRYABLE): frozenset({A}),
+    (S.DISPATCHED, S.FAILED): frozenset({A}),
+    (S.DISPATCHED, S.UNKNOWN): frozenset({A, R}),
+    (S.FAILED_RETRYABLE, S.DISPATCHED): frozenset({A, R}),
+    (S.FAILED_RETRYABLE, S.MANUAL_REVIEW): frozenset({R}),
+    (S.UNKNOWN, S.OUTCOME_CONFIRMED): frozenset({A, R}),
+    (S.UNKNOWN, S.FAILED): frozenset({A}),
+    (S.UNKNOWN, S.DISPATCHED): frozenset({R}),
+    (S.UNKNOWN, S.UNKNOWN): frozenset({R}),
+    (S.UNKNOWN, S.MANUAL_REVIEW): frozenset({R}),
+    (S.MANUAL_REVIEW, S.OUTCOME_CONFIRMED): frozenset({U}),
+    (S.MANUAL_REVIEW, S.FAILED): frozenset({U}),
+    (S.MANUAL_REVIEW, S.RECONCILED): frozenset({U}),
+    (S.MANUAL_REVIEW, S.INTENT_RECORDED): frozenset({U}),
+    (S.MANUAL_REVIEW, S.UNKNOWN): frozenset({U}),
+}
+#: States an attempt can be created in, and by whom: an agent's intent, or
+#: a linked attempt that must be reviewed before anything is sent.
+CREATE_MOVES: dict[str, frozenset[str]] = {
+    S.INTENT_RECORDED: frozenset({A}),
+    S.MANUAL_REVIEW: frozenset({A, R, U}),
+}
+
+MAX_REASON = 4000
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who makes a change: written into every event."""
+
+    kind: str
+    label: str
+    user_id: int | None = None
+
+    @classmethod
+    def agent(cls, label: str = "agent") -> Actor:
+        return cls(ActorKind.AGENT, label)
+
+    @classmethod
+    def reconciler(cls, label: str = "reconciler") -> Actor:
+        return cls(ActorKind.RECONCILER, label)
+
+    @classmethod
+    def user(cls, user: AbstractBaseUser) -> Actor:
+        return cls(ActorKind.USER, user.get_username(), user.pk)
+
+    @classmethod
+    def system(cls, label: str = "system") -> Actor:
+        return cls(ActorKind.SYSTEM, label)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.label}"
+
+
+@dataclass
+class _Event:
+    tenant_id: int
+    attempt_id: int | None
+    kind: str
+    actor: Actor
+    from_state: str = ""
+    to_state: str = ""
+    fence: int | None = None
+    reason: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def _clean_text(text: str) -> str:
+    # PostgreSQL text cannot hold NUL; reasons are free text from people and tools.
+    return text.replace("\x00", "\ufffd")[:MAX_REASON]
+
+
+def append_events(events: list[_Event], *, now: datetime | None = None) -> list[AttemptEvent]:
+    """Append events to their tenants' hash chains. Must run inside a transaction.
+
+    Called last in every transaction, after the attempt rows are written, so
+    the chain-head lock (one per tenant) is held for as short a time as
+    possible and always taken after attempt locks (no lock-order deadlocks).
+    """
+    assert transaction.get_connection().in_atomic_block, "events are appended inside the change's transaction"
+    now = now or timezone.now()
+    rows: list[AttemptEvent] = []
+    for tenant_id in sorted({e.tenant_id for e in events}):
+        head, _ = ChainHead.objects.select_for_update().get_or_create(
+            tenant_id=tenant_id, defaults={"seq": 0, "hash": chain.GENESIS}
+        )
+        seq, prev = head.seq, head.hash
+        for event in (e for e in events if e.tenant_id == tenant_id):
+            reason = _clean_text(event.reason)
+            content = chain.event_content(
+                tenant_id=tenant_id,
+                attempt_id=event.attempt_id,
+                kind=event.kind,
+                actor_kind=event.actor.kind,
+                actor_user_id=event.actor.user_id,
+                actor_label=event.actor.label,
+                from_state=event.from_state,
+                to_state=event.to_state,
+                fence=event.fence,
+                reason=reason,
+                details=event.details,
+                created_at=now,
+            )
+            content_hash = chain.content_hash(content)
+            this_hash = chain.link(prev, content_hash)
+            seq += 1
+            rows.append(
+                AttemptEvent(
+                    tenant_id=tenant_id,
+                    seq=seq,
+                    attempt_id=event.attempt_id,
+                    kind=event.kind,
+                    actor_kind=event.actor.kind,
+                    actor_user_id=event.actor.user_id,
+                    actor_label=event.actor.label,
+                    from_state=event.from_state,
+                    to_state=event.to_state,
+                    fence=event.fence,
+                    reason=reason,
+                    details=event.details,
+                    created_at=now,
+                    content_hash=content_hash,
+                    prev_hash=prev,
+                    hash=this_hash,
+                )
+            )
+            prev = this_hash
+        ChainHead.objects.filter(pk=tenant_id).update(seq=seq, hash=prev)
+    AttemptEvent.objects.bulk_create(rows)
+    return rows
+
+
+def event_record(
+    *, tenant: Tenant | int, kind: str, actor: Actor, reason: str = "", details: dict[str, Any] | None = None
+) -> AttemptEvent:
+    """Record something that happened to a tenant's ledger as a whole (an
+    export, a policy change, a drill run) in its chain."""
+    tenant_id = tenant if isinstance(tenant, int) else tenant.pk
+    with transaction.atomic():
+        (row,) = append_events([_Event(tenant_id, None, kind, actor, reason=reason, details=details or {})])
+    return row
+
+
+# --- helpers -----------------------------------------------------------------
+
+
+def _get(attempt_id: int, *, lock: bool = False) -> Attempt:
+    qs = Attempt.objects.select_for_update() if lock else Attempt.objects.all()
+    try:
+        return qs.get(pk=attempt_id)
+    except Attempt.DoesNotExist:
+        raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=attempt_id)) from None
+
+
+def _check_move(attempt: Attempt, to_state: str, actor: Actor) -> None:
+    allowed = LEGAL_MOVES.get((attempt.state, to_state), frozenset())
+    if actor.kind not in allowed:
+        raise IllegalTransition(
+            IllegalTransition.MESSAGE.format(
+                actor=actor.kind, attempt_id=attempt.pk, from_state=attempt.state, to_state=to_state
+            )
+        )
+
+
+def _check_fence(attempt: Attempt, fence: int | None) -> None:
+    if fence is not None and fence != attempt.fence:
+        raise StaleFence(StaleFence.MESSAGE.format(attempt_id=attempt.pk, current=attempt.fence, given=fence))
+
+
+def _pick_owner(tenant_id: int, now: datetime) -> tuple[int | None, str]:
+    """Whoever is on call for the tenant now, else its default owner."""
+    shift_user = (
+        OnCallShift.objects.filter(tenant_id=tenant_id, starts_at__lte=now, ends_at__gt=now)
+        .order_by("-starts_at", "-id")
+        .values_list("user_id", flat=True)
+        .first()
+    )
+    if shift_user is not None:
+        return shift_user, "on call"
+    default = Tenant.objects.filter(pk=tenant_id).values_list("default_owner_id", flat=True).get()
+    if default is not None:
+        return default, "tenant default owner"
+    return None, "nobody: the tenant has no default owner and nobody is on call"
+
+
+def _move(
+    attempt: Attempt,
+    *,
+    to_state: str,
+    actor: Actor,
+    reason: str,
+    fence: int | None,
+    updates: dict[str, Any] | None = None,
+    details: dict[str, Any] | None = None,
+    now: datetime | None = None,
+    stale_error: type[StaleFence] = StaleFence,
+    extra_events: list[_Event] | None = None,
+) -> Attempt:
+    """Compare-and-set ``attempt`` (as the caller read it) to ``to_state``.
+
+    ``fence`` is the fence the caller holds; None means "the one I just read"
+    (callers that lock the row first, or that act on a fresh read).
+    """
+    _check_move(attempt, to_state, actor)
+    _check_fence(attempt, fence)
+    now = now or timezone.now()
+    reason = _clean_text(reason)
+    details = dict(details or {})
+    values: dict[str, Any] = {"state": to_state, "updated_at": now, "last_note": reason, **(updates or {})}
+    if to_state in OWNED_STATES and attempt.owner_id is None and "owner_id" not in values:
+        owner_id, source = _pick_owner(attempt.tenant_id, now)
+        values["owner_id"] = owner_id
+        details["owner_assigned"] = {"user_id": owner_id, "by": source}
+    if to_state not in (S.INTENT_RECORDED, S.DISPATCHED, S.UNKNOWN, S.FAILED_RETRYABLE):
+        values.setdefault("next_check_at", None)
+    with transaction.atomic():
+        changed = Attempt.objects.filter(pk=attempt.pk, state=attempt.state, fence=attempt.fence).update(
+            fence=F("fence") + 1, **values
+        )
+        if changed != 1:
+            current = Attempt.objects.filter(pk=attempt.pk).values_list("state", "fence").first()
+            if current is None:
+                raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=attempt.pk))
+            state, current_fence = current
+            raise stale_error(
+                stale_error.MESSAGE.format(
+                    attempt_id=attempt.pk, current=current_fence, given=attempt.fence, state=state
+                )
+            )
+        from_state = attempt.state
+        new_fence = attempt.fence + 1
+        for key, value in values.items():
+            setattr(attempt, key, value)
+        attempt.fence = new_fence
+        events = [
+            _Event(
+                attempt.tenant_id,
+                attempt.pk,
+                "transition",
+                actor,
+                from_state=from_state,
+                to_state=to_state,
+                fence=new_fence,
+                reason=reason,
+                details=details,
+            ),
+            *(extra_events or []),
+        ]
+        append_events(events, now=now)
+    return attempt
+
+
+def _lease(seconds: int, now: datetime) -> datetime:
+    return now + timedelta(seconds=seconds)
+
+
+# --- creation ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewAttempt:
+    """Validated fields of an attempt about to be recorded."""
+
+    tenant_id: int
+    task_id: str
+    tool_name: str
+    idempotency_key: str
+    args: dict[str, Any]
+    args_hash: str
+    policy_version: int
+    scopes: frozenset[str]
+
+
+def attempt_create_intent(*, new: NewAttempt, actor: Actor) -> Attempt | None:
+    """Record the root attempt for a key in INTENT_RECORDED.
+
+    Returns None when the key already has a root (perhaps one committed a
+    moment ago by a concurrent caller): the caller then matches against it.
+    """
+    if actor.kind not in CREATE_MOVES[S.INTENT_RECORDED]:
+        raise IllegalTransition(
+            IllegalTransition.MESSAGE.format(
+                actor=actor.kind, attempt_id="(new)", from_state="nothing", to_state=S.INTENT_RECORDED
+            )
+        )
+    now = timezone.now()
+    attempt = Attempt(
+        tenant_id=new.tenant_id,
+        task_id=new.task_id,
+        tool_name=new.tool_name,
+        idempotency_key=new.idempotency_key,
+        provider_key=new.idempotency_key,
+        args=new.args,
+        args_hash=new.args_hash,
+        state=S.INTENT_RECORDED,
+        policy_version=new.policy_version,
+        credential_scope=scope_string(new.scopes),
+        next_check_at=_lease(settings.LEDGER_INTENT_LEASE_SECONDS, now),
+        last_note="intent recorded",
+        created_at=now,
+        updated_at=now,
+    )
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                attempt.save(force_insert=True)
+        except IntegrityError:
+            if Attempt.objects.filter(
+                tenant_id=new.tenant_id, idempotency_key=new.idempotency_key, parent__isnull=True
+            ).exists():
+                return None
+            raise
+        append_events(
+            [
+                _Event(
+                    new.tenant_id,
+                    attempt.pk,
+                    "transition",
+                    actor,
+                    to_state=S.INTENT_RECORDED,
+                    fence=0,
+                    reason="intent recorded",
+                    details={
+                        "task_id": new.task_id,
+                        "tool_name": new.tool_name,
+                        "idempotency_key": new.idempotency_key,
+                        "args_hash": new.args_hash,
+                        "policy_version": new.policy_version,
+                        "credential_scope": attempt.credential_scope,
+                    },
+                )
+            ],
+            now=now,
+        )
+    return attempt
+
+
+def linked_provider_key(root: Attempt, args_hash: str) -> str:
+    """Same arguments as the root: the root's key, so the provider
+    deduplicates a retry against the original if it did land. Other
+    arguments: a key of their own, derived so that the same (key, arguments)
+    always maps to the same provider key."""
+    if args_hash == root.args_hash:
+        return root.provider_key
+    return f"{root.idempotency_key}~{args_hash[:16]}"
+
+
+def attempt_create_linked(
+    *,
+    parent: Attempt,
+    new: NewAttempt,
+    actor: Actor,
+    reason: str,
+    requested_by_id: int | None = None,
+) -> Attempt:
+    """Record a linked attempt that re-tries ``parent`` and must be reviewed
+    (MANUAL_REVIEW) before anything is sent. Inside the caller's transaction
+    when the caller also moves the parent."""
+    if actor.kind not in CREATE_MOVES[S.MANUAL_REVIEW]:
+        raise IllegalTransition(
+            IllegalTransition.MESSAGE.format(
+                actor=actor.kind, attempt_id="(new)", from_state="nothing", to_state=S.MANUAL_REVIEW
+            )
+        )
+    if parent.tenant_id != new.tenant_id or parent.idempotency_key != new.idempotency_key:
+        raise IllegalTransition("a linked attempt keeps its parent's tenant and idempotency key")
+    now = timezone.now()
+    reason = _clean_text(reason)
+    with transaction.atomic():
+        root = (
+            Attempt.objects.select_for_update()
+            .filter(tenant_id=new.tenant_id, idempotency_key=new.idempotency_key, parent__isnull=True)
+            .get()
+        )
+        owner_id, source = _pick_owner(new.tenant_id, now)
+        attempt = Attempt.objects.create(
+            tenant_id=new.tenant_id,
+            task_id=new.task_id,
+            tool_name=new.tool_name,
+            idempotency_key=new.idempotency_key,
+            provider_key=linked_provider_key(root, new.args_hash),
+            args=new.args,
+            args_hash=new.args_hash,
+            state=S.MANUAL_REVIEW,
+            policy_version=new.policy_version,
+            credential_scope=scope_string(new.scopes),
+            parent=parent,
+            owner_id=owner_id,
+            requested_by_id=requested_by_id,
+            last_note=reason,
+            created_at=now,
+            updated_at=now,
+        )
+        append_events(
+            [
+                _Event(
+                    new.tenant_id,
+                    attempt.pk,
+                    "transition",
+                    actor,
+                    to_state=S.MANUAL_REVIEW,
+                    fence=0,
+                    reason=reason,
+                    details={
+                        "parent_id": parent.pk,
+                        "task_id": new.task_id,
+                        "tool_name": new.tool_name,
+                        "idempotency_key": new.idempotency_key,
+                        "provider_key": attempt.provider_key,
+                        "args_hash": new.args_hash,
+                        "parent_args_hash": parent.args_hash,
+                        "policy_version": new.policy_version,
+                        "parent_policy_version": parent.policy_version,
+                        "credential_scope": attempt.credential_scope,
+                        "owner_assigned": {"user_id": owner_id, "by": source},
+                    },
+                )
+            ],
+            now=now,
+        )
+    return attempt
+
+
+# --- the agent's moves ----------------------------------------------------------
+
+
+def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None, reason: str = "") -> Attempt:
+    """Claim the attempt for dispatch, committed BEFORE the request leaves.
+
+    Re-checks the tenant's current authority first. The returned attempt's
+    ``fence`` is the token the dispatcher must present with the outcome. A
+    concurrent claimer loses with :class:`ClaimLost`.
+    """
+    from ledgerdash.ledger.errors import AuthorizationChanged
+
+    _check_move(attempt, S.DISPATCHED, actor)
+    standing = standing_of(attempt)
+    if not standing.unchanged:
+        raise AuthorizationChanged(
+            AuthorizationChanged.MESSAGE.format(attempt_id=attempt.pk, changes="; ".join(standing.changes))
+        )
+    now = timezone.now()
+    return _move(
+        attempt,
+        to_state=S.DISPATCHED,
+        actor=actor,
+        fence=fence,
+        reason=reason or ("dispatched" if attempt.dispatch_count == 0 else "dispatched again with the same key"),
+        updates={
+            "dispatch_fence": attempt.fence + 1,
+            "dispatch_count": attempt.dispatch_count + 1,
+            "check_count": 0,
+            "next_check_at": _lease(settings.LEDGER_DISPATCH_LEASE_SECONDS, now),
+        },
+        details={"provider_key": attempt.provider_key, "dispatch": attempt.dispatch_count + 1},
+        now=now,
+        stale_error=ClaimLost,
+    )
+
+
+def _late_report_allowed(attempt: Attempt, fence: int, actor: Actor) -> bool:
+    """A late report (the lease expired and a reconciler claimed the attempt
+    or moved it to UNKNOWN since) is evidence, not a conflict: accepted from
+    the original dispatcher as long as nobody dispatched again since."""
+    return (
+        actor.kind == ActorKind.AGENT
+        and attempt.state in (S.DISPATCHED, S.UNKNOWN)
+        and attempt.dispatch_fence is not None
+        and attempt.dispatch_fence == fence
+    )
+
+
+def _as_holder(attempt: Attempt, fence: int, actor: Actor, op: Callable[[Attempt], Attempt]) -> Attempt:
+    """Run ``op`` on the attempt as the holder of ``fence`` may act on it.
+
+    Tries the caller's copy first (one compare-and-set, the common case);
+    when that is stale, re-reads and accepts a late report, else refuses.
+    """
+    if attempt.fence == fence:
+        try:
+            return op(attempt)
+        except StaleFence:
+            pass
+    fresh = _get(attempt.pk)
+    if fresh.fence == fence or _late_report_allowed(fresh, fence, actor):
+        return op(fresh)
+    raise StaleFence(StaleFence.MESSAGE.format(attempt_id=attempt.pk, current=fresh.fence, given=fence))
+
+
+def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, actor: Actor) -> Attempt:
+    """Persist the provider's request id the moment it is known.
+
+    Does not move the fence: the dispatcher goes on to report the outcome.
+    """
+    request_id = _validate_ref(request_id, "provider_request_id", 255)
+    if not request_id or attempt.provider_request_id == request_id:
+        return attempt
+
+    def op(target: Attempt) -> Attempt:
+        if target.state not in (S.DISPATCHED, S.UNKNOWN):
+            raise IllegalTransition(
+                f"attempt {target.pk} is {target.state}; a request id is recorded while it is dispatched"
+            )
+        if target.provider_request_id and target.provider_request_id != request_id:
+            raise RequestIdConflict(
+                RequestIdConflict.MESSAGE.format(
+                    attempt_id=target.pk, existing=target.provider_request_id, given=request_id
+                )
+            )
+        with transaction.atomic():
+            changed = Attempt.objects.filter(
+                pk=target.pk, state=target.state, fence=target.fence, provider_request_id=""
+            ).update(provider_request_id=request_id, updated_at=timezone.now())
+            if changed != 1:
+                raise StaleFence(StaleFence.MESSAGE.format(attempt_id=target.pk, current="?", given=fence))
+            target.provider_request_id = request_id
+            append_events(
+                [
+                    _Event(
+                        target.tenant_id,
+                        target.pk,
+                        "request_id",
+                        actor,
+                        fence=target.fence,
+                        reason="provider request id recorded",
+                        details={"provider_request_id": request_id},
+                    )
+                ]
+            )
+        return target
+
+    return _as_holder(attempt, fence, actor, op)
+
+
+def _validate_ref(value: str, name: str, limit: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidField(f"{name} must be a string")
+    if len(value) > limit:
+        raise InvalidField(InvalidField.TOO_LONG.format(field=name, length=len(value), limit=limit))
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidField(InvalidField.CONTROL.format(field=name))
+    return value
+
+
+def attempt_confirm(
+    *,
+    attempt: Attempt,
+    fence: int,
+    actor: Actor,
+    provider_request_id: str = "",
+    result_ref: str = "",
+    result: Any = None,
+    reason: str = "",
+    details: dict[str, Any] | None = None,
+) -> Attempt:
+    """DISPATCHED (or UNKNOWN) -> OUTCOME_CONFIRMED, on a durable receipt.
+
+    "HTTP 200" is not a receipt: confirming needs a provider request id or
+    a result reference an operator can check at the provider.
+    """
+    provider_request_id = _validate_ref(provider_request_id, "provider_request_id", 255)
+    result_ref = _validate_ref(result_ref, "result_ref", 1000)
+
+    def op(target: Attempt) -> Attempt:
+        _check_move(target, S.OUTCOME_CONFIRMED, actor)
+        request_id = provider_request_id or target.provider_request_id
+        if not request_id and not result_ref:
+            raise MissingEvidence(MissingEvidence.MESSAGE.format(attempt_id=target.pk))
+        if provider_request_id and target.provider_request_id and provider_request_id != target.provider_request_id:
+            raise RequestIdConflict(
+                RequestIdConflict.MESSAGE.format(
+                    attempt_id=target.pk, existing=target.provider_request_id, given=provider_request_id
+                )
+            )
+        late = target.state == S.UNKNOWN and actor.kind == ActorKind.AGENT
+        info = {**(details or {}), "provider_request_id": request_id, "result_ref": result_ref}
+        if late:
+            info["late_report"] = True
+        return _move(
+            target,
+            to_state=S.OUTCOME_CONFIRMED,
+            actor=actor,
+            fence=None,
+            reason=reason
+            or ("late outcome report from the original dispatcher: confirmed" if late else "outcome confirmed"),
+            updates={"provider_request_id": request_id, "result_ref": result_ref, "result": result},
+            details=info,
+        )
+
+    return _as_holder(attempt, fence, actor, op)
+
+
+def attempt_fail(*, attempt: Attempt, fence: int, actor: Actor, reason: str, retryable: bool = False) -> Attempt:
+    """The provider gave a definitive answer that nothing was done.
+
+    ``retryable``: it rejected the request before acting, so the same key
+    may be sent again after a back-off (FAILED_RETRYABLE); otherwise FAILED.
+    """
+
+    def op(target: Attempt) -> Attempt:
+        now = timezone.now()
+        if retryable:
+            return _move(
+                target,
+                to_state=S.FAILED_RETRYABLE,
+                actor=actor,
+                fence=None,
+                reason=reason or "provider rejected the request before acting",
+                updates={
+                    "next_check_at": now + backoff(target.dispatch_count),
+                    "last_error": _clean_text(reason),
+                },
+                now=now,
+            )
+        return _move(
+            target,
+            to_state=S.FAILED,
+            actor=actor,
+            fence=None,
+            reason=reason or "provider refused the request",
+            updates={"last_error": _clean_text(reason)},
+            now=now,
+        )
+
+    return _as_holder(attempt, fence, actor, op)
+
+
+def attempt_mark_unknown(*, attempt: Attempt, fence: int, actor: Actor, reason: str) -> Attempt:
+    """DISPATCHED -> UNKNOWN: the dispatcher cannot tell whether it happened
+    (timeout, lost response, crash). The reconciler takes it from here."""
+
+    def op(target: Attempt) -> Attempt:
+        if target.state == S.UNKNOWN and _late_report_allowed(target, fence, actor):
+            return target  # the lease already said so
+        now = timezone.now()
+        return _move(
+            target,
+            to_state=S.UNKNOWN,
+            actor=actor,
+            fence=None,
+            reason=reason,
+            updates={"next_check_at": now, "last_error": _clean_text(reason)},
+            now=now,
+        )
+
+    return _as_holder(attempt, fence, actor, op)
+
+
+def backoff(attempt_number: int, *, base: float = 5.0, cap: float = 3600.0) -> timedelta:
+    """Exponential back-off with full jitter (AWS architecture blog's form)."""
+    import random
+
+    ceiling = min(cap, base * (2 ** max(0, attempt_number)))
+    return timedelta(seconds=random.uniform(base / 2, ceiling))  # noqa: S311 - jitter, not security
+
+
+# --- ownership and notes (no state change) ------------------------------------------
+
+
+class OwnershipError(LedgerError):
+    code = "ownership"
+
+
+def attempt_assign(
+    *, attempt_id: int, owner: AbstractBaseUser | None, actor: Actor, reason: str = "", expected_owner_id: Any = ...
+) -> Attempt:
+    """Give an attempt to ``owner`` (None: unassign), recording who and why.
+
+    ``expected_owner_id``: the owner the caller saw; if it changed meanwhile,
+    refuse rather than silently take the item from someone else.
+    """
+    with transaction.atomic():
+        attempt = _get(attempt_id, lock=True)
+        if expected_owner_id is not ... and attempt.owner_id != expected_owner_id:
+            raise OwnershipError(f"attempt {attempt_id} is now owned by someone else; reload and try again")
+        new_owner_id = owner.pk if owner is not None else None
+        if attempt.owner_id == new_owner_id:
+            return attempt
+        if new_owner_id is None and attempt.state in OWNED_STATES:
+            raise OwnershipError(f"attempt {attempt_id} is {attempt.state} and must keep an owner")
+        previous = attempt.owner_id
+        now = timezone.now()
+        Attempt.objects.filter(pk=attempt.pk).update(owner_id=new_owner_id, updated_at=now)
+        attempt.owner_id = new_owner_id
+        append_events(
+            [
+                _Event(
+                    attempt.tenant_id,
+                    attempt.pk,
+                    "owner",
+                    actor,
+                    fence=attempt.fence,
+                    reason=reason or ("claimed" if new_owner_id == actor.user_id else "assigned"),
+                    details={"from_user_id": previous, "to_user_id": new_owner_id},
+                )
+            ],
+            now=now,
+        )
+    return attempt
+
+
+def attempt_comment(*, attempt_id: int, actor: Actor, text: str) -> AttemptEvent:
+    text = text.strip()
+    if not text:
+        raise InvalidField(InvalidField.EMPTY.format(field="comment"))
+    with transaction.atomic():
+        attempt = _get(attempt_id)
+        (event,) = append_events(
+            [_Event(attempt.tenant_id, attempt.pk, "comment", actor, fence=attempt.fence, reason=text)]
+        )
+    return event
+
+
+# --- the reconciler's moves ----------------------------------------------------------
+#
+# The reconciler first claims due attempts (bumping their fence, no state
+# change), then asks the provider with no transaction open, then applies its
+# decision with the claim's fence. A claim superseded meanwhile (another
+# worker, a late report, an operator) makes the decision fail as stale.
+
+#: How long a reconciler's claim keeps other workers off an attempt.
+CLAIM_LEASE = timedelta(seconds=120)
+
+
+def attempts_claim_due(*, limit: int, now: datetime | None = None) -> list[Attempt]:
+    """Claim up to ``limit`` in-flight attempts that are due, oldest due first.
+
+    PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so any number of workers claim
+    disjoint batches without waiting on each other. SQLite: the transaction
+    takes the database's write lock when it begins (``IMMEDIATE``), so
+    claims are serialized; the fence makes any overlap harmless either way.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        ids = list(
+            Attempt.objects.select_for_update(skip_locked=True)
+            .filter(next_check_at__lte=now, state__in=[S.INTENT_RECORDED, S.DISPATCHED, S.UNKNOWN, S.FAILED_RETRYABLE])
+            .order_by("next_check_at", "id")
+            .values_list("id", flat=True)[:limit]
+        )
+        if not ids:
+            return []
+        Attempt.objects.filter(pk__in=ids).update(fence=F("fence") + 1, next_check_at=now + CLAIM_LEASE)
+        return list(Attempt.objects.filter(pk__in=ids).order_by("next_check_at", "id"))
+
+
+def _only_from(attempt: Attempt, state: str, what: str) -> None:
+    if attempt.state != state:
+        raise IllegalTransition(f"attempt {attempt.pk} is {attempt.state}; {what} only from {state}")
+
+
+def attempt_release(*, attempt: Attempt, fence: int, next_check_at: datetime) -> Attempt:
+    """Hand a claimed attempt back, due again at ``next_check_at``; nothing was decided."""
+    changed = Attempt.objects.filter(pk=attempt.pk, state=attempt.state, fence=fence).update(
+        next_check_at=next_check_at
+    )
+    if changed != 1:
+        raise StaleFence(StaleFence.MESSAGE.format(attempt_id=attempt.pk, current="?", given=fence))
+    attempt.next_check_at = next_check_at
+    return attempt
+
+
+def attempt_expire_lease(*, attempt: Attempt, actor: Actor, fence: int) -> Attempt:
+    """DISPATCHED past its lease, no outcome reported: UNKNOWN."""
+    _only_from(attempt, S.DISPATCHED, "a dispatch lease expires")
+    now = timezone.now()
+    return _move(
+        attempt,
+        to_state=S.UNKNOWN,
+        actor=actor,
+        fence=fence,
+        reason="dispatch lease expired with no outcome reported; looking it up at the provider",
+        updates={"next_check_at": now},
+        now=now,
+    )
+
+
+def attempt_abandon(*, attempt: Attempt, actor: Actor, fence: int) -> Attempt:
+    """INTENT_RECORDED past its lease, never dispatched: FAILED as abandoned.
+
+    Safe because DISPATCHED is committed before any request leaves: an
+    attempt still in INTENT_RECORDED provably sent nothing. Failing it
+    (visibly, with this reason) is better than letting it sit forever or
+    sending on behalf of an agent that gave up on its task.
+    """
+    return _move(
+        attempt,
+        to_state=S.FAILED,
+        actor=actor,
+        fence=fence,
+        reason="abandoned: never dispatched within the intent lease, so nothing was sent",
+        updates={"last_error": "abandoned"},
+    )
+
+
+def attempt_check_later(
+    *, attempt: Attempt, actor: Actor, fence: int, reason: str, lookup: dict[str, Any], error: str = ""
+) -> Attempt:
+    """UNKNOWN -> UNKNOWN: the provider could not answer; back off, decide nothing."""
+    _only_from(attempt, S.UNKNOWN, "a lookup is retried later")
+    now = timezone.now()
+    return _move(
+        attempt,
+        to_state=S.UNKNOWN,
+        actor=actor,
+        fence=fence,
+        reason=reason,
+        updates={
+            "check_count": attempt.check_count + 1,
+            "next_check_at": now + backoff(attempt.check_count + 1),
+            "last_lookup": lookup.get("status", ""),
+            "last_error": _clean_text(error),
+        },
+        details={"lookup": lookup},
+        now=now,
+    )
+
+
+def attempt_escalate(
+    *, attempt: Attempt, actor: Actor, fence: int, reason: str, lookup: dict[str, Any] | None = None
+) -> Attempt:
+    """UNKNOWN or FAILED_RETRYABLE -> MANUAL_REVIEW: the facts cannot settle it."""
+    updates: dict[str, Any] = {}
+    if lookup:
+        updates["last_lookup"] = lookup.get("status", "")
+    return _move(
+        attempt,
+        to_state=S.MANUAL_REVIEW,
+        actor=actor,
+        fence=fence,
+        reason=reason,
+        updates=updates,
+        details={"lookup": lookup} if lookup else {},
+    )
+
+
+def attempt_escalate_for_retry(
+    *,
+    attempt: Attempt,
+    actor: Actor,
+    fence: int,
+    changes: list[str] | tuple[str, ...],
+    lookup: dict[str, Any] | None = None,
+) -> tuple[Attempt, Attempt | None]:
+    """A retry is needed but the authority changed: don't reuse the attempt.
+
+    Records a linked attempt under the tenant's current policy (its scope
+    narrowed to what both the original and the current policy allow, never
+    wider) for review, and moves the original to MANUAL_REVIEW beside it.
+    Returns ``(original, linked)``; ``linked`` is None when nothing could
+    be authorized now (the tool is no longer allowed, the tenant is gone).
+    """
+    from ledgerdash.ledger.authority import current_policy
+
+    policy = current_policy(attempt.tenant_id)
+    tenant_active = Tenant.objects.filter(pk=attempt.tenant_id, is_active=True).exists()
+    allowed = policy.scopes_for(attempt.tool_name) if policy is not None else None
+    summary = "; ".join(changes)
+    with transaction.atomic():
+        if policy is None or allowed is None or not tenant_active:
+            original = attempt_escalate(
+                attempt=attempt,
+                actor=actor,
+                fence=fence,
+                reason=f"retry needed but cannot be authorized now: {summary}",
+                lookup=lookup,
+            )
+            return original, None
+        original = attempt_escalate(
+            attempt=attempt,
+            actor=actor,
+            fence=fence,
+            reason=f"retry needed but authority changed ({summary}); a linked attempt awaits approval",
+            lookup=lookup,
+        )
+        linked = attempt_create_linked(
+            parent=original,
+            new=NewAttempt(
+                tenant_id=attempt.tenant_id,
+                task_id=attempt.task_id,
+                tool_name=attempt.tool_name,
+                idempotency_key=attempt.idempotency_key,
+                args=attempt.args,
+                args_hash=attempt.args_hash,
+                policy_version=policy.version,
+                scopes=attempt.scopes & allowed,
+            ),
+            actor=actor,
+            reason=f"linked retry of #{attempt.pk} under policy v{policy.version}: {summary}",
+        )
+    return original, linked
+
+
+# --- people's decisions ---------------------------------------------------------------
+
+
+class DecisionRefused(LedgerError):
+    """An operator's decision was refused; the refusal itself is recorded."""
+
+    code = "decision_refused"
+
+    def __init__(self, message: str, changes: list[str]) -> None:
+        super().__init__(message)
+        self.changes = changes
+
+
+class ApprovalRefused(DecisionRefused):
+    code = "approval_refused"
+    MESSAGE = "approval of attempt {attempt_id} refused: {changes}"
+
+
+class SelfApproval(DecisionRefused):
+    code = "self_approval"
+    MESSAGE = "{user} requested this retry and cannot also approve it"
+
+
+def _locked_for_decision(attempt_id: int, fence_seen: int | None) -> Attempt:
+    attempt = _get(attempt_id, lock=True)
+    if fence_seen is not None and attempt.fence != fence_seen:
+        raise StaleFence(
+            f"attempt {attempt_id} changed since you loaded it (now {attempt.state}); reload and decide again"
+        )
+    return attempt
+
+
+def _required(text: str, what: str) -> str:
+    text = (text or "").strip()
+    if not text:
+        raise InvalidField(InvalidField.EMPTY.format(field=what))
+    return text
+
+
+def attempt_verify(
+    *,
+    attempt_id: int,
+    actor: Actor,
+    evidence: str,
+    provider_request_id: str = "",
+    fence_seen: int | None = None,
+) -> Attempt:
+    """MANUAL_REVIEW -> OUTCOME_CONFIRMED: an operator verified it at the provider."""
+    evidence = _required(evidence, "evidence")
+    provider_request_id = _validate_ref(provider_request_id.strip(), "provider_request_id", 255)
+    with transaction.atomic():
+        attempt = _locked_for_decision(attempt_id, fence_seen)
+        updates: dict[str, Any] = {"result_ref": _clean_text(evidence)[:1000]}
+        if provider_request_id:
+            if attempt.provider_request_id and attempt.provider_request_id != provider_request_id:
+                raise RequestIdConflict(
+                    RequestIdConflict.MESSAGE.format(
+                        attempt_id=attempt_id, existing=attempt.provider_request_id, given=provider_request_id
+                    )
+                )
+            updates["provider_request_id"] = provider_request_id
+        return _move(
+            attempt,
+            to_state=S.OUTCOME_CONFIRMED,
+            actor=actor,
+            fence=None,
+            reason=f"verified at the provider by {actor.label}: {evidence}",
+            updates=updates,
+            details={"evidence": evidence, "provider_request_id": provider_request_id or attempt.provider_request_id},
+        )
+
+
+def attempt_mark_failed(
+    *, attempt_id: int, actor: Actor, reason: str, fence_seen: int | None = None, kind: str = "marked failed"
+) -> Attempt:
+    """MANUAL_REVIEW -> FAILED: an operator established it did not happen (or must not)."""
+    reason = _required(reason, "reason")
+    with transaction.atomic():
+        attempt = _locked_for_decision(attempt_id, fence_seen)
+        return _move(
+            attempt,
+            to_state=S.FAILED,
+            actor=actor,
+            fence=None,
+            reason=f"{kind} by {actor.label}: {reason}",
+            updates={"last_error": _clean_text(reason)},
+            details={"comment": reason},
+        )
+
+
+def attempt_recheck(*, attempt_id: int, actor: Actor, reason: str = "") -> Attempt:
+    """Ask the reconciler to look again now: MANUAL_REVIEW -> UNKNOWN (checks
+    start over), or, for an UNKNOWN attempt, just make it due now."""
+    now = timezone.now()
+    with transaction.atomic():
+        attempt = _get(attempt_id, lock=True)
+        note = reason.strip() or "re-check requested"
+        if attempt.state == S.UNKNOWN:
+            Attempt.objects.filter(pk=attempt.pk).update(next_check_at=now, updated_at=now)
+            attempt.next_check_at = now
+            append_events(
+                [_Event(attempt.tenant_id, attempt.pk, "recheck", actor, fence=attempt.fence, reason=note)], now=now
+            )
+            return attempt
+        return _move(
+            attempt,
+            to_state=S.UNKNOWN,
+            actor=actor,
+            fence=None,
+            reason=f"{note} (by {actor.label})",
+            updates={"check_count": 0, "next_check_at": now},
+            now=now,
+        )
+
+
+def retry_request(*, attempt_id: int, actor: Actor, reason: str) -> Attempt:
+    """An operator asks for a linked retry of an attempt under review, under
+    the tenant's current policy. Someone else must approve it."""
+    from ledgerdash.ledger.authority import current_policy
+
+    reason = _required(reason, "reason")
+    with transaction.atomic():
+        original = _get(attempt_id, lock=True)
+        if original.state != S.MANUAL_REVIEW:
+            raise IllegalTransition(f"only an attempt under review can be retried; #{attempt_id} is {original.state}")
+        pending = original.children.filter(state__in=[S.MANUAL_REVIEW, S.INTENT_RECORDED, S.DISPATCHED]).first()
+        if pending is not None:
+            raise IllegalTransition(f"attempt #{attempt_id} already has a pending linked retry #{pending.pk}")
+        policy = current_policy(original.tenant_id)
+        allowed = policy.scopes_for(original.tool_name) if policy else None
+        if policy is None or allowed is None:
+            raise IllegalTransition(f"tool {original.tool_name} is not allowed by the tenant's current policy")
+        return attempt_create_linked(
+            parent=original,
+            new=NewAttempt(
+                tenant_id=original.tenant_id,
+                task_id=original.task_id,
+                tool_name=original.tool_name,
+                idempotency_key=original.idempotency_key,
+                args=original.args,
+                args_hash=original.args_hash,
+                policy_version=policy.version,
+                scopes=original.scopes & allowed,
+            ),
+            actor=actor,
+            reason=f"retry requested by {actor.label}: {reason}",
+            requested_by_id=actor.user_id,
+        )
+
+
+#: Parent standings from which a retry cannot duplicate the original.
+_ORIGINAL_SAFE_STATES = frozenset({S.FAILED, S.FAILED_RETRYABLE, S.INTENT_RECORDED})
+
+
+def original_standing(original: Attempt) -> str | None:
+    """Why approving a retry of ``original`` could duplicate it, or None if it cannot."""
+    if original.state in _ORIGINAL_SAFE_STATES:
+        return None
+    if original.state == S.OUTCOME_CONFIRMED:
+        return f"the original #{original.pk} happened (confirmed): a retry performs it a second time"
+    if original.last_lookup == "not_found":
+        return None
+    said = original.last_lookup or "no lookup yet"
+    return f"the provider has not said the original #{original.pk} did not happen (last lookup: {said})"
+
+
+def retry_approve(
+    *,
+    attempt_id: int,
+    actor: Actor,
+    comment: str,
+    may_act: Callable[[int], str | None],
+    safe_because: str = "",
+    fence_seen: int | None = None,
+) -> Attempt:
+    """Approve a linked retry: MANUAL_REVIEW -> INTENT_RECORDED, and its
+    original (if under review) -> RECONCILED, superseded by it.
+
+    Re-checks under row locks, in this transaction: the tenant is the
+    original's and active, the current policy version is the one the retry
+    was created under, the tool is still allowed, the scope is not wider than
+    the original's, the approver may act for the tenant (``may_act`` returns
+    a reason when not), the approver did not request it, and the original
+    cannot have happened (unless ``safe_because`` says why it is safe). A
+    refusal is recorded as an event and raised as :class:`ApprovalRefused`.
+    A decision is single-use: a second approval finds it decided.
+    """
+    comment = _required(comment, "comment")
+    refusal: DecisionRefused | None = None
+    with transaction.atomic():
+        peek = _get(attempt_id)
+        if peek.parent_id is None:
+            raise IllegalTransition(f"attempt #{attempt_id} is not a linked retry")
+        # Lock parent before child: every path locks the older row first.
+        original = _get(peek.parent_id, lock=True)
+        retry = _locked_for_decision(attempt_id, fence_seen)
+        _check_move(retry, S.INTENT_RECORDED, actor)
+        changes: list[str] = []
+        if actor.user_id is not None and actor.user_id == retry.requested_by_id:
+            refusal = SelfApproval(SelfApproval.MESSAGE.format(user=actor.label), ["approver requested it"])
+            changes = ["the approver requested this retry"]
+        else:
+            denied = may_act(retry.tenant_id)
+            if denied:
+                changes.append(denied)
+            changes.extend(standing_of(retry, original=original).changes)
+            risk = original_standing(original)
+            if risk and not safe_because.strip():
+                changes.append(f"{risk}; record why it is safe to approve anyway")
+            if changes:
+                refusal = ApprovalRefused(
+                    ApprovalRefused.MESSAGE.format(attempt_id=attempt_id, changes="; ".join(changes)), changes
+                )
+        if refusal is not None:
+            append_events(
+                [
+                    _Event(
+                        retry.tenant_id,
+                        retry.pk,
+                        "approval_refused",
+                        actor,
+                        fence=retry.fence,
+                        reason=str(refusal),
+                        details={"changes": changes, "comment": comment},
+                    )
+                ]
+            )
+        else:
+            now = timezone.now()
+            details = {
+                "comment": comment,
+                "original_id": original.pk,
+                "original_state": original.state,
+                "original_last_lookup": original.last_lookup,
+                "policy_version": retry.policy_version,
+            }
+            if safe_because.strip():
+                details["safe_because"] = safe_because.strip()
+            if original.state == S.MANUAL_REVIEW:
+                _move(
+                    original,
+                    to_state=S.RECONCILED,
+                    actor=actor,
+                    fence=None,
+                    reason=f"superseded by approved linked retry #{retry.pk}",
+                    details={"retry_id": retry.pk, "comment": comment},
+                    now=now,
+                )
+            return _move(
+                retry,
+                to_state=S.INTENT_RECORDED,
+                actor=actor,
+                fence=None,
+                reason=f"retry approved by {actor.label}: {comment}",
+                updates={"approved_by_id": actor.user_id, "approved_at": now, "next_check_at": now},
+                details=details,
+                now=now,
+            )
+    assert refusal is not None
+    raise refusal
+
+
+def retry_reject(*, attempt_id: int, actor: Actor, comment: str, fence_seen: int | None = None) -> Attempt:
+    """Reject a linked retry: MANUAL_REVIEW -> FAILED. The original stays as it is."""
+    peek = _get(attempt_id)
+    if peek.parent_id is None:
+        raise IllegalTransition(f"attempt #{attempt_id} is not a linked retry")
+    return attempt_mark_failed(
+        attempt_id=attempt_id, actor=actor, reason=comment, fence_seen=fence_seen, kind="retry rejected"
+    )

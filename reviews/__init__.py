@@ -1,0 +1,1 @@
+"""The human side of the ledger: queues, ownership, approvals, exports."""

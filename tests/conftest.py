@@ -1,0 +1,167 @@
+"""Personas and helpers shared by the suite.
+
+Tenant A ("acme") has an operator, an approver, a viewer and an admin;
+tenant B ("globex") has an outsider who must never see A's work.
+
+The suite runs twice under ``make test``: on SQLite, then on PostgreSQL
+(``DATABASE_URL=postgres://…``). Tests marked ``postgres`` need the latter;
+on SQLite they are skipped with a reason, and under ``CI=true`` a test that
+would be skipped for want of PostgreSQL fails instead.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from ledgerdash.ledger import recording
+from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
+from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.transitions import Actor
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+TOOLS_V1 = {
+    "send_email": ["email:send"],
+    "charge_card": ["payments:charge", "payments:refund"],
+    "open_ticket": ["tickets:write"],
+}
+
+
+def _vendor() -> str:
+    return str(settings.DATABASES["default"]["ENGINE"]).rsplit(".", 1)[-1]
+
+
+def _postgres_unreachable() -> str | None:
+    import psycopg
+
+    db = settings.DATABASES["default"]
+    try:
+        psycopg.connect(
+            host=db.get("HOST") or None,
+            port=db.get("PORT") or None,
+            user=db.get("USER") or None,
+            password=db.get("PASSWORD") or None,
+            dbname="postgres",
+            connect_timeout=3,
+        ).close()
+    except psycopg.Error as exc:
+        return f"PostgreSQL at {db.get('HOST')}:{db.get('PORT')} is not reachable ({exc})"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _vendor() == "postgresql":
+        problem = _postgres_unreachable()
+        if problem is None:
+            return
+        if IN_CI:
+            raise pytest.UsageError(f"{problem}; CI must run the PostgreSQL tests")
+        skip = pytest.mark.skip(reason=f"{problem}; set DATABASE_URL to a reachable server to run these")
+        for item in items:
+            item.add_marker(skip)
+        return
+    needs_pg = [item for item in items if item.get_closest_marker("postgres")]
+    if not needs_pg:
+        return
+    if IN_CI:
+        raise pytest.UsageError(
+            f"{len(needs_pg)} PostgreSQL tests collected on SQLite; deselect them with -m 'not postgres' "
+            "or run with DATABASE_URL=postgres://…"
+        )
+    skip = pytest.mark.skip(reason="needs PostgreSQL: run with DATABASE_URL=postgres://postgres@127.0.0.1/ledgerdash")
+    for item in needs_pg:
+        item.add_marker(skip)
+
+
+@pytest.fixture
+def make_user(django_user_model: Any) -> Any:
+    def make(username: str, **extra: Any) -> Any:
+        return django_user_model.objects.create_user(username=username, password="pw-" + username, **extra)
+
+    return make
+
+
+@pytest.fixture
+def tenant_a(db: None, make_user: Any) -> Tenant:
+    owner = make_user("oncall-a")
+    tenant = Tenant.objects.create(slug="acme", name="Acme", default_owner=owner)
+    policy_publish(tenant=tenant, tools=TOOLS_V1, actor=Actor.system("tests"), note="initial")
+    return tenant
+
+
+@pytest.fixture
+def tenant_b(db: None, make_user: Any) -> Tenant:
+    owner = make_user("oncall-b")
+    tenant = Tenant.objects.create(slug="globex", name="Globex", default_owner=owner)
+    policy_publish(tenant=tenant, tools=TOOLS_V1, actor=Actor.system("tests"), note="initial")
+    return tenant
+
+
+def member(make_user: Any, username: str, tenant: Tenant, role: str) -> Any:
+    from reviews.models import Membership
+
+    user = make_user(username)
+    Membership.objects.create(user=user, tenant=tenant, role=role)
+    return user
+
+
+@pytest.fixture
+def viewer_a(make_user: Any, tenant_a: Tenant) -> Any:
+    return member(make_user, "viewer-a", tenant_a, "viewer")
+
+
+@pytest.fixture
+def operator_a(make_user: Any, tenant_a: Tenant) -> Any:
+    return member(make_user, "operator-a", tenant_a, "operator")
+
+
+@pytest.fixture
+def approver_a(make_user: Any, tenant_a: Tenant) -> Any:
+    return member(make_user, "approver-a", tenant_a, "approver")
+
+
+@pytest.fixture
+def admin_a(make_user: Any, tenant_a: Tenant) -> Any:
+    return member(make_user, "admin-a", tenant_a, "admin")
+
+
+@pytest.fixture
+def outsider_b(make_user: Any, tenant_b: Tenant) -> Any:
+    return member(make_user, "outsider-b", tenant_b, "approver")
+
+
+AGENT = Actor.agent("agent-test")
+RECONCILER = Actor.reconciler("reconciler-test")
+
+
+def record(tenant: Tenant, key: str = "invoice:7:send", **overrides: Any) -> Attempt:
+    fields: dict[str, Any] = {
+        "tenant": tenant,
+        "task_id": "task-1",
+        "tool_name": "send_email",
+        "idempotency_key": key,
+        "args": {"to": "ap@example.com", "invoice": 7},
+        "actor": AGENT,
+    }
+    fields.update(overrides)
+    return recording.record_intent(**fields).attempt
+
+
+def events_of(attempt: Attempt) -> list[AttemptEvent]:
+    return list(AttemptEvent.objects.filter(attempt=attempt).order_by("seq"))
+
+
+def ledger_snapshot() -> tuple[int, int, list[tuple[Any, ...]]]:
+    """Counts and states: equal before and after means nothing was written."""
+    return (
+        Attempt.objects.count(),
+        AttemptEvent.objects.count(),
+        list(Attempt.objects.order_by("id").values_list("id", "state", "fence", "owner_id")),
+    )
+
+
+STATES = list(State)

@@ -1,0 +1,52 @@
+"""Attempts in each state, reached through the real transitions (never by
+writing ``state`` directly), so every fixture row has its true event history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledgerdash.ledger import recording, transitions
+from ledgerdash.ledger.models import Attempt, State, Tenant
+from tests.conftest import AGENT, RECONCILER, record
+
+
+def _allow_all(_tenant_id: int) -> str | None:
+    return None
+
+
+def attempt_in(state: str, tenant: Tenant, *, key: str = "k-1", requester: Any = None, approver: Any = None) -> Attempt:
+    """An attempt of ``tenant`` in ``state``. RECONCILED needs two users (a
+    requester and an approver) since it is reached by approving a retry."""
+    attempt = record(tenant, key)
+    if state == State.INTENT_RECORDED:
+        return attempt
+    attempt = recording.mark_dispatched(attempt, actor=AGENT)
+    if state == State.DISPATCHED:
+        return attempt
+    if state == State.OUTCOME_CONFIRMED:
+        return recording.confirm(attempt, provider_request_id="req-1", actor=AGENT)
+    if state == State.FAILED_RETRYABLE:
+        return recording.fail_retryable(attempt, reason="rejected before acting", actor=AGENT)
+    if state == State.FAILED:
+        return recording.fail(attempt, reason="refused", actor=AGENT)
+    attempt = recording.mark_unknown(attempt, reason="timeout", actor=AGENT)
+    if state == State.UNKNOWN:
+        return attempt
+    attempt = transitions.attempt_escalate(
+        attempt=attempt, actor=RECONCILER, fence=attempt.fence, reason="not idempotent"
+    )
+    if state == State.MANUAL_REVIEW:
+        return attempt
+    assert state == State.RECONCILED, state
+    assert requester is not None
+    assert approver is not None
+    retry = transitions.retry_request(attempt_id=attempt.pk, actor=transitions.Actor.user(requester), reason="resend")
+    transitions.retry_approve(
+        attempt_id=retry.pk,
+        actor=transitions.Actor.user(approver),
+        comment="verified not delivered",
+        may_act=_allow_all,
+        safe_because="provider support confirmed it was never delivered",
+    )
+    attempt.refresh_from_db()
+    return attempt

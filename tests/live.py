@@ -1,0 +1,102 @@
+"""Helpers for tests that start real processes (servers, workers) on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import http.cookiejar
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else "python"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_http(url: str, *, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered:\n{out}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # it answered
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+@contextlib.contextmanager
+def running(
+    cmd: list[str], *, env: dict[str, str] | None = None, url: str | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``cmd`` in its own process group until the block ends.
+
+    The child gets the project's real settings module unless ``env`` names
+    one: the test run's own (tests.settings) is not what a user runs.
+    """
+    child_env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    child_env.update(env or {})
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        if url:
+            wait_for_http(url, proc=proc)
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+class Browser:
+    """A cookie-keeping HTTP client that logs in like a person with a form."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base.rstrip("/")
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+
+    def get(self, path: str) -> tuple[int, dict[str, str], str]:
+        try:
+            with self.opener.open(self.base + path, timeout=10) as resp:
+                return resp.status, dict(resp.headers), resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read().decode()
+
+    def login(self, username: str, password: str) -> tuple[int, str]:
+        _, _, page = self.get("/login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert token, "login page has no CSRF token"
+        data = urllib.parse.urlencode(
+            {"username": username, "password": password, "csrfmiddlewaretoken": token.group(1), "next": "/"}
+        ).encode()
+        request = urllib.request.Request(self.base + "/login/", data=data, headers={"Referer": self.base + "/login/"})
+        with self.opener.open(request, timeout=10) as resp:
+            return resp.status, resp.url

@@ -1,0 +1,217 @@
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from ledgerdash.ledger import recording, transitions
+from ledgerdash.ledger.errors import IdempotencyConflict, IllegalTransition, StaleFence
+from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
+from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.transitions import Actor, ApprovalRefused, SelfApproval
+from tests.conftest import AGENT, RECONCILER, TOOLS_V1, ledger_snapshot, record
+from tests.factories import attempt_in
+
+S = State
+
+
+def allow(_tenant_id: int) -> str | None:
+    return None
+
+
+def under_review(tenant: Tenant, *, lookup: str = "") -> Attempt:
+    attempt = attempt_in(S.UNKNOWN, tenant)
+    status = {"status": lookup} if lookup else None
+    return transitions.attempt_escalate(
+        attempt=attempt, actor=RECONCILER, fence=attempt.fence, reason="not idempotent", lookup=status
+    )
+
+
+@pytest.fixture
+def retry(tenant_a: Tenant, operator_a: Any) -> Attempt:
+    original = under_review(tenant_a, lookup="not_found")
+    return transitions.retry_request(attempt_id=original.pk, actor=Actor.user(operator_a), reason="resend it")
+
+
+def approve(retry: Attempt, approver: Any, **extra: Any) -> Attempt:
+    return transitions.retry_approve(
+        attempt_id=retry.pk, actor=Actor.user(approver), comment="checked", may_act=allow, **extra
+    )
+
+
+def test_approving_a_retry_authorizes_it_and_supersedes_the_original(retry: Attempt, approver_a: Any) -> None:
+    approved = approve(retry, approver_a)
+    original = Attempt.objects.get(pk=retry.parent_id)
+    assert approved.state == S.INTENT_RECORDED
+    assert approved.approved_by_id == approver_a.pk
+    assert original.state == S.RECONCILED
+    assert f"#{retry.pk}" in original.last_note
+    event = AttemptEvent.objects.filter(attempt=retry).order_by("seq").last()
+    assert event is not None
+    assert (event.from_state, event.to_state, event.actor_user_id) == (
+        S.MANUAL_REVIEW,
+        S.INTENT_RECORDED,
+        approver_a.pk,
+    )
+    assert event.details["comment"] == "checked"
+    assert event.details["original_last_lookup"] == "not_found"
+
+
+def _refused(retry: Attempt, approver: Any, **extra: Any) -> ApprovalRefused:
+    snapshot = ledger_snapshot()
+    events_before = AttemptEvent.objects.count()
+    with pytest.raises(ApprovalRefused) as caught:
+        approve(retry, approver, **extra)
+    after = ledger_snapshot()
+    assert after[2] == snapshot[2]  # no state, fence or owner changed
+    refusal = AttemptEvent.objects.order_by("seq").last()
+    assert AttemptEvent.objects.count() == events_before + 1
+    assert refusal is not None
+    assert refusal.kind == "approval_refused"
+    assert refusal.details["changes"] == caught.value.changes
+    return caught.value
+
+
+def test_it_refuses_approval_when_the_policy_changed(retry: Attempt, approver_a: Any, tenant_a: Tenant) -> None:
+    policy_publish(tenant=tenant_a, tools=TOOLS_V1, actor=Actor.system("t"), note="v2")
+    refusal = _refused(retry, approver_a)
+    assert "policy is now v2 (attempt recorded under v1)" in str(refusal)
+
+
+def test_it_refuses_approval_when_the_tool_is_no_longer_allowed(
+    retry: Attempt, approver_a: Any, tenant_a: Tenant
+) -> None:
+    tools = {k: v for k, v in TOOLS_V1.items() if k != "send_email"}
+    policy_publish(tenant=tenant_a, tools=tools, actor=Actor.system("t"))
+    refusal = _refused(retry, approver_a)
+    assert any("tool send_email is not allowed by policy v2" in c for c in refusal.changes)
+
+
+def test_it_refuses_approval_when_the_tenant_was_deactivated(retry: Attempt, approver_a: Any, tenant_a: Tenant) -> None:
+    Tenant.objects.filter(pk=tenant_a.pk).update(is_active=False)
+    refusal = _refused(retry, approver_a)
+    assert "tenant acme is no longer active" in refusal.changes
+
+
+def test_it_refuses_a_scope_wider_than_the_original(tenant_a: Tenant, approver_a: Any) -> None:
+    original = record(
+        tenant_a, "charge-1", tool_name="charge_card", args={"amount": 5}, credential_scope="payments:charge"
+    )
+    with pytest.raises(IdempotencyConflict) as caught:
+        record(tenant_a, "charge-1", tool_name="charge_card", args={"amount": 6})  # policy default: charge + refund
+    linked = caught.value.attempt
+    assert linked.parent_id == original.pk
+    refusal = _refused(linked, approver_a, safe_because="original never dispatched")
+    assert "scope payments:refund is wider than the original attempt's" in refusal.changes
+
+
+def test_it_refuses_when_the_approver_may_not_act_for_the_tenant(retry: Attempt, approver_a: Any) -> None:
+    snapshot = ledger_snapshot()
+    with pytest.raises(ApprovalRefused, match="not an approver of acme"):
+        transitions.retry_approve(
+            attempt_id=retry.pk,
+            actor=Actor.user(approver_a),
+            comment="ok",
+            may_act=lambda tenant_id: "not an approver of acme",
+        )
+    assert ledger_snapshot()[2] == snapshot[2]
+
+
+def test_an_approver_cannot_approve_a_retry_they_requested(tenant_a: Tenant, approver_a: Any) -> None:
+    original = under_review(tenant_a, lookup="not_found")
+    retry = transitions.retry_request(attempt_id=original.pk, actor=Actor.user(approver_a), reason="resend")
+    with pytest.raises(SelfApproval):
+        approve(retry, approver_a)
+    assert Attempt.objects.get(pk=retry.pk).state == S.MANUAL_REVIEW
+    assert AttemptEvent.objects.filter(attempt=retry, kind="approval_refused").count() == 1
+
+
+def test_it_refuses_while_the_original_may_still_have_happened(
+    tenant_a: Tenant, operator_a: Any, approver_a: Any
+) -> None:
+    original = under_review(tenant_a, lookup="unavailable")
+    retry = transitions.retry_request(attempt_id=original.pk, actor=Actor.user(operator_a), reason="resend")
+    refusal = _refused(retry, approver_a)
+    assert any("has not said the original" in c and "unavailable" in c for c in refusal.changes)
+    approved = approve(retry, approver_a, safe_because="provider support: message id absent from their logs")
+    assert approved.state == S.INTENT_RECORDED
+    last = AttemptEvent.objects.filter(attempt=retry).order_by("seq").last()
+    assert last is not None
+    assert last.details["safe_because"].startswith("provider support")
+
+
+def test_a_decision_is_single_use(retry: Attempt, approver_a: Any) -> None:
+    approve(retry, approver_a)
+    with pytest.raises(IllegalTransition):
+        approve(retry, approver_a)
+    with pytest.raises(IllegalTransition):
+        transitions.retry_reject(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="too late")
+
+
+def test_a_decision_on_a_changed_attempt_is_refused(retry: Attempt, approver_a: Any, operator_a: Any) -> None:
+    seen = retry.fence
+    transitions.attempt_recheck(attempt_id=retry.parent_id, actor=Actor.user(operator_a))
+    transitions.attempt_recheck(attempt_id=retry.pk, actor=Actor.user(operator_a))
+    with pytest.raises(StaleFence, match="changed since you loaded it"):
+        approve(retry, approver_a, fence_seen=seen)
+
+
+def test_rejecting_a_retry_fails_it_and_leaves_the_original(retry: Attempt, approver_a: Any) -> None:
+    rejected = transitions.retry_reject(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="duplicate")
+    assert rejected.state == S.FAILED
+    assert "duplicate" in rejected.last_note
+    assert Attempt.objects.get(pk=retry.parent_id).state == S.MANUAL_REVIEW
+
+
+def test_a_comment_is_required(retry: Attempt, approver_a: Any) -> None:
+    from ledgerdash.ledger.errors import InvalidField
+
+    with pytest.raises(InvalidField):
+        transitions.retry_approve(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="  ", may_act=allow)
+
+
+def test_only_linked_retries_are_approved(tenant_a: Tenant, approver_a: Any) -> None:
+    original = under_review(tenant_a)
+    with pytest.raises(IllegalTransition, match="not a linked retry"):
+        approve(original, approver_a)
+
+
+def test_an_approved_retry_is_dispatched_under_the_same_provider_key(retry: Attempt, approver_a: Any) -> None:
+    approved = approve(retry, approver_a)
+    dispatched = recording.mark_dispatched(approved, actor=AGENT)
+    assert dispatched.state == S.DISPATCHED
+    assert dispatched.provider_key == Attempt.objects.get(pk=retry.parent_id).provider_key
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_twenty_parallel_approvals_yield_one(tenant_a: Tenant, operator_a: Any, make_user: Any) -> None:
+    from tests.conftest import member
+
+    original = under_review(tenant_a, lookup="not_found")
+    retry = transitions.retry_request(attempt_id=original.pk, actor=Actor.user(operator_a), reason="resend")
+    approvers = [member(make_user, f"approver-{n}", tenant_a, "approver") for n in range(20)]
+    barrier = threading.Barrier(20)
+    outcomes: list[str] = []
+
+    def worker(user: Any) -> None:
+        try:
+            barrier.wait()
+            approve(retry, user)
+            outcomes.append("approved")
+        except Exception as exc:
+            outcomes.append(type(exc).__name__)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(u,)) for u in approvers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes.count("approved") == 1
+    assert outcomes.count("IllegalTransition") == 19
+    assert AttemptEvent.objects.filter(attempt=retry, to_state=S.INTENT_RECORDED).count() == 1
+    assert AttemptEvent.objects.filter(attempt=original, to_state=S.RECONCILED).count() == 1

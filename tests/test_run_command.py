@@ -1,0 +1,40 @@
+"""The README's run command, as a newcomer uses it: a fresh database, the demo,
+gunicorn + whitenoise on a port, a log-in, a page."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.live import ROOT, Browser, free_port, running
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="the run command serves the embedded SQLite"
+)
+
+
+def test_the_run_command_serves_the_app_with_demo_data(tmp_path: Path) -> None:
+    port = free_port()
+    env = {"LEDGERDASH_VAR_DIR": str(tmp_path), "DEBUG": "true", "DATABASE_URL": ""}
+    with running(
+        [str(ROOT / "scripts" / "run.sh"), "127.0.0.1", str(port)], env=env, url=f"http://127.0.0.1:{port}/login/"
+    ):
+        browser = Browser(f"http://127.0.0.1:{port}")
+        status, _, _ = browser.get("/")
+        assert status == 200  # the login page, after the redirect
+        status, final_url = browser.login("operator", "ledgerdash-demo")
+        assert status == 200
+        assert final_url == f"http://127.0.0.1:{port}/"
+        status, headers, page = browser.get("/")
+        assert status == 200
+        assert "UNKNOWN" in page
+        assert "operator" in page
+        status, headers, css = browser.get("/static/ledgerdash/app.css")
+        assert status == 200
+        assert headers["Content-Type"].startswith("text/css")
+        assert headers["Server"] == "gunicorn"
+        assert "Cache-Control" in headers  # set by whitenoise, not by Django's static view
+        assert ":root" in css
+    assert (tmp_path / "ledgerdash.sqlite3").exists()

@@ -1,0 +1,77 @@
+"""Settings come from the environment and refuse nonsense at start-up."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+
+from ledgerdash import env
+from tests.live import PYTHON, ROOT
+
+PRODUCTION = {
+    "DEBUG": "false",
+    "SECRET_KEY": "a-production-secret-" + "x" * 40,
+    "ALLOWED_HOSTS": "ledger.example.com",
+    "PATH": "/usr/bin:/bin",
+}
+
+
+def start(extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Start the real settings module in a fresh process with ``extra`` as its environment."""
+    return subprocess.run(
+        [PYTHON, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env={**PRODUCTION, **extra},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("DEBUG", "ture", "DEBUG='ture' is not a boolean"),
+        ("SECRET_KEY", "", "SECRET_KEY must be set when DEBUG is off"),
+        ("ALLOWED_HOSTS", "", "empty entry"),
+        ("ALLOWED_HOSTS", "a,,b", "empty entry"),
+        ("DATABASE_URL", "mysql://root@localhost/x", "supports sqlite:/// and postgres://"),
+        ("DATABASE_URL", "nonsense", "is not a database URL"),
+        ("LEDGER_DISPATCH_LEASE_SECONDS", "soon", "is not a whole number"),
+        ("LEDGER_DISPATCH_LEASE_SECONDS", "0", "below the minimum"),
+    ],
+)
+def test_bad_values_fail_loudly_at_start_up(variable: str, value: str, message: str) -> None:
+    result = start({variable: value})
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert message in result.stderr
+
+
+def test_production_settings_pass_the_deploy_check(tmp_path: object) -> None:
+    result = start({"DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_env_helpers() -> None:
+    import os
+
+    os.environ["LD_TEST_BOOL"] = "Yes"
+    os.environ["LD_TEST_LIST"] = "a, b"
+    try:
+        assert env.env_bool("LD_TEST_BOOL", False) is True
+        assert env.env_bool("LD_TEST_MISSING", True) is True
+        assert env.env_list("LD_TEST_LIST", []) == ["a", "b"]
+        with pytest.raises(ImproperlyConfigured):
+            env.env_int("LD_TEST_LIST", 1)
+    finally:
+        del os.environ["LD_TEST_BOOL"], os.environ["LD_TEST_LIST"]
+
+
+@pytest.mark.django_db
+def test_migrations_match_the_models() -> None:
+    call_command("makemigrations", "--check", "--dry-run", verbosity=0)

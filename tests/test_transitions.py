@@ -1,0 +1,360 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from ledgerdash.ledger import recording, transitions
+from ledgerdash.ledger.errors import (
+    AuthorizationChanged,
+    ClaimLost,
+    IllegalTransition,
+    MissingEvidence,
+    RequestIdConflict,
+    StaleFence,
+)
+from ledgerdash.ledger.models import Attempt, AttemptEvent, State
+from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.transitions import LEGAL_MOVES, Actor
+from tests.conftest import AGENT, RECONCILER, TOOLS_V1, events_of, ledger_snapshot, record
+from tests.factories import attempt_in
+
+S = State
+
+# DESIGN.md's table, plus the three moves the transitions module documents.
+EXPECTED_MOVES = {
+    (S.INTENT_RECORDED, S.DISPATCHED): {"agent", "reconciler"},
+    (S.INTENT_RECORDED, S.FAILED): {"reconciler"},
+    (S.DISPATCHED, S.OUTCOME_CONFIRMED): {"agent", "reconciler"},
+    (S.DISPATCHED, S.FAILED_RETRYABLE): {"agent"},
+    (S.DISPATCHED, S.FAILED): {"agent"},
+    (S.DISPATCHED, S.UNKNOWN): {"agent", "reconciler"},
+    (S.FAILED_RETRYABLE, S.DISPATCHED): {"agent", "reconciler"},
+    (S.FAILED_RETRYABLE, S.MANUAL_REVIEW): {"reconciler"},
+    (S.UNKNOWN, S.OUTCOME_CONFIRMED): {"agent", "reconciler"},
+    (S.UNKNOWN, S.FAILED): {"agent"},
+    (S.UNKNOWN, S.DISPATCHED): {"reconciler"},
+    (S.UNKNOWN, S.UNKNOWN): {"reconciler"},
+    (S.UNKNOWN, S.MANUAL_REVIEW): {"reconciler"},
+    (S.MANUAL_REVIEW, S.OUTCOME_CONFIRMED): {"user"},
+    (S.MANUAL_REVIEW, S.FAILED): {"user"},
+    (S.MANUAL_REVIEW, S.RECONCILED): {"user"},
+    (S.MANUAL_REVIEW, S.INTENT_RECORDED): {"user"},
+    (S.MANUAL_REVIEW, S.UNKNOWN): {"user"},
+}
+
+
+def test_legal_moves_are_the_designed_table() -> None:
+    assert {k: set(v) for k, v in LEGAL_MOVES.items()} == EXPECTED_MOVES
+
+
+def test_terminal_states_have_no_way_out() -> None:
+    for from_state, _ in LEGAL_MOVES:
+        assert from_state not in (S.OUTCOME_CONFIRMED, S.FAILED, S.RECONCILED)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One public way to move an attempt: its target state and actor kind."""
+
+    to: str
+    actor: str
+    run: Callable[[Attempt, Any], Attempt]
+    #: narrower than the table: the only state this function starts from
+    only_from: str | None = None
+
+
+USER = "user"
+
+
+def _user_actor(users: Any) -> Actor:
+    return Actor.user(users["operator"])
+
+
+OPS: dict[str, Op] = {
+    "agent dispatches": Op(S.DISPATCHED, "agent", lambda a, u: recording.mark_dispatched(a, actor=AGENT)),
+    "reconciler dispatches": Op(
+        S.DISPATCHED,
+        "reconciler",
+        lambda a, u: transitions.attempt_dispatch(attempt=a, actor=RECONCILER, fence=a.fence),
+    ),
+    "agent confirms": Op(
+        S.OUTCOME_CONFIRMED,
+        "agent",
+        lambda a, u: recording.confirm(a, provider_request_id="req-9", fence=a.dispatch_fence or a.fence, actor=AGENT),
+    ),
+    "reconciler confirms": Op(
+        S.OUTCOME_CONFIRMED,
+        "reconciler",
+        lambda a, u: transitions.attempt_confirm(
+            attempt=a, fence=a.fence, actor=RECONCILER, provider_request_id="req-9"
+        ),
+    ),
+    "agent fails": Op(
+        S.FAILED, "agent", lambda a, u: recording.fail(a, reason="no", fence=a.dispatch_fence or a.fence, actor=AGENT)
+    ),
+    "agent fails retryably": Op(
+        S.FAILED_RETRYABLE, "agent", lambda a, u: recording.fail_retryable(a, reason="429", actor=AGENT)
+    ),
+    "agent marks unknown": Op(
+        S.UNKNOWN, "agent", lambda a, u: recording.mark_unknown(a, reason="timeout", actor=AGENT)
+    ),
+    "lease expires": Op(
+        S.UNKNOWN,
+        "reconciler",
+        lambda a, u: transitions.attempt_expire_lease(attempt=a, actor=RECONCILER, fence=a.fence),
+        only_from=S.DISPATCHED,
+    ),
+    "intent abandoned": Op(
+        S.FAILED, "reconciler", lambda a, u: transitions.attempt_abandon(attempt=a, actor=RECONCILER, fence=a.fence)
+    ),
+    "reconciler backs off": Op(
+        S.UNKNOWN,
+        "reconciler",
+        lambda a, u: transitions.attempt_check_later(
+            attempt=a, actor=RECONCILER, fence=a.fence, reason="provider down", lookup={"status": "unavailable"}
+        ),
+        only_from=S.UNKNOWN,
+    ),
+    "reconciler escalates": Op(
+        S.MANUAL_REVIEW,
+        "reconciler",
+        lambda a, u: transitions.attempt_escalate(attempt=a, actor=RECONCILER, fence=a.fence, reason="not idempotent"),
+    ),
+    "operator verifies": Op(
+        S.OUTCOME_CONFIRMED,
+        USER,
+        lambda a, u: transitions.attempt_verify(attempt_id=a.pk, actor=_user_actor(u), evidence="seen in dashboard"),
+    ),
+    "operator marks failed": Op(
+        S.FAILED,
+        USER,
+        lambda a, u: transitions.attempt_mark_failed(attempt_id=a.pk, actor=_user_actor(u), reason="never sent"),
+    ),
+    "operator asks for a re-check": Op(
+        S.UNKNOWN, USER, lambda a, u: transitions.attempt_recheck(attempt_id=a.pk, actor=_user_actor(u))
+    ),
+}
+
+
+@pytest.fixture
+def users(operator_a: Any, approver_a: Any) -> dict[str, Any]:
+    return {"operator": operator_a, "approver": approver_a}
+
+
+def _expect_legal(state: str, op: Op) -> bool:
+    if op.only_from is not None and state != op.only_from:
+        return False
+    if op.actor == USER and op.to == S.UNKNOWN and state == S.UNKNOWN:
+        return True  # a re-check of an UNKNOWN attempt just makes it due now
+    return op.actor in LEGAL_MOVES.get((state, op.to), frozenset())
+
+
+@pytest.mark.parametrize("state", list(State))
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_every_move_is_allowed_exactly_when_the_table_says(
+    state: str, op_name: str, tenant_a: Any, users: dict[str, Any]
+) -> None:
+    op = OPS[op_name]
+    attempt = attempt_in(state, tenant_a, requester=users["operator"], approver=users["approver"])
+    before_events = AttemptEvent.objects.count()
+    if _expect_legal(state, op):
+        moved = op.run(attempt, users)
+        moved.refresh_from_db()
+        assert moved.state == op.to
+        new = list(AttemptEvent.objects.filter(seq__gt=0).order_by("seq"))[before_events:]
+        assert len(new) == 1
+        assert new[0].attempt_id == attempt.pk
+        assert new[0].actor_kind == op.actor
+        if new[0].kind == "transition":
+            assert (new[0].from_state, new[0].to_state) == (state, op.to)
+            assert new[0].fence == moved.fence
+    else:
+        snapshot = ledger_snapshot()
+        with pytest.raises((IllegalTransition, StaleFence)):
+            op.run(attempt, users)
+        assert ledger_snapshot() == snapshot
+
+
+def test_an_intent_is_recorded_with_its_event(tenant_a: Any) -> None:
+    attempt = record(tenant_a)
+    assert attempt.state == S.INTENT_RECORDED
+    assert attempt.fence == 0
+    assert attempt.policy_version == 1
+    assert attempt.credential_scope == "email:send"
+    (event,) = events_of(attempt)
+    assert (event.from_state, event.to_state, event.kind) == ("", S.INTENT_RECORDED, "transition")
+    assert event.details["args_hash"] == attempt.args_hash
+
+
+def test_dispatch_returns_a_fence_and_sets_the_lease(tenant_a: Any, settings: Any) -> None:
+    settings.LEDGER_DISPATCH_LEASE_SECONDS = 30
+    attempt = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    assert attempt.fence == 1
+    assert attempt.dispatch_fence == 1
+    assert attempt.dispatch_count == 1
+    assert attempt.next_check_at is not None
+    assert 29 <= (attempt.next_check_at - attempt.updated_at).total_seconds() <= 31
+
+
+def test_the_fence_refuses_a_stale_worker(tenant_a: Any) -> None:
+    attempt = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    stale_fence = attempt.fence
+    claimed = transitions.attempts_claim_due(limit=10, now=attempt.next_check_at)
+    assert [a.pk for a in claimed] == [attempt.pk]
+    transitions.attempt_expire_lease(attempt=claimed[0], actor=RECONCILER, fence=claimed[0].fence)
+    reclaimed = transitions.attempts_claim_due(limit=10, now=claimed[0].next_check_at)
+    retried = transitions.attempt_dispatch(attempt=reclaimed[0], actor=RECONCILER, fence=reclaimed[0].fence)
+    # The original worker comes back with its old fence: refused, nothing written.
+    snapshot = ledger_snapshot()
+    with pytest.raises(StaleFence):
+        recording.confirm(attempt, provider_request_id="late", fence=stale_fence, actor=AGENT)
+    assert ledger_snapshot() == snapshot
+    assert Attempt.objects.get(pk=attempt.pk).fence == retried.fence
+
+
+def test_a_stale_reconciler_cannot_complete_a_superseded_claim(tenant_a: Any) -> None:
+    attempt = recording.mark_unknown(recording.mark_dispatched(record(tenant_a), actor=AGENT), reason="t", actor=AGENT)
+    (first,) = transitions.attempts_claim_due(limit=1, now=attempt.next_check_at)
+    # The first worker stalls past its claim lease; a second worker claims it.
+    (second,) = transitions.attempts_claim_due(limit=1, now=first.next_check_at)
+    assert second.fence == first.fence + 1
+    with pytest.raises(StaleFence):
+        transitions.attempt_confirm(attempt=first, fence=first.fence, actor=RECONCILER, provider_request_id="r")
+    confirmed = transitions.attempt_confirm(
+        attempt=second, fence=second.fence, actor=RECONCILER, provider_request_id="r"
+    )
+    assert confirmed.state == S.OUTCOME_CONFIRMED
+
+
+def test_a_late_outcome_report_from_the_original_dispatcher_is_accepted(tenant_a: Any) -> None:
+    dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    (claimed,) = transitions.attempts_claim_due(limit=1, now=dispatched.next_check_at)
+    transitions.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    # The agent's response finally arrives; it still holds its dispatch fence.
+    confirmed = recording.confirm(dispatched, provider_request_id="req-late", actor=AGENT)
+    assert confirmed.state == S.OUTCOME_CONFIRMED
+    last = events_of(confirmed)[-1]
+    assert last.details["late_report"] is True
+    assert last.actor_kind == "agent"
+    assert (last.from_state, last.to_state) == (S.UNKNOWN, S.OUTCOME_CONFIRMED)
+
+
+def test_a_late_report_after_a_re_dispatch_is_refused(tenant_a: Any) -> None:
+    dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    (claimed,) = transitions.attempts_claim_due(limit=1, now=dispatched.next_check_at)
+    unknown = transitions.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    transitions.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
+    with pytest.raises(StaleFence):
+        recording.confirm(dispatched, provider_request_id="req-late", actor=AGENT)
+
+
+def test_confirming_needs_evidence(tenant_a: Any) -> None:
+    attempt = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    snapshot = ledger_snapshot()
+    with pytest.raises(MissingEvidence):
+        recording.confirm(attempt, actor=AGENT)
+    assert ledger_snapshot() == snapshot
+
+
+def test_the_request_id_is_recorded_at_once_and_cannot_be_swapped(tenant_a: Any) -> None:
+    attempt = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    attempt = recording.record_request_id(attempt, "req-1", actor=AGENT)
+    assert Attempt.objects.get(pk=attempt.pk).provider_request_id == "req-1"
+    assert events_of(attempt)[-1].kind == "request_id"
+    with pytest.raises(RequestIdConflict):
+        recording.confirm(attempt, provider_request_id="req-2", actor=AGENT)
+    confirmed = recording.confirm(attempt, actor=AGENT)
+    assert confirmed.provider_request_id == "req-1"
+
+
+def test_entering_unknown_assigns_the_tenant_owner_and_keeps_it(tenant_a: Any, operator_a: Any) -> None:
+    attempt = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    unknown = recording.mark_unknown(attempt, reason="timeout", actor=AGENT)
+    assert unknown.owner_id == tenant_a.default_owner_id
+    assert events_of(unknown)[-1].details["owner_assigned"]["by"] == "tenant default owner"
+    transitions.attempt_assign(attempt_id=unknown.pk, owner=operator_a, actor=Actor.user(operator_a))
+    unknown.refresh_from_db()
+    escalated = transitions.attempt_escalate(attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="x")
+    assert escalated.owner_id == operator_a.pk  # never silently reassigned
+
+
+def test_on_call_beats_the_default_owner(tenant_a: Any, operator_a: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledgerdash.ledger.models import OnCallShift
+
+    now = timezone.now()
+    OnCallShift.objects.create(
+        tenant=tenant_a, user=operator_a, starts_at=now - timedelta(hours=1), ends_at=now + timedelta(hours=1)
+    )
+    attempt = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    assert recording.mark_unknown(attempt, reason="t", actor=AGENT).owner_id == operator_a.pk
+
+
+def test_an_owned_state_cannot_be_left_unowned(tenant_a: Any, operator_a: Any) -> None:
+    unknown = attempt_in(S.UNKNOWN, tenant_a)
+    with pytest.raises(transitions.OwnershipError):
+        transitions.attempt_assign(attempt_id=unknown.pk, owner=None, actor=Actor.user(operator_a))
+
+
+def test_dispatch_rechecks_authority(tenant_a: Any) -> None:
+    attempt = record(tenant_a)
+    policy_publish(tenant=tenant_a, tools=TOOLS_V1, actor=Actor.system("t"), note="v2")
+    snapshot = ledger_snapshot()
+    with pytest.raises(AuthorizationChanged, match="policy is now v2"):
+        recording.mark_dispatched(attempt, actor=AGENT)
+    assert ledger_snapshot() == snapshot
+
+
+def test_two_dispatchers_one_claim(tenant_a: Any) -> None:
+    attempt = record(tenant_a)
+    copy = Attempt.objects.get(pk=attempt.pk)
+    recording.mark_dispatched(attempt, actor=AGENT)
+    with pytest.raises(ClaimLost):
+        recording.mark_dispatched(copy, actor=Actor.agent("second worker"))
+
+
+def test_escalating_for_a_retry_links_an_attempt_never_wider(tenant_a: Any) -> None:
+    attempt = record(tenant_a, tool_name="charge_card", args={"amount": 5}, credential_scope="payments:charge")
+    unknown = recording.mark_unknown(recording.mark_dispatched(attempt, actor=AGENT), reason="t", actor=AGENT)
+    narrower = {**TOOLS_V1, "charge_card": ["payments:refund"]}
+    policy_publish(tenant=tenant_a, tools=narrower, actor=Actor.system("t"), note="v2")
+    original, linked = transitions.attempt_escalate_for_retry(
+        attempt=unknown, actor=RECONCILER, fence=unknown.fence, changes=["policy is now v2"]
+    )
+    assert original.state == S.MANUAL_REVIEW
+    assert linked is not None
+    assert linked.state == S.MANUAL_REVIEW
+    assert linked.parent_id == original.pk
+    assert linked.policy_version == 2
+    assert linked.credential_scope == ""  # charge ∩ refund: nothing wider than either
+    assert linked.provider_key == original.provider_key
+    assert linked.owner_id == tenant_a.default_owner_id
+
+
+def test_events_are_chained_per_tenant(tenant_a: Any, tenant_b: Any) -> None:
+    from ledgerdash.ledger import chain
+
+    record(tenant_a, "a-1")
+    record(tenant_b, "b-1")
+    record(tenant_a, "a-2")
+    for tenant in (tenant_a, tenant_b):
+        prev = chain.GENESIS
+        events = list(AttemptEvent.objects.filter(tenant=tenant).order_by("seq"))
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        for event in events:
+            assert event.prev_hash == prev
+            assert event.hash == chain.link(prev, event.content_hash)
+            prev = event.hash
+        assert tenant.chain_head.hash == prev
+
+
+def test_a_comment_is_an_event(tenant_a: Any, operator_a: Any) -> None:
+    attempt = record(tenant_a)
+    event = transitions.attempt_comment(attempt_id=attempt.pk, actor=Actor.user(operator_a), text="looking")
+    assert (event.kind, event.reason, event.actor_user_id) == ("comment", "looking", operator_a.pk)
