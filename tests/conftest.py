@@ -53,6 +53,7 @@ def _postgres_unreachable() -> str | None:
     return None
 
 
+@pytest.hookimpl(trylast=True)  # after -m has deselected what this run does not want
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _vendor() == "postgresql":
         problem = _postgres_unreachable()
