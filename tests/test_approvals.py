@@ -7,10 +7,10 @@ import pytest
 from django.db import connection
 
 from ledgerdash.ledger import recording, transitions
-from ledgerdash.ledger.errors import IdempotencyConflict, IllegalTransition, StaleFence
+from ledgerdash.ledger.errors import ApprovalRefused, IdempotencyConflict, IllegalTransition, SelfApproval, StaleFence
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.transitions import Actor, ApprovalRefused, SelfApproval
+from ledgerdash.ledger.transitions import Actor
 from tests.conftest import AGENT, RECONCILER, TOOLS_V1, ledger_snapshot, record
 from tests.factories import attempt_in
 

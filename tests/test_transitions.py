@@ -12,6 +12,7 @@ from ledgerdash.ledger.errors import (
     ClaimLost,
     IllegalTransition,
     MissingEvidence,
+    OwnershipError,
     RequestIdConflict,
     StaleFence,
 )
@@ -298,7 +299,7 @@ def test_on_call_beats_the_default_owner(tenant_a: Any, operator_a: Any) -> None
 
 def test_an_owned_state_cannot_be_left_unowned(tenant_a: Any, operator_a: Any) -> None:
     unknown = attempt_in(S.UNKNOWN, tenant_a)
-    with pytest.raises(transitions.OwnershipError):
+    with pytest.raises(OwnershipError):
         transitions.attempt_assign(attempt_id=unknown.pk, owner=None, actor=Actor.user(operator_a))
 
 

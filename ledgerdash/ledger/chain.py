@@ -27,36 +27,29 @@ def timestamp(value: datetime) -> str:
     return value.astimezone(UTC).isoformat(timespec="microseconds")
 
 
-def event_content(
-    *,
-    tenant_id: int,
-    attempt_id: int | None,
-    kind: str,
-    actor_kind: str,
-    actor_user_id: int | None,
-    actor_label: str,
-    from_state: str,
-    to_state: str,
-    fence: int | None,
-    reason: str,
-    details: dict[str, Any],
-    created_at: datetime,
-) -> dict[str, Any]:
-    """The fields an event's hash covers (everything but its position and links)."""
-    return {
-        "tenant_id": tenant_id,
-        "attempt_id": attempt_id,
-        "kind": kind,
-        "actor_kind": actor_kind,
-        "actor_user_id": actor_user_id,
-        "actor_label": actor_label,
-        "from_state": from_state,
-        "to_state": to_state,
-        "fence": fence,
-        "reason": reason,
-        "details": details,
-        "created_at": timestamp(created_at),
-    }
+#: The fields of an event its content hash covers: everything but its
+#: position (``seq``) and its links, which the chain itself covers.
+HASHED_FIELDS = (
+    "tenant_id",
+    "attempt_id",
+    "kind",
+    "actor_kind",
+    "actor_user_id",
+    "actor_label",
+    "from_state",
+    "to_state",
+    "fence",
+    "reason",
+    "details",
+    "created_at",
+)
+
+
+def event_content(event: Any) -> dict[str, Any]:
+    """The hashed fields of ``event`` (a model instance or anything with those attributes)."""
+    content = {name: getattr(event, name) for name in HASHED_FIELDS}
+    content["created_at"] = timestamp(content["created_at"])
+    return content
 
 
 def content_hash(content: dict[str, Any]) -> str:

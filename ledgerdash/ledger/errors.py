@@ -118,6 +118,30 @@ class AuthorizationChanged(LedgerError):
     MESSAGE = "attempt {attempt_id} may not be dispatched: {changes}"
 
 
+# --- people's decisions ----------------------------------------------------------------
+
+
+class OwnershipError(LedgerError):
+    code = "ownership"
+
+
+class ApprovalRefused(LedgerError):
+    """An approval was refused; the refusal itself is recorded as an event.
+    ``changes`` says exactly what no longer holds."""
+
+    code = "approval_refused"
+    MESSAGE = "approval of attempt {attempt_id} refused: {changes}"
+
+    def __init__(self, message: str, changes: list[str]) -> None:
+        super().__init__(message)
+        self.changes = changes
+
+
+class SelfApproval(ApprovalRefused):
+    code = "self_approval"
+    MESSAGE = "{user} requested this retry and cannot also approve it"
+
+
 # --- what an agent is told instead of dispatching -------------------------------
 
 

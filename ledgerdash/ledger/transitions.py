@@ -26,15 +26,18 @@ from django.db.models import F
 from django.utils import timezone
 
 from ledgerdash.ledger import chain
-from ledgerdash.ledger.authority import scope_string, standing_of
+from ledgerdash.ledger.authority import current_policy, scope_string, standing_of
 from ledgerdash.ledger.errors import (
+    ApprovalRefused,
     AttemptNotFound,
+    AuthorizationChanged,
     ClaimLost,
     IllegalTransition,
     InvalidField,
-    LedgerError,
     MissingEvidence,
+    OwnershipError,
     RequestIdConflict,
+    SelfApproval,
     StaleFence,
 )
 from ledgerdash.ledger.models import (
@@ -44,6 +47,7 @@ from ledgerdash.ledger.models import (
     AttemptEvent,
     ChainHead,
     OnCallShift,
+    Policy,
     State,
     Tenant,
 )
@@ -152,9 +156,10 @@ def append_events(events: list[_Event], *, now: datetime | None = None) -> list[
         )
         seq, prev = head.seq, head.hash
         for event in (e for e in events if e.tenant_id == tenant_id):
-            reason = _clean_text(event.reason)
-            content = chain.event_content(
+            seq += 1
+            row = AttemptEvent(
                 tenant_id=tenant_id,
+                seq=seq,
                 attempt_id=event.attempt_id,
                 kind=event.kind,
                 actor_kind=event.actor.kind,
@@ -163,33 +168,14 @@ def append_events(events: list[_Event], *, now: datetime | None = None) -> list[
                 from_state=event.from_state,
                 to_state=event.to_state,
                 fence=event.fence,
-                reason=reason,
+                reason=_clean_text(event.reason),
                 details=event.details,
                 created_at=now,
+                prev_hash=prev,
             )
-            content_hash = chain.content_hash(content)
-            this_hash = chain.link(prev, content_hash)
-            seq += 1
-            rows.append(
-                AttemptEvent(
-                    tenant_id=tenant_id,
-                    seq=seq,
-                    attempt_id=event.attempt_id,
-                    kind=event.kind,
-                    actor_kind=event.actor.kind,
-                    actor_user_id=event.actor.user_id,
-                    actor_label=event.actor.label,
-                    from_state=event.from_state,
-                    to_state=event.to_state,
-                    fence=event.fence,
-                    reason=reason,
-                    details=event.details,
-                    created_at=now,
-                    content_hash=content_hash,
-                    prev_hash=prev,
-                    hash=this_hash,
-                )
-            )
+            row.content_hash = chain.content_hash(chain.event_content(row))
+            row.hash = this_hash = chain.link(prev, row.content_hash)
+            rows.append(row)
             prev = this_hash
         ChainHead.objects.filter(pk=tenant_id).update(seq=seq, hash=prev)
     AttemptEvent.objects.bulk_create(rows)
@@ -497,8 +483,6 @@ def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None
     ``fence`` is the token the dispatcher must present with the outcome. A
     concurrent claimer loses with :class:`ClaimLost`.
     """
-    from ledgerdash.ledger.errors import AuthorizationChanged
-
     _check_move(attempt, S.DISPATCHED, actor)
     standing = standing_of(attempt)
     if not standing.unchanged:
@@ -723,10 +707,6 @@ def backoff(attempt_number: int, *, base: float = 5.0, cap: float = 3600.0) -> t
 # --- ownership and notes (no state change) ------------------------------------------
 
 
-class OwnershipError(LedgerError):
-    code = "ownership"
-
-
 def attempt_assign(
     *, attempt_id: int, owner: AbstractBaseUser | None, actor: Actor, reason: str = "", expected_owner_id: Any = ...
 ) -> Attempt:
@@ -916,8 +896,6 @@ def attempt_escalate_for_retry(
     Returns ``(original, linked)``; ``linked`` is None when nothing could
     be authorized now (the tool is no longer allowed, the tenant is gone).
     """
-    from ledgerdash.ledger.authority import current_policy
-
     policy = current_policy(attempt.tenant_id)
     tenant_active = Tenant.objects.filter(pk=attempt.tenant_id, is_active=True).exists()
     allowed = policy.scopes_for(attempt.tool_name) if policy is not None else None
@@ -939,45 +917,46 @@ def attempt_escalate_for_retry(
             reason=f"retry needed but authority changed ({summary}); a linked attempt awaits approval",
             lookup=lookup,
         )
-        linked = attempt_create_linked(
-            parent=original,
-            new=NewAttempt(
-                tenant_id=attempt.tenant_id,
-                task_id=attempt.task_id,
-                tool_name=attempt.tool_name,
-                idempotency_key=attempt.idempotency_key,
-                args=attempt.args,
-                args_hash=attempt.args_hash,
-                policy_version=policy.version,
-                scopes=attempt.scopes & allowed,
-            ),
+        linked = _create_retry_under(
+            policy,
+            allowed,
+            original=original,
             actor=actor,
             reason=f"linked retry of #{attempt.pk} under policy v{policy.version}: {summary}",
         )
     return original, linked
 
 
+def _create_retry_under(
+    policy: Policy,
+    allowed: frozenset[str],
+    *,
+    original: Attempt,
+    actor: Actor,
+    reason: str,
+    requested_by_id: int | None = None,
+) -> Attempt:
+    """A linked retry of ``original`` under ``policy``: same arguments and
+    key, the scope narrowed to what both the original and the policy allow."""
+    return attempt_create_linked(
+        parent=original,
+        new=NewAttempt(
+            tenant_id=original.tenant_id,
+            task_id=original.task_id,
+            tool_name=original.tool_name,
+            idempotency_key=original.idempotency_key,
+            args=original.args,
+            args_hash=original.args_hash,
+            policy_version=policy.version,
+            scopes=original.scopes & allowed,
+        ),
+        actor=actor,
+        reason=reason,
+        requested_by_id=requested_by_id,
+    )
+
+
 # --- people's decisions ---------------------------------------------------------------
-
-
-class DecisionRefused(LedgerError):
-    """An operator's decision was refused; the refusal itself is recorded."""
-
-    code = "decision_refused"
-
-    def __init__(self, message: str, changes: list[str]) -> None:
-        super().__init__(message)
-        self.changes = changes
-
-
-class ApprovalRefused(DecisionRefused):
-    code = "approval_refused"
-    MESSAGE = "approval of attempt {attempt_id} refused: {changes}"
-
-
-class SelfApproval(DecisionRefused):
-    code = "self_approval"
-    MESSAGE = "{user} requested this retry and cannot also approve it"
 
 
 def _locked_for_decision(attempt_id: int, fence_seen: int | None) -> Attempt:
@@ -1075,8 +1054,6 @@ def attempt_recheck(*, attempt_id: int, actor: Actor, reason: str = "") -> Attem
 def retry_request(*, attempt_id: int, actor: Actor, reason: str) -> Attempt:
     """An operator asks for a linked retry of an attempt under review, under
     the tenant's current policy. Someone else must approve it."""
-    from ledgerdash.ledger.authority import current_policy
-
     reason = _required(reason, "reason")
     with transaction.atomic():
         original = _get(attempt_id, lock=True)
@@ -1089,18 +1066,10 @@ def retry_request(*, attempt_id: int, actor: Actor, reason: str) -> Attempt:
         allowed = policy.scopes_for(original.tool_name) if policy else None
         if policy is None or allowed is None:
             raise IllegalTransition(f"tool {original.tool_name} is not allowed by the tenant's current policy")
-        return attempt_create_linked(
-            parent=original,
-            new=NewAttempt(
-                tenant_id=original.tenant_id,
-                task_id=original.task_id,
-                tool_name=original.tool_name,
-                idempotency_key=original.idempotency_key,
-                args=original.args,
-                args_hash=original.args_hash,
-                policy_version=policy.version,
-                scopes=original.scopes & allowed,
-            ),
+        return _create_retry_under(
+            policy,
+            allowed,
+            original=original,
             actor=actor,
             reason=f"retry requested by {actor.label}: {reason}",
             requested_by_id=actor.user_id,
@@ -1145,7 +1114,7 @@ def retry_approve(
     A decision is single-use: a second approval finds it decided.
     """
     comment = _required(comment, "comment")
-    refusal: DecisionRefused | None = None
+    refusal: ApprovalRefused | None = None
     with transaction.atomic():
         peek = _get(attempt_id)
         if peek.parent_id is None:
