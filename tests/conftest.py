@@ -166,3 +166,27 @@ def ledger_snapshot() -> tuple[int, int, list[tuple[Any, ...]]]:
 
 
 STATES = list(State)
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.sandboxes import sandbox_process
+
+    with sandbox_process(tmp_path_factory.mktemp("sandbox")) as running_sandbox:
+        yield running_sandbox
+
+
+@pytest.fixture
+def sandbox_tools(sandbox: Any, db: None) -> Any:
+    """send_email and open_ticket idempotent at the sandbox, charge_card not
+    (the sandbox ignores its keys), all reached through the generic HTTP
+    adapter configured for the sandbox."""
+    from ledgerdash.ledger.models import Tool
+    from ledgerdash.sandbox import http_adapter_config
+
+    sandbox.clear()
+    sandbox.faults("charge_card", non_idempotent=True)
+    config = http_adapter_config(sandbox.url, lookup_timeout=1.0)
+    for name, idempotent in (("send_email", True), ("open_ticket", True), ("charge_card", False)):
+        Tool.objects.create(name=name, config=config, idempotent=idempotent, key_retention_seconds=3600)
+    return sandbox

@@ -11,7 +11,7 @@ from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
-from ledgerdash.ledger.models import Attempt, AttemptEvent, OnCallShift, Policy, Tenant, validate_policy_tools
+from ledgerdash.ledger.models import Attempt, AttemptEvent, OnCallShift, Policy, Tenant, Tool, validate_policy_tools
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -81,6 +81,15 @@ class PolicyAdmin(admin.ModelAdmin):
             actor=Actor.user(request.user),  # type: ignore[arg-type]
         )
         obj.pk, obj.version = published.pk, published.version
+
+
+@admin.register(Tool)
+class ToolAdmin(admin.ModelAdmin):
+    """Provider adapters per tool; the form validates the adapter config (Tool.clean)."""
+
+    list_display = ["name", "adapter", "idempotent", "key_retention_seconds", "max_checks", "max_dispatches", "enabled"]
+    list_filter = ["adapter", "idempotent", "enabled"]
+    search_fields = ["name"]
 
 
 @admin.register(OnCallShift)

@@ -171,6 +171,8 @@ class Attempt(models.Model):
     #: (after the lease moved the attempt to UNKNOWN) is accepted with it.
     dispatch_fence = models.PositiveBigIntegerField(null=True, blank=True)
     dispatch_count = models.PositiveIntegerField(default=0)
+    #: When the provider first saw this key: its key retention counts from here.
+    first_dispatched_at = models.DateTimeField(null=True, blank=True)
     provider_request_id = models.CharField(max_length=255, blank=True)
     result_ref = models.CharField(max_length=1000, blank=True)
     #: The tool's return value, replayed to an agent that re-runs the call.
@@ -224,6 +226,56 @@ class Attempt(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+
+class Tool(models.Model):
+    """How to reach the provider behind a tool: its adapter and what the
+    recovery rules need to know about it. Policies say who may use a tool;
+    this says how it behaves."""
+
+    class Adapter(models.TextChoices):
+        HTTP = "http", "generic HTTP (configured, not coded)"
+        PYTHON = "python", "a Python class (config: {'class': 'package.module.Class', ...})"
+
+    name = models.CharField(max_length=255, unique=True)
+    adapter = models.CharField(max_length=16, choices=Adapter.choices, default=Adapter.HTTP)
+    #: Adapter settings; for HTTP see :class:`ledgerdash.ledger.providers.http.HttpConfig`.
+    #: Secrets go in the environment and are referenced as ``${NAME}``.
+    config = models.JSONField(default=dict)
+    #: The provider honours idempotency keys: sending the same key again
+    #: cannot perform the effect twice (within the key retention).
+    idempotent = models.BooleanField(default=False)
+    #: How long the provider remembers a key; empty: for ever. Past it, a
+    #: "not found" proves nothing and a retry could repeat the effect.
+    key_retention_seconds = models.PositiveIntegerField(null=True, blank=True)
+    #: How long a dispatch may take before it counts as UNKNOWN; empty: the
+    #: LEDGER_DISPATCH_LEASE_SECONDS setting.
+    dispatch_lease_seconds = models.PositiveIntegerField(null=True, blank=True)
+    max_checks = models.PositiveIntegerField(
+        default=8, help_text="lookups the provider may fail to answer before a person decides"
+    )
+    max_dispatches = models.PositiveIntegerField(
+        default=3, help_text="times the same key may be sent before a person decides"
+    )
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(adapter__in=["http", "python"]), name="ledger_tool_adapter_valid"),
+            models.CheckConstraint(condition=Q(max_dispatches__gte=1), name="ledger_tool_dispatches_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        from ledgerdash.ledger.providers.registry import build_adapter
+
+        try:
+            build_adapter(self)
+        except (ValueError, TypeError, ImportError) as exc:
+            raise ValidationError({"config": str(exc)}) from exc
 
 
 class ChainHead(models.Model):

@@ -441,7 +441,12 @@ def tool[T](
                 raise NoTask(NoTask.MESSAGE)
             bound = signature.bind(None, *args, **kwargs)
             bound.apply_defaults()
-            call_args = dict(list(bound.arguments.items())[1:])
+            call_args: dict[str, Any] = {}
+            for name_, value in list(bound.arguments.items())[1:]:
+                if signature.parameters[name_].kind is inspect.Parameter.VAR_KEYWORD:
+                    call_args.update(value)
+                else:
+                    call_args[name_] = value
             idempotency_key = key(call_args) if callable(key) else key.format(**call_args)
             recorded = record_intent(
                 tenant=context.tenant,
@@ -517,3 +522,25 @@ def _run[R](fn: Callable[..., R], call: ToolCall, bound: inspect.BoundArguments,
         actor=actor,
     )
     return value
+
+
+def provider_tool(
+    name: str, *, key: str | Callable[[dict[str, Any]], str], scope: str | Iterable[str] | None = None
+) -> Callable[..., Any]:
+    """A tool that needs no code: each call is sent through the provider
+    adapter configured for ``name`` (the ``Tool`` table), with the same
+    ledger steps as :func:`tool`. Returns the provider's response."""
+
+    def call_provider(call: ToolCall, **_arguments: Any) -> Any:
+        from ledgerdash.ledger.providers.registry import profile_for
+
+        profile = profile_for(name)
+        if profile is None:
+            raise PermanentFailure(f"no provider adapter is configured for {name}; nothing was sent")
+        sent = profile.adapter.dispatch(key=call.key, args=call.args, on_request_id=call.record_request_id)
+        call.result_ref = sent.result_ref
+        if sent.request_id and not call.request_id:
+            call.record_request_id(sent.request_id)
+        return sent.response
+
+    return tool(name, key=key, scope=scope)(call_provider)

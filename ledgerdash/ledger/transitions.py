@@ -59,17 +59,18 @@ S = State
 A, R, U = ActorKind.AGENT, ActorKind.RECONCILER, ActorKind.USER
 
 #: (from, to) -> the kinds of actor that may make that move. DESIGN.md's
-#: table, plus three moves it implies: INTENT_RECORDED -> FAILED (an intent
+#: table, plus the moves it implies: INTENT_RECORDED -> FAILED (an intent
 #: abandoned past its lease: nothing was sent), UNKNOWN -> FAILED (a late,
-#: definitive failure report from the original dispatcher) and
+#: definitive failure report from the original dispatcher),
 #: FAILED_RETRYABLE -> MANUAL_REVIEW (its retry needs review because the
-#: authority changed).
+#: authority changed), and the reconciler reporting the outcome of a
+#: dispatch it made itself (DISPATCHED -> FAILED_RETRYABLE / FAILED).
 LEGAL_MOVES: dict[tuple[str, str], frozenset[str]] = {
     (S.INTENT_RECORDED, S.DISPATCHED): frozenset({A, R}),
     (S.INTENT_RECORDED, S.FAILED): frozenset({R}),
     (S.DISPATCHED, S.OUTCOME_CONFIRMED): frozenset({A, R}),
-    (S.DISPATCHED, S.FAILED_RETRYABLE): frozenset({A}),
-    (S.DISPATCHED, S.FAILED): frozenset({A}),
+    (S.DISPATCHED, S.FAILED_RETRYABLE): frozenset({A, R}),
+    (S.DISPATCHED, S.FAILED): frozenset({A, R}),
     (S.DISPATCHED, S.UNKNOWN): frozenset({A, R}),
     (S.FAILED_RETRYABLE, S.DISPATCHED): frozenset({A, R}),
     (S.FAILED_RETRYABLE, S.MANUAL_REVIEW): frozenset({R}),
@@ -476,7 +477,9 @@ def attempt_create_linked(
 # --- the agent's moves ----------------------------------------------------------
 
 
-def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None, reason: str = "") -> Attempt:
+def attempt_dispatch(
+    *, attempt: Attempt, actor: Actor, fence: int | None = None, reason: str = "", lease: timedelta | None = None
+) -> Attempt:
     """Claim the attempt for dispatch, committed BEFORE the request leaves.
 
     Re-checks the tenant's current authority first. The returned attempt's
@@ -500,7 +503,8 @@ def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None
             "dispatch_fence": attempt.fence + 1,
             "dispatch_count": attempt.dispatch_count + 1,
             "check_count": 0,
-            "next_check_at": _lease(settings.LEDGER_DISPATCH_LEASE_SECONDS, now),
+            "next_check_at": now + lease if lease is not None else _lease(settings.LEDGER_DISPATCH_LEASE_SECONDS, now),
+            "first_dispatched_at": attempt.first_dispatched_at or now,
         },
         details={"provider_key": attempt.provider_key, "dispatch": attempt.dispatch_count + 1},
         now=now,
@@ -675,9 +679,12 @@ def attempt_fail(*, attempt: Attempt, fence: int, actor: Actor, reason: str, ret
     return _as_holder(attempt, fence, actor, op)
 
 
-def attempt_mark_unknown(*, attempt: Attempt, fence: int, actor: Actor, reason: str) -> Attempt:
+def attempt_mark_unknown(
+    *, attempt: Attempt, fence: int, actor: Actor, reason: str, check_at: datetime | None = None
+) -> Attempt:
     """DISPATCHED -> UNKNOWN: the dispatcher cannot tell whether it happened
-    (timeout, lost response, crash). The reconciler takes it from here."""
+    (timeout, lost response, crash). The reconciler takes it from here, at
+    ``check_at`` (default: at once)."""
 
     def op(target: Attempt) -> Attempt:
         if target.state == S.UNKNOWN and _late_report_allowed(target, fence, actor):
@@ -689,7 +696,7 @@ def attempt_mark_unknown(*, attempt: Attempt, fence: int, actor: Actor, reason: 
             actor=actor,
             fence=None,
             reason=reason,
-            updates={"next_check_at": now, "last_error": _clean_text(reason)},
+            updates={"next_check_at": check_at or now, "last_error": _clean_text(reason)},
             now=now,
         )
 
@@ -821,7 +828,7 @@ def attempt_expire_lease(*, attempt: Attempt, actor: Actor, fence: int) -> Attem
     )
 
 
-def attempt_abandon(*, attempt: Attempt, actor: Actor, fence: int) -> Attempt:
+def attempt_abandon(*, attempt: Attempt, actor: Actor, fence: int, reason: str = "") -> Attempt:
     """INTENT_RECORDED past its lease, never dispatched: FAILED as abandoned.
 
     Safe because DISPATCHED is committed before any request leaves: an
@@ -834,7 +841,7 @@ def attempt_abandon(*, attempt: Attempt, actor: Actor, fence: int) -> Attempt:
         to_state=S.FAILED,
         actor=actor,
         fence=fence,
-        reason="abandoned: never dispatched within the intent lease, so nothing was sent",
+        reason=reason or "abandoned: never dispatched within the intent lease, so nothing was sent",
         updates={"last_error": "abandoned"},
     )
 

@@ -1,0 +1,265 @@
+"""The generic HTTP adapter: a provider with an idempotency header and a
+lookup API needs configuration, not code.
+
+Example ``Tool.config`` for a provider that takes ``POST /v1/messages`` with
+an ``Idempotency-Key`` header and answers ``GET /v1/messages?key=…``::
+
+    {
+      "dispatch_url": "https://api.example.com/v1/messages",
+      "idempotency_header": "Idempotency-Key",
+      "headers": {"Authorization": "Bearer ${EXAMPLE_API_TOKEN}"},
+      "request_id_path": "id",
+      "lookup_url": "https://api.example.com/v1/messages?key={key}",
+      "lookup_request_id_path": "data[0].id",
+      "lookup_payload_hash_path": "data[0].payload_sha256",
+      "lookup_not_found_statuses": [404]
+    }
+
+Paths are JMESPath expressions into the JSON responses. ``{key}`` and
+``{tool}`` in URLs are replaced (URL-quoted). ``${NAME}`` in header values is
+read from the environment at call time, so secrets never sit in the
+database. When the provider returns the payload rather than its hash, set
+``lookup_payload_path`` and the adapter hashes it (RFC 8785, as the ledger
+does).
+
+The request body is the attempt's arguments as canonical JSON: exactly the
+bytes the ledger hashed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import os
+import string
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jmespath
+
+from ledgerdash.ledger import crashpoints
+from ledgerdash.ledger.canonical import canonical_bytes, sha256_hex
+from ledgerdash.ledger.errors import InvalidArgs, NothingHappened, PermanentFailure
+from ledgerdash.ledger.providers.base import Dispatched, Lookup, LookupStatus, ProviderAdapter, ProviderAmbiguous
+
+MAX_RESPONSE_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    dispatch_url: str = ""
+    dispatch_method: str = "POST"
+    idempotency_header: str = "Idempotency-Key"
+    headers: dict[str, str] = field(default_factory=dict)
+    request_id_path: str = "id"
+    result_ref_path: str = ""
+    lookup_url: str = ""
+    lookup_method: str = "GET"
+    lookup_request_id_path: str = "id"
+    lookup_payload_hash_path: str = "payload_hash"
+    lookup_payload_path: str = ""
+    lookup_not_found_statuses: list[int] = field(default_factory=lambda: [404])
+    #: Dispatch statuses that mean "rejected before acting": retry with the same key later.
+    nothing_happened_statuses: list[int] = field(default_factory=lambda: [429])
+    #: Dispatch statuses that mean "refused for good".
+    permanent_failure_statuses: list[int] = field(default_factory=lambda: [400, 401, 402, 403, 404, 405, 410, 413, 422])
+    connect_timeout: float = 3.0
+    timeout: float = 10.0
+    lookup_timeout: float = 5.0
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> HttpConfig:
+        if not isinstance(raw, dict):
+            raise TypeError("HTTP adapter config must be a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"unknown HTTP adapter settings: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        config = cls(**raw)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if not self.dispatch_url and not self.lookup_url:
+            raise ValueError("set dispatch_url, lookup_url, or both")
+        for name in ("dispatch_url", "lookup_url"):
+            url = getattr(self, name)
+            if not url:
+                continue
+            sample = _fill(url, key="k", tool="t")
+            parts = urllib.parse.urlsplit(sample)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{name} must be an http(s) URL, not {url!r}")
+        for name in ("request_id_path", "result_ref_path", "lookup_request_id_path", "lookup_payload_hash_path"):
+            path = getattr(self, name)
+            if path:
+                jmespath.compile(path)
+        if self.lookup_payload_path:
+            jmespath.compile(self.lookup_payload_path)
+        for value in self.headers.values():
+            string.Template(value).get_identifiers()
+        if min(self.connect_timeout, self.timeout, self.lookup_timeout) <= 0:
+            raise ValueError("timeouts must be positive")
+
+
+def _fill(template: str, *, key: str, tool: str) -> str:
+    try:
+        return template.format(key=urllib.parse.quote(key, safe=""), tool=urllib.parse.quote(tool, safe=""))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"URL template {template!r} may use only {{key}} and {{tool}}: {exc}") from None
+
+
+class _NotSent(Exception):
+    """The connection failed before a byte of the request left."""
+
+
+def _search(path: str, document: Any) -> str:
+    if not path or document is None:
+        return ""
+    found = jmespath.search(path, document)
+    if found is None:
+        return ""
+    return found if isinstance(found, str) else json.dumps(found)
+
+
+class HttpAdapter(ProviderAdapter):
+    def __init__(self, tool_name: str, config: HttpConfig) -> None:
+        self.tool_name = tool_name
+        self.config = config
+
+    @classmethod
+    def from_config(cls, tool_name: str, raw: dict[str, Any]) -> HttpAdapter:
+        return cls(tool_name, HttpConfig.from_dict(raw))
+
+    @property
+    def can_dispatch(self) -> bool:
+        return bool(self.config.dispatch_url)
+
+    def _headers(self, extra: dict[str, str]) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "ledgerdash"}
+        for name, value in self.config.headers.items():
+            try:
+                headers[name] = string.Template(value).substitute(os.environ)
+            except KeyError as exc:
+                raise NothingHappened(
+                    f"header {name} needs environment variable {exc.args[0]}, which is not set"
+                ) from None
+        headers.update(extra)
+        return headers
+
+    def _request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None,
+        headers: dict[str, str],
+        timeout: float,
+        after_send: Callable[[], None] | None = None,
+    ) -> tuple[int, bytes]:
+        parts = urllib.parse.urlsplit(url)
+        connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = connection_class(parts.hostname or "", parts.port, timeout=self.config.connect_timeout)
+        target = parts.path or "/"
+        if parts.query:
+            target += "?" + parts.query
+        try:
+            try:
+                conn.connect()
+            except OSError as exc:
+                raise _NotSent(f"{type(exc).__name__}: {exc}") from exc
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
+            conn.request(method, target, body=body, headers=headers)
+            if after_send is not None:
+                after_send()
+            response = conn.getresponse()
+            data = response.read(MAX_RESPONSE_BYTES + 1)
+            return response.status, data[:MAX_RESPONSE_BYTES]
+        finally:
+            conn.close()
+
+    def dispatch(
+        self, *, key: str, args: dict[str, Any], on_request_id: Callable[[str], None] | None = None
+    ) -> Dispatched:
+        if not self.config.dispatch_url:
+            raise PermanentFailure(f"tool {self.tool_name} has no dispatch_url: it can be looked up, not sent")
+        try:
+            body = canonical_bytes(args)
+        except InvalidArgs as exc:
+            raise PermanentFailure(str(exc)) from None
+        headers = self._headers({"Content-Type": "application/json", self.config.idempotency_header: key})
+        url = _fill(self.config.dispatch_url, key=key, tool=self.tool_name)
+        try:
+            status, data = self._request(
+                self.config.dispatch_method,
+                url,
+                body=body,
+                headers=headers,
+                timeout=self.config.timeout,
+                after_send=lambda: crashpoints.reached(crashpoints.AFTER_SEND),
+            )
+        except _NotSent as exc:
+            raise NothingHappened(f"could not connect to the provider: {exc}") from None
+        snippet = data[:200].decode("utf-8", "replace")
+        if 200 <= status < 300:
+            document = _json(data)
+            request_id = _search(self.config.request_id_path, document)
+            if request_id and on_request_id is not None:
+                on_request_id(request_id)
+            return Dispatched(
+                request_id=request_id,
+                result_ref=_search(self.config.result_ref_path, document),
+                response=document,
+            )
+        if status in self.config.nothing_happened_statuses:
+            raise NothingHappened(f"provider answered HTTP {status} before acting: {snippet}")
+        if status in self.config.permanent_failure_statuses:
+            raise PermanentFailure(f"provider refused with HTTP {status}: {snippet}")
+        raise ProviderAmbiguous(f"provider answered HTTP {status}, which does not say whether it acted: {snippet}")
+
+    def lookup(self, *, key: str, args_hash: str) -> Lookup:
+        if not self.config.lookup_url:
+            return Lookup(LookupStatus.UNAVAILABLE, detail=f"tool {self.tool_name} has no lookup_url configured")
+        url = _fill(self.config.lookup_url, key=key, tool=self.tool_name)
+        started = time.monotonic()
+        try:
+            headers = self._headers({})
+            status, data = self._request(
+                self.config.lookup_method, url, body=None, headers=headers, timeout=self.config.lookup_timeout
+            )
+        except (_NotSent, NothingHappened, OSError, http.client.HTTPException) as exc:
+            took = time.monotonic() - started
+            return Lookup(LookupStatus.UNAVAILABLE, detail=f"{type(exc).__name__} after {took:.1f}s: {exc}")
+        if status in self.config.lookup_not_found_statuses:
+            return Lookup(LookupStatus.NOT_FOUND, detail=f"HTTP {status}")
+        if not 200 <= status < 300:
+            return Lookup(LookupStatus.UNAVAILABLE, detail=f"HTTP {status}: {data[:200].decode('utf-8', 'replace')}")
+        document = _json(data)
+        if document is None:
+            return Lookup(LookupStatus.UNAVAILABLE, detail=f"HTTP {status} with a body that is not JSON")
+        payload_hash = _search(self.config.lookup_payload_hash_path, document)
+        if not payload_hash and self.config.lookup_payload_path:
+            payload = jmespath.search(self.config.lookup_payload_path, document)
+            if payload is not None:
+                try:
+                    payload_hash = sha256_hex(canonical_bytes(payload))
+                except InvalidArgs:
+                    payload_hash = ""
+        return Lookup(
+            LookupStatus.FOUND,
+            request_id=_search(self.config.lookup_request_id_path, document),
+            payload_hash=payload_hash,
+            detail=f"HTTP {status}",
+        )
+
+
+def _json(data: bytes) -> Any:
+    try:
+        return json.loads(data) if data else None
+    except (ValueError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,398 @@
+"""Recovery: reconcile in-flight attempts against the provider.
+
+Never a blind retry, never a blind skip. Each pass claims attempts that are
+due (``SELECT … FOR UPDATE SKIP LOCKED`` on PostgreSQL, so any number of
+workers share the work) and, for each:
+
+- DISPATCHED past its lease: it is UNKNOWN now; look it up.
+- UNKNOWN: ask the provider, facts first:
+  - found, and its payload hash matches: confirm (a later policy change does
+    not undo a fact);
+  - found with another payload: MANUAL_REVIEW (someone used the key for
+    something else);
+  - not found: a retry is needed. Only when the tool is idempotent, the key
+    is within the provider's retention, the dispatch budget is not spent and
+    the authority is unchanged, send it again with the same key. A changed
+    authority gets a linked attempt for review; anything else a person;
+  - unavailable: back off with jitter and decide nothing, until the checks
+    are exhausted and a person takes over.
+- FAILED_RETRYABLE past its back-off: the provider guaranteed nothing
+  happened, so the same key is sent again under re-checked authority.
+- INTENT_RECORDED: an approved linked retry is dispatched; an intent nobody
+  dispatched within its lease is failed as abandoned (nothing was sent).
+
+Every decision is a transition with the lookup result and the reason in its
+event. The provider is called with no transaction open; the decision is
+applied with the claim's fence, so a claim superseded meanwhile (another
+worker, a late report from the agent, an operator) makes it a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from ledgerdash.ledger import transitions
+from ledgerdash.ledger.authority import standing_of
+from ledgerdash.ledger.errors import (
+    AuthorizationChanged,
+    MissingEvidence,
+    NothingHappened,
+    PermanentFailure,
+    RequestIdConflict,
+    StaleFence,
+)
+from ledgerdash.ledger.models import Attempt, State
+from ledgerdash.ledger.providers import registry
+from ledgerdash.ledger.providers.base import Lookup, LookupStatus, ProviderAdapter
+from ledgerdash.ledger.providers.registry import ToolProfile
+from ledgerdash.ledger.transitions import Actor
+
+log = logging.getLogger("ledgerdash.reconciler")
+S = State
+
+
+def worker_label() -> str:
+    return f"reconciler@{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class PassSummary:
+    """What one pass did: decisions by name, plus stale claims and errors."""
+
+    decisions: Counter[str] = field(default_factory=Counter)
+    claimed: int = 0
+    stale: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+
+    @property
+    def changed(self) -> int:
+        return sum(n for name, n in self.decisions.items() if name != "released")
+
+    def line(self) -> str:
+        parts = [f"claimed={self.claimed}"]
+        parts += [f"{name}={n}" for name, n in sorted(self.decisions.items())]
+        parts += [f"stale={self.stale}", f"errors={self.errors}", f"in {self.seconds:.2f}s"]
+        return "reconcile pass: " + " ".join(parts)
+
+
+def safe_lookup(adapter: ProviderAdapter, attempt: Attempt) -> Lookup:
+    """A lookup never raises: an adapter that fails is a provider that is unavailable."""
+    try:
+        return adapter.lookup(key=attempt.provider_key, args_hash=attempt.args_hash)
+    except Exception as exc:
+        log.warning("lookup for attempt %s raised %s", attempt.pk, exc, exc_info=True)
+        return Lookup(LookupStatus.UNAVAILABLE, detail=f"adapter raised {type(exc).__name__}: {exc}")
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        label: str | None = None,
+        batch_size: int = 50,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.actor = Actor.reconciler(label or worker_label())
+        self.batch_size = batch_size
+        self.stop = stop or threading.Event()
+
+    # --- the pass -------------------------------------------------------------------
+
+    def run_pass(self) -> PassSummary:
+        """Reconcile everything due now, batch by batch, then return."""
+        started = time.monotonic()
+        summary = PassSummary()
+        profiles = registry.profiles()
+        seen: set[int] = set()
+        while not self.stop.is_set():
+            claimed = transitions.attempts_claim_due(limit=self.batch_size)
+            if not claimed:
+                break
+            summary.claimed += len(claimed)
+            for index, attempt in enumerate(claimed):
+                if self.stop.is_set():
+                    self._hand_back(claimed[index:])
+                    break
+                if attempt.pk in seen:
+                    # Due again within this pass: leave it for the next one,
+                    # so a pass always ends.
+                    self._release(attempt, timezone.now() + timedelta(seconds=1))
+                    summary.decisions["deferred"] += 1
+                    continue
+                seen.add(attempt.pk)
+                try:
+                    summary.decisions[self.reconcile_one(attempt, profiles.get(attempt.tool_name))] += 1
+                except StaleFence as exc:
+                    summary.stale += 1
+                    log.info("attempt %s changed under this claim; leaving it: %s", attempt.pk, exc)
+                except Exception:
+                    summary.errors += 1
+                    log.exception("attempt %s: reconciling failed; it is retried when its claim expires", attempt.pk)
+        summary.seconds = time.monotonic() - started
+        return summary
+
+    def _hand_back(self, attempts: list[Attempt]) -> None:
+        """Stopping: give unprocessed claims back so another worker takes them now."""
+        now = timezone.now()
+        for attempt in attempts:
+            self._release(attempt, now)
+
+    def _release(self, attempt: Attempt, when: datetime) -> None:
+        with contextlib.suppress(StaleFence):
+            transitions.attempt_release(attempt=attempt, fence=attempt.fence, next_check_at=when)
+
+    # --- one attempt ------------------------------------------------------------------
+
+    def reconcile_one(self, attempt: Attempt, tool: ToolProfile | None) -> str:
+        """Decide one claimed attempt; returns the decision's name."""
+        if attempt.state == S.INTENT_RECORDED:
+            return self._intent(attempt, tool)
+        if attempt.state == S.DISPATCHED:
+            attempt = transitions.attempt_expire_lease(attempt=attempt, actor=self.actor, fence=attempt.fence)
+            self._log(attempt, "lease expired")
+        if attempt.state == S.UNKNOWN:
+            return self._unknown(attempt, tool)
+        if attempt.state == S.FAILED_RETRYABLE:
+            return self._retry(attempt, tool, None)
+        self._release(attempt, timezone.now() + timedelta(seconds=60))
+        return "released"
+
+    def _log(self, attempt: Attempt, decision: str) -> None:
+        log.info(
+            "attempt %s (%s %s key=%s) %s: %s",
+            attempt.pk,
+            attempt.tenant_id,
+            attempt.tool_name,
+            attempt.idempotency_key,
+            decision,
+            attempt.last_note,
+        )
+
+    def _escalate(self, attempt: Attempt, reason: str, lookup: dict[str, Any] | None = None) -> str:
+        attempt = transitions.attempt_escalate(
+            attempt=attempt, actor=self.actor, fence=attempt.fence, reason=reason, lookup=lookup
+        )
+        self._log(attempt, "escalated")
+        return "escalated"
+
+    def _intent(self, attempt: Attempt, tool: ToolProfile | None) -> str:
+        """An intent falls due when its lease passed (nobody dispatched it) or
+        when a person approved it as a linked retry."""
+        if attempt.approved_at is not None:
+            if tool is not None and tool.adapter.can_dispatch:
+                return self._dispatch(attempt, tool, "approved linked retry: sending it under re-checked authority")
+            # Only the agent can send it; give it the intent lease to come back.
+            deadline = attempt.approved_at + timedelta(seconds=settings.LEDGER_INTENT_LEASE_SECONDS)
+            if deadline > timezone.now():
+                self._release(attempt, deadline)
+                return "released"
+            reason = (
+                f"abandoned: approved, but no adapter can send {attempt.tool_name} and the agent did not "
+                "dispatch it within the intent lease; nothing was sent"
+            )
+        else:
+            reason = ""
+        attempt = transitions.attempt_abandon(attempt=attempt, actor=self.actor, fence=attempt.fence, reason=reason)
+        self._log(attempt, "abandoned")
+        return "abandoned"
+
+    def _unknown(self, attempt: Attempt, tool: ToolProfile | None) -> str:
+        if tool is None:
+            return self._escalate(
+                attempt, f"no provider adapter is configured for {attempt.tool_name}: nothing can look it up"
+            )
+        lookup = safe_lookup(tool.adapter, attempt)
+        details = lookup.as_details()
+        if lookup.status == LookupStatus.FOUND:
+            return self._found(attempt, lookup, details)
+        if lookup.status == LookupStatus.NOT_FOUND:
+            return self._retry(attempt, tool, lookup)
+        if attempt.check_count + 1 >= tool.max_checks:
+            return self._escalate(
+                attempt,
+                f"checks exhausted: the provider did not answer {attempt.check_count + 1} lookups "
+                f"(last: {lookup.detail or 'unavailable'})",
+                details,
+            )
+        attempt = transitions.attempt_check_later(
+            attempt=attempt,
+            actor=self.actor,
+            fence=attempt.fence,
+            reason=f"provider unavailable ({lookup.detail or 'no answer'}); deciding nothing, checking again later",
+            lookup=details,
+            error=lookup.detail,
+        )
+        self._log(attempt, "backed off")
+        return "backed_off"
+
+    def _found(self, attempt: Attempt, lookup: Lookup, details: dict[str, Any]) -> str:
+        if not lookup.payload_hash:
+            if attempt.provider_request_id and lookup.request_id == attempt.provider_request_id:
+                why = "provider has our request id for this key (it reports no payload hash)"
+            else:
+                return self._escalate(
+                    attempt,
+                    "provider has an effect for this key but reports no payload hash to compare with ours",
+                    details,
+                )
+        elif lookup.payload_hash != attempt.args_hash:
+            mismatch = {**details, "status": "mismatch", "provider_status": str(lookup.status)}
+            return self._escalate(
+                attempt,
+                f"provider has an effect for this key with another payload (hash {lookup.payload_hash[:12]}…, "
+                f"ours {attempt.args_hash[:12]}…)",
+                mismatch,
+            )
+        else:
+            why = "provider has it and its payload hash matches"
+        try:
+            attempt = transitions.attempt_confirm(
+                attempt=attempt,
+                fence=attempt.fence,
+                actor=self.actor,
+                provider_request_id=lookup.request_id,
+                result_ref=""
+                if (lookup.request_id or attempt.provider_request_id)
+                else f"lookup:{attempt.provider_key}",
+                reason=why,
+                details={"lookup": details},
+            )
+        except RequestIdConflict:
+            return self._escalate(
+                attempt,
+                f"provider's request id {lookup.request_id} for this key is not the recorded "
+                f"{attempt.provider_request_id}",
+                details,
+            )
+        except MissingEvidence:  # pragma: no cover - result_ref above always gives evidence
+            return self._escalate(attempt, "found, but without a request id to record", details)
+        self._log(attempt, "confirmed")
+        return "confirmed"
+
+    def _retry(self, attempt: Attempt, tool: ToolProfile | None, lookup: Lookup | None) -> str:
+        """A retry is needed (not found, or rejected before acting). Decide whether it is safe."""
+        details = lookup.as_details() if lookup is not None else None
+        said = "not found at the provider" if lookup is not None else "the provider rejected it before acting"
+        if tool is None or not tool.adapter.can_dispatch:
+            return self._escalate(attempt, f"{said}, and no adapter can send {attempt.tool_name} again", details)
+        if attempt.state == S.UNKNOWN:
+            if not tool.idempotent:
+                return self._escalate(
+                    attempt,
+                    f"{said}, but {attempt.tool_name} is not idempotent: the first request may still land, "
+                    "so a person decides",
+                    details,
+                )
+            if tool.key_retention is not None and attempt.first_dispatched_at is not None:
+                expires = attempt.first_dispatched_at + tool.key_retention
+                if expires <= timezone.now():
+                    return self._escalate(
+                        attempt,
+                        f"{said}, but the key was first sent {attempt.first_dispatched_at:%Y-%m-%d %H:%M:%S} UTC, "
+                        f"past the provider's key retention ({tool.key_retention}): not found proves nothing "
+                        "and a retry could repeat the effect",
+                        details,
+                    )
+        if attempt.dispatch_count >= tool.max_dispatches:
+            return self._escalate(
+                attempt,
+                f"{said}; sent {attempt.dispatch_count} times already (limit {tool.max_dispatches}): a person decides",
+                details,
+            )
+        standing = standing_of(attempt)
+        if not standing.unchanged:
+            original, linked = transitions.attempt_escalate_for_retry(
+                attempt=attempt, actor=self.actor, fence=attempt.fence, changes=standing.changes, lookup=details
+            )
+            self._log(original, f"linked attempt #{linked.pk}" if linked else "escalated")
+            return "linked" if linked else "escalated"
+        why = (
+            f"{said}; {attempt.tool_name} is idempotent, the key is within retention and the authority "
+            "is unchanged: sending again with the same key"
+            if lookup is not None
+            else f"{said}; back-off passed and the authority is unchanged: sending again with the same key"
+        )
+        return self._dispatch(attempt, tool, why, {"lookup": details} if details is not None else {})
+
+    def _dispatch(self, attempt: Attempt, tool: ToolProfile, why: str, details: dict[str, Any] | None = None) -> str:
+        try:
+            attempt = transitions.attempt_dispatch(
+                attempt=attempt, actor=self.actor, fence=attempt.fence, reason=why, lease=tool.dispatch_lease
+            )
+        except AuthorizationChanged as exc:
+            if attempt.state == S.INTENT_RECORDED:
+                attempt = transitions.attempt_abandon(
+                    attempt=attempt,
+                    actor=self.actor,
+                    fence=attempt.fence,
+                    reason=f"not sent: the authority changed after approval ({exc})",
+                )
+                return "abandoned"
+            raise
+        holder = {"attempt": attempt}
+        fence = attempt.fence
+
+        def on_request_id(request_id: str) -> None:
+            holder["attempt"] = transitions.attempt_record_request_id(
+                attempt=holder["attempt"], fence=fence, request_id=request_id, actor=self.actor
+            )
+
+        try:
+            sent = tool.adapter.dispatch(key=attempt.provider_key, args=attempt.args, on_request_id=on_request_id)
+        except NothingHappened as exc:
+            attempt = transitions.attempt_fail(
+                attempt=holder["attempt"], fence=fence, actor=self.actor, reason=str(exc), retryable=True
+            )
+            self._log(attempt, "rejected")
+            return "rejected"
+        except PermanentFailure as exc:
+            attempt = transitions.attempt_fail(
+                attempt=holder["attempt"], fence=fence, actor=self.actor, reason=str(exc)
+            )
+            self._log(attempt, "failed")
+            return "failed"
+        except Exception as exc:
+            attempt = transitions.attempt_mark_unknown(
+                attempt=holder["attempt"],
+                fence=fence,
+                actor=self.actor,
+                reason=f"sent again with the same key; no answer ({type(exc).__name__}: {exc})",
+                check_at=timezone.now() + transitions.backoff(1),
+            )
+            self._log(attempt, "unknown after re-send")
+            return "resent_unknown"
+        attempt = holder["attempt"]
+        if not (sent.request_id or sent.result_ref or attempt.provider_request_id):
+            attempt = transitions.attempt_mark_unknown(
+                attempt=attempt,
+                fence=fence,
+                actor=self.actor,
+                reason="sent again; the provider answered without a receipt, so it will be looked up",
+                check_at=timezone.now() + transitions.backoff(1),
+            )
+            return "resent_unknown"
+        attempt = transitions.attempt_confirm(
+            attempt=attempt,
+            fence=fence,
+            actor=self.actor,
+            provider_request_id=sent.request_id,
+            result_ref=sent.result_ref,
+            result=sent.response,
+            reason="sent again with the same key; the provider answered with a receipt",
+            details=details,
+        )
+        self._log(attempt, "re-sent and confirmed")
+        return "resent"

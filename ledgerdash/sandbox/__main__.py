@@ -1,0 +1,5 @@
+import sys
+
+from ledgerdash.sandbox.server import main
+
+sys.exit(main())
