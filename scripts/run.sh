@@ -1,15 +1,41 @@
 #!/bin/sh
-# Migrate the embedded database, load the demo, serve with gunicorn + whitenoise.
+# Migrate the embedded database, load the demo, then serve: the sandbox
+# provider and a reconciler in the background, gunicorn + whitenoise in front.
 set -eu
 cd "$(dirname "$0")/.."
 HOST=${1:-127.0.0.1}
 PORT=${2:-8000}
+SANDBOX_PORT=${SANDBOX_PORT:-$((PORT + 100))}
 PY=.venv/bin/python
 export DEBUG=${DEBUG:-true}
+VAR=${LEDGERDASH_VAR_DIR:-var}
+mkdir -p "$VAR"
 
 $PY manage.py migrate --noinput
 $PY manage.py collectstatic --noinput --verbosity 0
-$PY manage.py demo
+
+pids=""
+cleanup() {
+    for pid in $pids; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT INT TERM
+
+$PY -m ledgerdash.sandbox --port "$SANDBOX_PORT" --db "$VAR/sandbox.sqlite3" >"$VAR/sandbox.log" 2>&1 &
+pids="$pids $!"
+i=0
+until $PY -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=1)" \
+        "http://127.0.0.1:$SANDBOX_PORT/health" 2>/dev/null; do
+    i=$((i + 1)); [ $i -lt 100 ] || { echo "the sandbox provider did not start; see $VAR/sandbox.log"; exit 1; }
+    sleep 0.1
+done
+
+$PY manage.py demo --sandbox-url "http://127.0.0.1:$SANDBOX_PORT"
+
+$PY manage.py reconcile --interval 5 >"$VAR/reconciler.log" 2>&1 &
+pids="$pids $!"
+
 echo
 echo "ledgerdash: http://$HOST:$PORT/ (log in with a demo user above; Ctrl-C stops)"
-exec .venv/bin/gunicorn ledgerdash.wsgi --bind "$HOST:$PORT" --workers 2 --access-logfile - --log-level warning
+echo "sandbox provider: http://127.0.0.1:$SANDBOX_PORT/ ; reconciler log: $VAR/reconciler.log"
+.venv/bin/gunicorn ledgerdash.wsgi --bind "$HOST:$PORT" --workers 2 --access-logfile - --log-level warning

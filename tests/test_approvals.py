@@ -95,7 +95,7 @@ def test_it_refuses_approval_when_the_tenant_was_deactivated(retry: Attempt, app
     assert "tenant acme is no longer active" in refusal.changes
 
 
-def test_it_refuses_a_scope_wider_than_the_original(tenant_a: Tenant, approver_a: Any) -> None:
+def test_a_linked_attempt_is_never_wider_than_the_original(tenant_a: Tenant, approver_a: Any) -> None:
     original = record(
         tenant_a, "charge-1", tool_name="charge_card", args={"amount": 5}, credential_scope="payments:charge"
     )
@@ -103,8 +103,9 @@ def test_it_refuses_a_scope_wider_than_the_original(tenant_a: Tenant, approver_a
         record(tenant_a, "charge-1", tool_name="charge_card", args={"amount": 6})  # policy default: charge + refund
     linked = caught.value.attempt
     assert linked.parent_id == original.pk
-    refusal = _refused(linked, approver_a, safe_because="original never dispatched")
-    assert "scope payments:refund is wider than the original attempt's" in refusal.changes
+    assert linked.credential_scope == "payments:charge"
+    created = AttemptEvent.objects.get(attempt=linked, to_state=S.MANUAL_REVIEW)
+    assert created.details["scope_narrowed_from"] == "payments:charge payments:refund"
 
 
 def test_it_refuses_when_the_approver_may_not_act_for_the_tenant(retry: Attempt, approver_a: Any) -> None:

@@ -16,11 +16,13 @@ import time
 ENV = "LEDGERDASH_CRASH_AT"
 #: after the intent commit, before dispatch is claimed
 AFTER_INTENT = "after_intent"
+#: after DISPATCHED was committed and the connection opened, before the request leaves
+BEFORE_SEND = "before_send"
 #: after the request left for the provider, before its response is read
 AFTER_SEND = "after_send"
 #: after the provider's response arrived, before the outcome is committed
 AFTER_RESPONSE = "after_response"
-POINTS = (AFTER_INTENT, AFTER_SEND, AFTER_RESPONSE)
+POINTS = (AFTER_INTENT, BEFORE_SEND, AFTER_SEND, AFTER_RESPONSE)
 ANNOUNCE = "LEDGERDASH-CRASHPOINT"
 
 

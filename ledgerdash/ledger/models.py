@@ -250,7 +250,10 @@ class Tool(models.Model):
     key_retention_seconds = models.PositiveIntegerField(null=True, blank=True)
     #: How long a dispatch may take before it counts as UNKNOWN; empty: the
     #: LEDGER_DISPATCH_LEASE_SECONDS setting.
-    dispatch_lease_seconds = models.PositiveIntegerField(null=True, blank=True)
+    dispatch_lease_seconds = models.FloatField(null=True, blank=True)
+    #: First back-off between lookups the provider could not answer; doubles
+    #: each time, with full jitter, up to an hour.
+    backoff_base_seconds = models.FloatField(default=5.0)
     max_checks = models.PositiveIntegerField(
         default=8, help_text="lookups the provider may fail to answer before a person decides"
     )
@@ -264,6 +267,11 @@ class Tool(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(adapter__in=["http", "python"]), name="ledger_tool_adapter_valid"),
             models.CheckConstraint(condition=Q(max_dispatches__gte=1), name="ledger_tool_dispatches_positive"),
+            models.CheckConstraint(condition=Q(backoff_base_seconds__gt=0), name="ledger_tool_backoff_positive"),
+            models.CheckConstraint(
+                condition=Q(dispatch_lease_seconds__isnull=True) | Q(dispatch_lease_seconds__gt=0),
+                name="ledger_tool_lease_positive",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -331,3 +339,32 @@ class AttemptEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}#{self.seq} {self.kind} {self.from_state}->{self.to_state}"
+
+
+class DrillRun(models.Model):
+    """One run of the crash drill and its auditable report.
+
+    ``report`` holds every case: what happened at the provider (effects per
+    key) and in the ledger (attempts and their events), and each assertion
+    with its evidence. ``ok`` is true only if every assertion held.
+    """
+
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="drill_runs")
+    mode = models.CharField(max_length=16, default="fixed")
+    seed = models.BigIntegerField(null=True, blank=True)
+    iterations = models.PositiveIntegerField(default=0)
+    database = models.CharField(max_length=32)
+    host = models.CharField(max_length=255, blank=True)
+    ok = models.BooleanField(null=True)
+    cases_total = models.PositiveIntegerField(default=0)
+    cases_failed = models.PositiveIntegerField(default=0)
+    report = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+
+    def __str__(self) -> str:
+        verdict = "running" if self.ok is None else ("passed" if self.ok else "FAILED")
+        return f"drill #{self.pk} {verdict} ({self.cases_total} cases)"

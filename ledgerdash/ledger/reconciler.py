@@ -234,6 +234,7 @@ class Reconciler:
             reason=f"provider unavailable ({lookup.detail or 'no answer'}); deciding nothing, checking again later",
             lookup=details,
             error=lookup.detail,
+            backoff_base=tool.backoff_base,
         )
         self._log(attempt, "backed off")
         return "backed_off"
@@ -370,7 +371,7 @@ class Reconciler:
                 fence=fence,
                 actor=self.actor,
                 reason=f"sent again with the same key; no answer ({type(exc).__name__}: {exc})",
-                check_at=timezone.now() + transitions.backoff(1),
+                check_at=timezone.now() + transitions.backoff(1, base=tool.backoff_base),
             )
             self._log(attempt, "unknown after re-send")
             return "resent_unknown"
@@ -381,7 +382,7 @@ class Reconciler:
                 fence=fence,
                 actor=self.actor,
                 reason="sent again; the provider answered without a receipt, so it will be looked up",
-                check_at=timezone.now() + transitions.backoff(1),
+                check_at=timezone.now() + transitions.backoff(1, base=tool.backoff_base),
             )
             return "resent_unknown"
         attempt = transitions.attempt_confirm(

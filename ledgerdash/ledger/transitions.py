@@ -307,6 +307,14 @@ def _lease(seconds: int, now: datetime) -> datetime:
     return now + timedelta(seconds=seconds)
 
 
+def dispatch_lease(tool_name: str) -> timedelta:
+    """How long a dispatch of ``tool_name`` may go unanswered before it is UNKNOWN."""
+    from ledgerdash.ledger.models import Tool
+
+    seconds = Tool.objects.filter(name=tool_name).values_list("dispatch_lease_seconds", flat=True).first()
+    return timedelta(seconds=seconds or settings.LEDGER_DISPATCH_LEASE_SECONDS)
+
+
 # --- creation ----------------------------------------------------------------
 
 
@@ -419,6 +427,10 @@ def attempt_create_linked(
         raise IllegalTransition("a linked attempt keeps its parent's tenant and idempotency key")
     now = timezone.now()
     reason = _clean_text(reason)
+    # A retry never widens credentials: whatever was asked for, the linked
+    # attempt may use at most what its parent could.
+    scopes = new.scopes & parent.scopes
+    narrowed = new.scopes - scopes
     with transaction.atomic():
         root = (
             Attempt.objects.select_for_update()
@@ -436,7 +448,7 @@ def attempt_create_linked(
             args_hash=new.args_hash,
             state=S.MANUAL_REVIEW,
             policy_version=new.policy_version,
-            credential_scope=scope_string(new.scopes),
+            credential_scope=scope_string(scopes),
             parent=parent,
             owner_id=owner_id,
             requested_by_id=requested_by_id,
@@ -465,6 +477,7 @@ def attempt_create_linked(
                         "policy_version": new.policy_version,
                         "parent_policy_version": parent.policy_version,
                         "credential_scope": attempt.credential_scope,
+                        "scope_narrowed_from": scope_string(new.scopes) if narrowed else None,
                         "owner_assigned": {"user_id": owner_id, "by": source},
                     },
                 )
@@ -503,7 +516,7 @@ def attempt_dispatch(
             "dispatch_fence": attempt.fence + 1,
             "dispatch_count": attempt.dispatch_count + 1,
             "check_count": 0,
-            "next_check_at": now + lease if lease is not None else _lease(settings.LEDGER_DISPATCH_LEASE_SECONDS, now),
+            "next_check_at": now + (lease if lease is not None else dispatch_lease(attempt.tool_name)),
             "first_dispatched_at": attempt.first_dispatched_at or now,
         },
         details={"provider_key": attempt.provider_key, "dispatch": attempt.dispatch_count + 1},
@@ -847,7 +860,14 @@ def attempt_abandon(*, attempt: Attempt, actor: Actor, fence: int, reason: str =
 
 
 def attempt_check_later(
-    *, attempt: Attempt, actor: Actor, fence: int, reason: str, lookup: dict[str, Any], error: str = ""
+    *,
+    attempt: Attempt,
+    actor: Actor,
+    fence: int,
+    reason: str,
+    lookup: dict[str, Any],
+    error: str = "",
+    backoff_base: float = 5.0,
 ) -> Attempt:
     """UNKNOWN -> UNKNOWN: the provider could not answer; back off, decide nothing."""
     _only_from(attempt, S.UNKNOWN, "a lookup is retried later")
@@ -860,7 +880,7 @@ def attempt_check_later(
         reason=reason,
         updates={
             "check_count": attempt.check_count + 1,
-            "next_check_at": now + backoff(attempt.check_count + 1),
+            "next_check_at": now + backoff(attempt.check_count + 1, base=backoff_base),
             "last_lookup": lookup.get("status", ""),
             "last_error": _clean_text(error),
         },

@@ -159,6 +159,7 @@ class HttpAdapter(ProviderAdapter):
         body: bytes | None,
         headers: dict[str, str],
         timeout: float,
+        before_send: Callable[[], None] | None = None,
         after_send: Callable[[], None] | None = None,
     ) -> tuple[int, bytes]:
         parts = urllib.parse.urlsplit(url)
@@ -174,6 +175,8 @@ class HttpAdapter(ProviderAdapter):
                 raise _NotSent(f"{type(exc).__name__}: {exc}") from exc
             if conn.sock is not None:
                 conn.sock.settimeout(timeout)
+            if before_send is not None:
+                before_send()
             conn.request(method, target, body=body, headers=headers)
             if after_send is not None:
                 after_send()
@@ -201,6 +204,7 @@ class HttpAdapter(ProviderAdapter):
                 body=body,
                 headers=headers,
                 timeout=self.config.timeout,
+                before_send=lambda: crashpoints.reached(crashpoints.BEFORE_SEND),
                 after_send=lambda: crashpoints.reached(crashpoints.AFTER_SEND),
             )
         except _NotSent as exc:

@@ -22,6 +22,7 @@ class ToolProfile:
     idempotent: bool
     key_retention: timedelta | None
     dispatch_lease: timedelta
+    backoff_base: float
     max_checks: int
     max_dispatches: int
 
@@ -53,6 +54,7 @@ def profile(tool: Tool) -> ToolProfile:
         idempotent=tool.idempotent,
         key_retention=timedelta(seconds=tool.key_retention_seconds) if tool.key_retention_seconds else None,
         dispatch_lease=timedelta(seconds=tool.dispatch_lease_seconds or settings.LEDGER_DISPATCH_LEASE_SECONDS),
+        backoff_base=tool.backoff_base_seconds,
         max_checks=tool.max_checks,
         max_dispatches=tool.max_dispatches,
     )
