@@ -47,19 +47,6 @@ CONFORMANCE = [not_a_server_error, status_code_conformance, content_type_conform
 
 
 @pytest.fixture
-def app(tenant_a: Tenant) -> Iterator[Any]:
-    """The real WSGI app, run in this thread inside the test's transaction
-    (so, as Django's test client does, requests must not close the connection)."""
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        yield get_wsgi_application()
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
-
-
-@pytest.fixture
 def token(tenant_a: Tenant) -> str:
     raw = issue_token(tenant_a)
     api = Api(raw)
@@ -69,6 +56,20 @@ def token(tenant_a: Tenant) -> str:
         if i:
             api.dispatch(attempt["id"])
     return raw
+
+
+@pytest.fixture
+def app(token: str) -> Iterator[Any]:
+    """The real WSGI app, run in this thread inside the test's transaction:
+    as Django's test client does, requests must not close the connection.
+    (After ``token``, whose test-client requests reconnect the signals.)"""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield get_wsgi_application()
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)

@@ -388,3 +388,28 @@ def test_a_revoked_or_read_only_token_raises_typed_errors(live_server: Any, tena
     token_revoke(token=ApiToken.objects.get(name="reader"), actor=Actor.system("tests"))
     with pytest.raises(ledger.TokenRevoked):
         reader.needs_attention()
+
+
+@pytest.mark.postgres
+def test_concurrent_claims_over_http_have_one_winner(live: ledger.LedgerClient) -> None:
+    attempt = live.record_intent(task_id="t", tool_name="send_email", idempotency_key="race", args={}).attempt
+    barrier = threading.Barrier(6)
+    results: list[str] = []
+
+    def claim() -> None:
+        barrier.wait()
+        try:
+            live.dispatch(attempt.id, fence=attempt.fence)
+            results.append("won")
+        except (ledger.ClaimLost, ledger.AttemptInFlight) as exc:
+            results.append(exc.code)
+
+    threads = [threading.Thread(target=claim) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(results).count("won") == 1, results
+    assert len(results) == 6
+    stored = Attempt.objects.get(pk=attempt.id)
+    assert (stored.state, stored.dispatch_count) == (S.DISPATCHED, 1)

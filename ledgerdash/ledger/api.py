@@ -27,6 +27,7 @@ from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, re_path
+from django.utils import timezone
 from ninja import NinjaAPI, Path, Query
 from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
@@ -181,11 +182,11 @@ def _finite(text: str) -> float:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise ApiError("malformed_json", f"key {duplicate[:80]!r} appears twice in one object")
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ApiError("malformed_json", f"key {key[:80]!r} appears twice in one object")
+        obj[key] = value
     return obj
 
 
@@ -561,19 +562,13 @@ def _ledger_error(request: HttpRequest, exc: LedgerError) -> HttpResponse:
         if isinstance(exc, IdempotencyConflict):
             extra["original_id"] = exc.attempt.parent_id
         if isinstance(exc, RetryPending) and exc.attempt.next_check_at is not None:
-            seconds = max(1, math.ceil((exc.attempt.next_check_at - _now()).total_seconds()))
+            seconds = max(1, math.ceil((exc.attempt.next_check_at - timezone.now()).total_seconds()))
             extra["headers"] = {"Retry-After": str(seconds)}
     if isinstance(exc, ApprovalRefused):
         extra["changes"] = exc.changes
     if isinstance(exc, TokenError):
         log.info("API request refused: %s", exc.code)
     return error_response(status, exc.code, str(exc), **extra)
-
-
-def _now() -> Any:
-    from django.utils import timezone
-
-    return timezone.now()
 
 
 def _api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
