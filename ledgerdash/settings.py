@@ -170,6 +170,10 @@ LEDGER_INTENT_LEASE_SECONDS = env_int("LEDGER_INTENT_LEASE_SECONDS", 900, minimu
 # Largest normalized arguments, in bytes of canonical JSON, and deepest nesting.
 LEDGER_MAX_ARGS_BYTES = env_int("LEDGER_MAX_ARGS_BYTES", 64 * 1024, minimum=2)
 LEDGER_MAX_ARGS_DEPTH = env_int("LEDGER_MAX_ARGS_DEPTH", 32, minimum=1)
+# Largest ingest API request body; larger ones are refused (413) unread.
+LEDGER_API_MAX_BODY_BYTES = env_int("LEDGER_API_MAX_BODY_BYTES", 512 * 1024, minimum=1024)
+# Django refuses bodies over its own limit with a 400; keep it out of the API's way.
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(2621440, LEDGER_API_MAX_BODY_BYTES)
 
 LOGGING = {
     "version": 1,

@@ -5,13 +5,27 @@ to change them)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django import forms
-from django.contrib import admin
-from django.http import HttpRequest
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils import timezone
 
-from ledgerdash.ledger.models import Attempt, AttemptEvent, OnCallShift, Policy, Tenant, Tool, validate_policy_tools
+from ledgerdash.ledger.models import (
+    ApiToken,
+    Attempt,
+    AttemptEvent,
+    OnCallShift,
+    Policy,
+    Tenant,
+    TokenScope,
+    Tool,
+    validate_policy_tools,
+)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -122,3 +136,122 @@ class AttemptEventAdmin(ReadOnlyAdmin):
     list_filter = ["kind", "tenant"]
     list_select_related = ["tenant"]
     raw_id_fields = ["attempt", "actor_user"]
+
+
+def _default_expiry() -> Any:
+    from ledgerdash.ledger.tokens import DEFAULT_LIFETIME
+
+    return timezone.now() + DEFAULT_LIFETIME
+
+
+class ApiTokenCreateForm(forms.ModelForm):
+    scopes = forms.MultipleChoiceField(
+        choices=TokenScope.choices,
+        widget=forms.CheckboxSelectMultiple,
+        initial=[TokenScope.WRITE.value],
+        help_text="An agent that records and reports needs write only; add read for lookups.",
+    )
+    expires_at = forms.DateTimeField(
+        required=False,
+        initial=_default_expiry,
+        help_text="Empty: never expires. Prefer an expiry and rotate the token before it.",
+    )
+
+    class Meta:
+        model = ApiToken
+        fields = ["tenant", "name", "scopes", "expires_at"]
+
+    def clean_expires_at(self) -> Any:
+        expires_at = self.cleaned_data["expires_at"]
+        if expires_at is not None and expires_at <= timezone.now() + timedelta(minutes=1):
+            raise forms.ValidationError("the expiry must be in the future")
+        return expires_at
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are issued here (the secret is shown once, on the page that
+    follows) and revoked with the list action; they are never edited or
+    deleted, so the list stays a record of who could write to the ledger."""
+
+    list_display = ["prefix", "name", "tenant", "scopes", "status", "expires_at", "last_used_at", "created_at"]
+    list_filter = ["tenant", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["prefix", "name"]
+    list_select_related = ["tenant"]
+    actions = ["revoke"]
+    readonly_fields = [
+        "tenant",
+        "name",
+        "prefix",
+        "scopes",
+        "created_by",
+        "created_at",
+        "expires_at",
+        "revoked_at",
+        "revoked_by",
+        "last_used_at",
+    ]
+
+    @admin.display(description="status")
+    def status(self, obj: ApiToken) -> str:
+        return obj.state_at(timezone.now())
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        if obj is None:
+            kwargs["form"] = ApiTokenCreateForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.readonly_fields if obj is not None else []
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.readonly_fields if obj is not None else ApiTokenCreateForm.Meta.fields
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # view only; revoking is the list action
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("ledger.change_apitoken")
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        from ledgerdash.ledger.tokens import token_create
+        from ledgerdash.ledger.transitions import Actor
+
+        token, raw = token_create(
+            tenant=form.cleaned_data["tenant"],
+            name=form.cleaned_data["name"],
+            scopes=form.cleaned_data["scopes"],
+            expires_at=form.cleaned_data["expires_at"],
+            actor=Actor.user(request.user),  # type: ignore[arg-type]
+        )
+        obj.pk, obj.prefix, obj.scopes = token.pk, token.prefix, token.scopes
+        obj._raw_token = raw  # type: ignore[attr-defined]  # shown once by response_add, never stored
+
+    def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue: Any = None) -> HttpResponse:
+        response = TemplateResponse(
+            request,
+            "admin/ledger/apitoken/created.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "API token issued",
+                "opts": self.opts,
+                "token": obj,
+                "secret": obj._raw_token,  # type: ignore[attr-defined]
+            },
+        )
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @admin.action(description="Revoke the selected tokens", permissions=["revoke"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        from ledgerdash.ledger.tokens import token_revoke
+        from ledgerdash.ledger.transitions import Actor
+
+        actor = Actor.user(request.user)  # type: ignore[arg-type]
+        live = list(queryset.filter(revoked_at__isnull=True))
+        for token in live:
+            token_revoke(token=token, actor=actor)
+        self.message_user(request, f"Revoked {len(live)} token(s).", messages.SUCCESS)

@@ -74,6 +74,35 @@ class ScopeNotAllowed(LedgerError):
     MESSAGE = "scope {scopes} is not allowed for tool {tool!r} by policy v{version} (allowed: {allowed})"
 
 
+# --- API tokens: who is calling ----------------------------------------------
+
+
+class TokenError(LedgerError):
+    """The bearer token does not authenticate the caller (HTTP 401)."""
+
+    code = "invalid_token"
+
+
+class InvalidToken(TokenError):
+    code = "invalid_token"
+    MESSAGE = "the bearer token is not a ledgerdash API token this server issued"
+
+
+class TokenRevoked(TokenError):
+    code = "token_revoked"
+    MESSAGE = "API token {prefix} was revoked at {at}"
+
+
+class TokenExpired(TokenError):
+    code = "token_expired"
+    MESSAGE = "API token {prefix} expired at {at}"
+
+
+class InsufficientScope(LedgerError):
+    code = "insufficient_scope"
+    MESSAGE = "API token {prefix} lacks scope {scope} (it has: {scopes})"
+
+
 # --- moves the state machine refuses ------------------------------------------
 
 

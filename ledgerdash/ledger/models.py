@@ -368,3 +368,64 @@ class DrillRun(models.Model):
     def __str__(self) -> str:
         verdict = "running" if self.ok is None else ("passed" if self.ok else "FAILED")
         return f"drill #{self.pk} {verdict} ({self.cases_total} cases)"
+
+
+class TokenScope(models.TextChoices):
+    """What an API token may do. Write does not imply read: an agent that only
+    records and reports needs no access to the tenant's other attempts."""
+
+    READ = "attempts:read", "read attempts"
+    WRITE = "attempts:write", "record intents, claim dispatch, report outcomes"
+
+
+class ApiToken(models.Model):
+    """A tenant's bearer token for the ingest API.
+
+    The secret is shown once, when the token is created, and stored only as
+    sha256 of the whole token: it carries 256 random bits, so a fast hash is
+    enough (slow hashes are for guessable passwords). ``prefix`` is public:
+    it finds the row and names the token in lists and events.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="api_tokens")
+    name = models.CharField(max_length=100, help_text="What the token is for, e.g. the agent that holds it.")
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    #: Space-separated :class:`TokenScope` values.
+    scopes = models.CharField(max_length=200)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never expires.")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    #: Updated at most once a minute, so using a token costs no write per request.
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant", "-created_at", "-id"]
+        verbose_name = "API token"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(secret_hash__regex=r"^[0-9a-f]{64}$"),  # noqa: S106 - a pattern, not a secret
+                name="ledger_apitoken_hash",
+            ),
+            models.CheckConstraint(condition=~Q(scopes=""), name="ledger_apitoken_has_scope"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix} ({self.name})"
+
+    @property
+    def scope_set(self) -> frozenset[str]:
+        return frozenset(self.scopes.split())
+
+    def state_at(self, now: Any) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        return "active"

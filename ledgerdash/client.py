@@ -1,0 +1,773 @@
+"""The ledger over HTTP: the in-process wrapper's shape, for agents in another process.
+
+Wrap each side-effecting tool once, exactly as with
+:mod:`ledgerdash.ledger.recording`::
+
+    from ledgerdash import client as ledger
+
+    @ledger.tool("send_email", key="invoice:{invoice_id}:send")
+    def send_email(call, *, invoice_id, to, body):
+        response = provider.send(to=to, body=body, idempotency_key=call.key)
+        call.record_request_id(response["id"])   # persisted at once
+        return response
+
+    with ledger.task(task_id="billing-run-42"):   # LEDGERDASH_URL, LEDGERDASH_TOKEN
+        send_email(invoice_id="INV-7", to="ap@example.com", body="…")
+
+The tenant is the token's. ``task(client=LedgerClient(url, token))`` names
+the server explicitly; without it the client is configured from the
+environment (``LEDGERDASH_URL``, ``LEDGERDASH_TOKEN``, optionally
+``LEDGERDASH_AGENT``), so an agent started as a separate process needs no
+code to find the ledger.
+
+Requests the ledger may safely receive twice are retried on transport
+errors: reads, recording an intent (the same key and arguments return the
+same attempt), recording a request id, and reporting an outcome with the
+same fence (a report that already landed is answered 200). Claiming an
+attempt for dispatch is retried only when the request certainly never left
+(the connection was refused). The tool itself is never called again by the
+client: a re-run learns from the ledger whether it may.
+
+This module needs only the standard library (and two small stdlib-only
+modules of the ledger: its tool-side exceptions and crash points), so it can
+run in an agent's environment without Django.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import json
+import logging
+import os
+import random
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from http.client import HTTPException
+from typing import Any
+
+from ledgerdash.ledger import crashpoints
+from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
+
+__all__ = [
+    "Attempt",
+    "LedgerClient",
+    "NothingHappened",
+    "PermanentFailure",
+    "Recorded",
+    "ToolCall",
+    "task",
+    "tool",
+]
+
+log = logging.getLogger("ledgerdash.client")
+
+ENV_URL = "LEDGERDASH_URL"
+ENV_TOKEN = "LEDGERDASH_TOKEN"  # noqa: S105 - the variable's name, not a token
+ENV_AGENT = "LEDGERDASH_AGENT"
+API_PATH = "/api/v1"
+CONFIRMED = "OUTCOME_CONFIRMED"
+
+
+# --- errors: one class per code the ledger answers with -------------------------------
+
+
+class LedgerClientError(Exception):
+    """Base of everything this client raises on purpose."""
+
+    code = "client_error"
+
+
+class ConfigurationError(LedgerClientError):
+    code = "client_configuration"
+
+
+class NoTask(LedgerClientError):
+    code = "no_task"
+    MESSAGE = "call ledger tools inside `with ledger.task(task_id=...)`"
+
+
+class LedgerUnavailable(LedgerClientError):
+    """The ledger could not be reached, or kept answering that it is unavailable.
+
+    ``sent`` is False when the request certainly never arrived, True or None
+    when it may have (it was sent and no answer came back).
+    """
+
+    code = "ledger_unavailable"
+
+    def __init__(self, message: str, *, sent: bool | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.sent = sent
+        self.status = status
+
+
+class ApiError(LedgerClientError):
+    """The ledger answered with an error: ``code`` (stable), ``status``, ``body``."""
+
+    code = "api_error"
+
+    def __init__(self, message: str, *, status: int, body: dict[str, Any], code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        if code is not None and code != type(self).code:
+            self.code = code
+        #: the attempt the error is about, when there is one (on a conflict: the linked attempt)
+        self.attempt_id: int | None = body.get("attempt_id")
+        self.state: str | None = body.get("state")
+
+
+# The request is wrong: fix it; sending it again will not help.
+class InvalidInput(ApiError):
+    code = "invalid_input"
+
+
+class InvalidArgs(InvalidInput):
+    code = "invalid_args"
+
+
+class InvalidKey(InvalidInput):
+    code = "invalid_idempotency_key"
+
+
+class InvalidField(InvalidInput):
+    code = "invalid_field"
+
+
+class MissingEvidence(InvalidInput):
+    code = "missing_evidence"
+
+
+class ValidationFailed(InvalidInput):
+    code = "validation_error"
+
+
+class UnknownField(InvalidInput):
+    code = "unknown_field"
+
+
+class MalformedRequest(InvalidInput):
+    code = "malformed_json"
+
+
+class InvalidUtf8(MalformedRequest):
+    code = "invalid_utf8"
+
+
+class InvalidUnicode(MalformedRequest):
+    code = "invalid_unicode"
+
+
+class InvalidContentLength(MalformedRequest):
+    code = "invalid_content_length"
+
+
+class BadRequest(MalformedRequest):
+    code = "bad_request"
+
+
+class LengthRequired(MalformedRequest):
+    code = "length_required"
+
+
+class BodyTooLarge(InvalidInput):
+    code = "body_too_large"
+
+
+class UnsupportedMediaType(InvalidInput):
+    code = "unsupported_media_type"
+
+
+# Who is calling.
+class NotAuthenticated(ApiError):
+    code = "not_authenticated"
+
+
+class MissingToken(NotAuthenticated):
+    code = "missing_token"
+
+
+class InvalidToken(NotAuthenticated):
+    code = "invalid_token"
+
+
+class TokenRevoked(NotAuthenticated):
+    code = "token_revoked"
+
+
+class TokenExpired(NotAuthenticated):
+    code = "token_expired"
+
+
+# What they may do.
+class NotAllowed(ApiError):
+    code = "not_allowed"
+
+
+class InsufficientScope(NotAllowed):
+    code = "insufficient_scope"
+
+
+class TenantInactive(NotAllowed):
+    code = "tenant_inactive"
+
+
+class NoPolicy(NotAllowed):
+    code = "no_policy"
+
+
+class ToolNotAllowed(NotAllowed):
+    code = "tool_not_allowed"
+
+
+class ScopeNotAllowed(NotAllowed):
+    code = "scope_not_allowed"
+
+
+class AuthorizationChanged(NotAllowed):
+    code = "authorization_changed"
+
+
+class NotFound(ApiError):
+    code = "not_found"
+
+
+class AttemptNotFound(NotFound):
+    code = "attempt_not_found"
+
+
+class MethodNotAllowed(ApiError):
+    code = "method_not_allowed"
+
+
+# The attempt is not where the caller thinks.
+class IllegalTransition(ApiError):
+    code = "illegal_transition"
+
+
+class StaleFence(ApiError):
+    code = "stale_fence"
+
+
+class ClaimLost(StaleFence):
+    code = "claim_lost"
+
+
+class RequestIdConflict(ApiError):
+    code = "request_id_conflict"
+
+
+# What an agent is told instead of calling the tool.
+class AttemptBlocked(ApiError):
+    code = "attempt_blocked"
+
+
+class IdempotencyConflict(AttemptBlocked):
+    """The key was used before with other arguments; a linked attempt
+    (``attempt_id``) was recorded for review. The tool was not called."""
+
+    code = "idempotency_key_reused"
+
+    @property
+    def original_id(self) -> int | None:
+        return self.body.get("original_id")
+
+
+class OutcomeUnknown(AttemptBlocked):
+    code = "outcome_unknown"
+
+
+class UnderReview(AttemptBlocked):
+    code = "under_review"
+
+
+class AttemptInFlight(AttemptBlocked):
+    code = "attempt_in_flight"
+
+
+class RetryPending(AttemptBlocked):
+    code = "retry_pending"
+
+
+class AttemptFailed(AttemptBlocked):
+    code = "attempt_failed"
+
+
+class AttemptSuperseded(AttemptBlocked):
+    code = "attempt_superseded"
+
+
+class ServerError(ApiError):
+    code = "internal_error"
+
+
+def _subclasses(cls: type[ApiError]) -> Iterator[type[ApiError]]:
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+#: The exception class for each code the ledger answers with.
+ERRORS: dict[str, type[ApiError]] = {cls.code: cls for cls in _subclasses(ApiError)}
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: MalformedRequest,
+    401: NotAuthenticated,
+    403: NotAllowed,
+    404: NotFound,
+    405: MethodNotAllowed,
+    409: AttemptBlocked,
+    413: BodyTooLarge,
+    415: UnsupportedMediaType,
+    422: InvalidInput,
+}
+
+
+def error_for(status: int, body: dict[str, Any]) -> ApiError:
+    """The typed exception for an error answer (by its code, else its status)."""
+    code = str(body.get("code") or f"http_{status}")
+    cls = ERRORS.get(code) or _BY_STATUS.get(status) or (ServerError if status >= 500 else ApiError)
+    message = str(body.get("message") or f"HTTP {status}")
+    return cls(message, status=status, body=body, code=code)
+
+
+# --- what the ledger answers -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An attempt as the API shows it. ``data`` has every field it sent."""
+
+    id: int
+    state: str
+    fence: int
+    task_id: str
+    tool_name: str
+    idempotency_key: str
+    provider_key: str
+    args_hash: str
+    provider_request_id: str = ""
+    result_ref: str = ""
+    dispatch_fence: int | None = None
+    parent_id: int | None = None
+    args: dict[str, Any] | None = None
+    result: Any = None
+    events: list[dict[str, Any]] | None = None
+    data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Attempt:
+        known = {f for f in cls.__dataclass_fields__ if f != "data"}
+        return cls(**{k: v for k, v in data.items() if k in known}, data=data)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    attempt: Attempt
+    #: False when the key was already recorded with these arguments.
+    created: bool
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    # urllib would turn a redirected POST into a GET without its body.
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _default_agent() -> str:
+    return os.environ.get(ENV_AGENT) or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """True when the request certainly did not reach the server."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return isinstance(reason, (ConnectionRefusedError, socket.gaierror))
+
+
+class LedgerClient:
+    """One ledger server, one token. Thread-safe: it keeps no per-request state."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        *,
+        agent: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 4,
+        backoff: float = 0.2,
+    ) -> None:
+        base_url = base_url or os.environ.get(ENV_URL, "")
+        token = token or os.environ.get(ENV_TOKEN, "")
+        if not base_url:
+            raise ConfigurationError(f"no ledger URL: pass base_url or set {ENV_URL} (e.g. http://127.0.0.1:8000)")
+        if not token:
+            raise ConfigurationError(f"no API token: pass token or set {ENV_TOKEN}")
+        parsed = urllib.parse.urlsplit(base_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigurationError(f"{base_url!r} is not an http(s) URL")
+        root = base_url.rstrip("/")
+        self.base_url = root if root.endswith(API_PATH) else root + API_PATH
+        self._token = token
+        self.agent = agent or _default_agent()
+        self.timeout = timeout
+        self.retries = max(0, retries)
+        self.backoff = backoff
+        self._opener = urllib.request.build_opener(_NoRedirects)
+
+    def __repr__(self) -> str:
+        return f"LedgerClient({self.base_url!r}, agent={self.agent!r})"
+
+    def with_agent(self, agent: str) -> LedgerClient:
+        """The same client, naming another agent in the ledger's events."""
+        other = copy.copy(self)
+        other.agent = agent
+        return other
+
+    # --- transport -------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: dict[str, Any] | None = None,
+        retry_if_sent: bool,
+    ) -> tuple[int, dict[str, Any]]:
+        url = self.base_url + path
+        if params:
+            url += "?" + urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        data = None
+        if body is not None:
+            try:
+                data = json.dumps(body, allow_nan=False, ensure_ascii=False).encode("utf-8")
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgs(
+                    f"not JSON: {exc}", status=0, body={"code": "invalid_args", "message": str(exc)}
+                ) from None
+        headers = {
+            "Authorization": f"Bearer {self._token}",
+            "Accept": "application/json",
+            "Ledgerdash-Agent": "".join(c for c in self.agent if c.isprintable() and ord(c) < 128)[:100],
+            "User-Agent": "ledgerdash-client/1",
+        }
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        last: LedgerUnavailable | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(random.uniform(0, min(5.0, self.backoff * 2**attempt)))  # noqa: S311 - jitter
+            request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310
+            try:
+                with self._opener.open(request, timeout=self.timeout) as response:
+                    return response.status, self._json(response.read(), response.status)
+            except urllib.error.HTTPError as exc:
+                status, payload = exc.code, self._json(exc.read(), exc.code)
+                if 300 <= status < 400:
+                    raise ConfigurationError(
+                        f"the ledger answered {status} with a redirect to {exc.headers.get('Location')}; "
+                        f"point {ENV_URL} at that address"
+                    ) from None
+                if status in (502, 503, 504):
+                    last = LedgerUnavailable(str(payload.get("message") or f"HTTP {status}"), sent=True, status=status)
+                    if retry_if_sent:
+                        continue
+                    raise last from None
+                raise error_for(status, payload) from None
+            except (urllib.error.URLError, OSError, HTTPException) as exc:
+                never_sent = _never_sent(exc)
+                last = LedgerUnavailable(
+                    f"{method} {url}: {getattr(exc, 'reason', exc)}", sent=False if never_sent else None
+                )
+                if never_sent or retry_if_sent:
+                    log.info("ledger request failed (%s); retrying", last)
+                    continue
+                raise last from None
+        assert last is not None
+        raise last
+
+    @staticmethod
+    def _json(raw: bytes, status: int) -> dict[str, Any]:
+        try:
+            value = json.loads(raw or b"{}")
+        except ValueError:
+            return {"code": f"http_{status}", "message": raw[:200].decode("utf-8", "replace")}
+        return value if isinstance(value, dict) else {"value": value}
+
+    # --- the steps -------------------------------------------------------------------
+
+    def record_intent(
+        self,
+        *,
+        task_id: str,
+        tool_name: str,
+        idempotency_key: str,
+        args: dict[str, Any],
+        credential_scope: str | Iterable[str] | None = None,
+    ) -> Recorded:
+        """Record the intent; safe to repeat (the same key and arguments answer with the same attempt).
+
+        Raises :class:`IdempotencyConflict` (naming the linked attempt) when
+        the key was used with other arguments: do not call the tool.
+        """
+        body: dict[str, Any] = {
+            "task_id": task_id,
+            "tool_name": tool_name,
+            "idempotency_key": idempotency_key,
+            "args": args,
+        }
+        if credential_scope is not None:
+            body["credential_scope"] = (
+                credential_scope.split() if isinstance(credential_scope, str) else list(credential_scope)
+            )
+        status, data = self._request("POST", "/attempts", body, retry_if_sent=True)
+        return Recorded(Attempt.from_json(data), created=status == 201)
+
+    def dispatch(self, attempt_id: int, *, fence: int | None = None) -> Attempt:
+        """Claim the attempt for dispatch; call the provider only after this returns.
+        The returned ``fence`` goes with the outcome report."""
+        _, data = self._request(
+            "POST",
+            f"/attempts/{attempt_id}/dispatch",
+            {"fence": fence} if fence is not None else None,
+            retry_if_sent=False,
+        )
+        return Attempt.from_json(data)
+
+    def record_request_id(self, attempt_id: int, request_id: str, *, fence: int) -> Attempt:
+        _, data = self._request(
+            "POST",
+            f"/attempts/{attempt_id}/request-id",
+            {"fence": fence, "provider_request_id": request_id},
+            retry_if_sent=True,
+        )
+        return Attempt.from_json(data)
+
+    def _outcome(self, attempt_id: int, body: dict[str, Any]) -> Attempt:
+        _, data = self._request("POST", f"/attempts/{attempt_id}/outcome", body, retry_if_sent=True)
+        return Attempt.from_json(data)
+
+    def confirm(
+        self,
+        attempt_id: int,
+        *,
+        fence: int,
+        provider_request_id: str = "",
+        result_ref: str = "",
+        result: Any = None,
+    ) -> Attempt:
+        body = {"outcome": "confirmed", "fence": fence, "provider_request_id": provider_request_id}
+        body.update({"result_ref": result_ref, "result": result})
+        return self._outcome(attempt_id, body)
+
+    def fail(self, attempt_id: int, *, fence: int, reason: str) -> Attempt:
+        return self._outcome(attempt_id, {"outcome": "failed", "fence": fence, "reason": reason})
+
+    def fail_retryable(self, attempt_id: int, *, fence: int, reason: str) -> Attempt:
+        return self._outcome(attempt_id, {"outcome": "failed_retryable", "fence": fence, "reason": reason})
+
+    def mark_unknown(self, attempt_id: int, *, fence: int, reason: str) -> Attempt:
+        return self._outcome(attempt_id, {"outcome": "unknown", "fence": fence, "reason": reason})
+
+    # --- reads -------------------------------------------------------------------------
+
+    def get(self, attempt_id: int) -> Attempt:
+        """One attempt with its events."""
+        _, data = self._request("GET", f"/attempts/{attempt_id}", retry_if_sent=True)
+        return Attempt.from_json(data)
+
+    def _list(self, params: dict[str, Any], limit: int | None) -> list[Attempt]:
+        found: list[Attempt] = []
+        before: int | None = None
+        while limit is None or len(found) < limit:
+            _, page = self._request(
+                "GET", "/attempts", params={**params, "limit": 200, "before": before}, retry_if_sent=True
+            )
+            found.extend(Attempt.from_json(item) for item in page["items"])
+            before = page.get("next_before")
+            if before is None:
+                break
+        return found[:limit] if limit is not None else found
+
+    def find(self, idempotency_key: str) -> list[Attempt]:
+        """The key's attempts, newest first (the first recorded and its linked attempts)."""
+        return self._list({"idempotency_key": idempotency_key}, None)
+
+    def needs_attention(self, *, limit: int | None = 1000) -> list[Attempt]:
+        """The tenant's UNKNOWN and MANUAL_REVIEW attempts, newest first."""
+        return self._list({"needs_attention": "true"}, limit)
+
+    def task(self, *, task_id: str, agent: str | None = None) -> Any:
+        """``with client.task(task_id=...)``: the task that tool calls inside belong to."""
+        return task(task_id=task_id, client=self, agent=agent)
+
+
+# --- the one-line wrapper -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    client: LedgerClient
+    task_id: str
+
+
+_current_task: ContextVar[TaskContext | None] = ContextVar("ledgerdash_client_task", default=None)
+
+
+@contextmanager
+def task(*, task_id: str, client: LedgerClient | None = None, agent: str | None = None) -> Iterator[TaskContext]:
+    """The task (and ledger) that tool calls inside this block belong to.
+
+    Without ``client``, one is configured from the environment
+    (``LEDGERDASH_URL``, ``LEDGERDASH_TOKEN``).
+    """
+    if not isinstance(task_id, str) or not task_id.strip():
+        raise ValueError("task_id must be a non-empty string")
+    chosen = client or LedgerClient()
+    if agent:
+        chosen = chosen.with_agent(agent)
+    context = TaskContext(client=chosen, task_id=task_id)
+    token = _current_task.set(context)
+    try:
+        yield context
+    finally:
+        _current_task.reset(token)
+
+
+class ToolCall:
+    """What a wrapped tool receives as its first argument."""
+
+    def __init__(self, client: LedgerClient, attempt: Attempt) -> None:
+        self.client = client
+        self.attempt = attempt
+        self.fence = attempt.fence
+        self.request_id = attempt.provider_request_id
+        #: set this to where the result can be checked, if the provider gives no request id
+        self.result_ref = ""
+
+    @property
+    def key(self) -> str:
+        """The idempotency key to send to the provider."""
+        return self.attempt.provider_key
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return self.attempt.args or {}
+
+    def record_request_id(self, request_id: str) -> None:
+        """Persist the provider's request id now, before anything else can go wrong."""
+        if request_id and request_id != self.request_id:
+            self.attempt = self.client.record_request_id(self.attempt.id, request_id, fence=self.fence)
+            self.request_id = request_id
+
+
+def tool[T](
+    name: str,
+    *,
+    key: str | Callable[[dict[str, Any]], str],
+    scope: str | Iterable[str] | None = None,
+) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Wrap a tool so every call goes through the ledger over HTTP.
+
+    The same contract as :func:`ledgerdash.ledger.recording.tool`: ``key``
+    names the logical side effect (a format string over the call's arguments
+    or a function of them); the tool receives a :class:`ToolCall` first.
+    Raise :class:`NothingHappened` when the provider guarantees it did not
+    act, :class:`PermanentFailure` for a definitive refusal; any other
+    exception leaves the outcome UNKNOWN for the reconciler. A confirmed
+    key returns its stored result without calling the tool; one whose
+    outcome is unknown, under review or in flight raises instead.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("a tool needs a name")
+
+    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> T:
+            context = _current_task.get()
+            if context is None:
+                raise NoTask(NoTask.MESSAGE)
+            bound = signature.bind(None, *args, **kwargs)
+            bound.apply_defaults()
+            call_args = dict(list(bound.arguments.items())[1:])
+            idempotency_key = key(call_args) if callable(key) else key.format(**call_args)
+            client = context.client
+            attempt = client.record_intent(
+                task_id=context.task_id,
+                tool_name=name,
+                idempotency_key=idempotency_key,
+                args=call_args,
+                credential_scope=scope,
+            ).attempt
+            if attempt.state == CONFIRMED:
+                log.info("replaying confirmed attempt %s for key %s", attempt.id, idempotency_key)
+                return attempt.result
+            crashpoints.reached(crashpoints.AFTER_INTENT)
+            try:
+                attempt = client.dispatch(attempt.id, fence=attempt.fence)
+            except ClaimLost as exc:
+                raise AttemptInFlight(str(exc), status=exc.status, body=exc.body) from None
+            return _run(fn, ToolCall(client, attempt), bound)
+
+        wrapper.ledger_tool = name  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+def _report(what: str, call: ToolCall, report: Callable[[], Attempt]) -> None:
+    # The tool's own exception matters more; an unreported outcome is found by
+    # the reconciler when the dispatch lease runs out.
+    try:
+        report()
+    except LedgerClientError:
+        log.exception("could not report attempt %s as %s; the reconciler will settle it", call.attempt.id, what)
+
+
+def _run[R](fn: Callable[..., R], call: ToolCall, bound: inspect.BoundArguments) -> R:
+    client, attempt_id, fence = call.client, call.attempt.id, call.fence
+    bound.arguments[next(iter(bound.arguments))] = call
+    try:
+        value = fn(*bound.args, **bound.kwargs)
+    except NothingHappened as exc:
+        reason = str(exc) or "provider rejected the request before acting"
+        _report("failed, retryable", call, lambda: client.fail_retryable(attempt_id, fence=fence, reason=reason))
+        raise
+    except PermanentFailure as exc:
+        reason = str(exc) or "provider refused the request"
+        _report("failed", call, lambda: client.fail(attempt_id, fence=fence, reason=reason))
+        raise
+    except BaseException as exc:
+        reason = f"tool raised {type(exc).__name__}: {exc}"[:1000]
+        _report("unknown", call, lambda: client.mark_unknown(attempt_id, fence=fence, reason=reason))
+        raise
+    crashpoints.reached(crashpoints.AFTER_RESPONSE)
+    if not (call.request_id or call.result_ref):
+        client.mark_unknown(
+            attempt_id,
+            fence=fence,
+            reason="the tool returned without a receipt (no provider request id or result reference); "
+            "the reconciler will verify it at the provider",
+        )
+        return value
+    try:
+        json.dumps(value, allow_nan=False)
+        stored: Any = value
+    except (TypeError, ValueError) as exc:
+        log.warning("attempt %s: result not stored for replay: %s", attempt_id, exc)
+        stored = None
+    client.confirm(
+        attempt_id, fence=fence, provider_request_id=call.request_id, result_ref=call.result_ref, result=stored
+    )
+    return value

@@ -1,0 +1,166 @@
+"""The ingest API's request and response shapes; the OpenAPI document is generated from them.
+
+Requests are strict: unknown fields are refused (``extra="forbid"``) and
+nothing is coerced (``"5"`` is not a fence, ``true`` is not a number), so a
+typo in an agent's request is an error, not a silently dropped field.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ledgerdash.ledger.models import State
+from ledgerdash.ledger.recording import MAX_KEY, MAX_NAME
+from ledgerdash.ledger.transitions import MAX_REASON
+
+#: Largest value a fence or an id can take (a signed 64-bit column).
+MAX_BIGINT = 2**63 - 1
+MAX_REQUEST_ID = 255
+MAX_RESULT_REF = 1000
+
+Fence = Annotated[
+    int,
+    Field(ge=0, le=MAX_BIGINT, description="The fence the dispatch claim returned: proof you hold the attempt."),
+]
+Reason = Annotated[str, Field(min_length=1, max_length=MAX_REASON, description="What happened, for the operators.")]
+
+
+class StrictIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class IntentIn(StrictIn):
+    task_id: str = Field(min_length=1, max_length=MAX_NAME, description="The agent's task this call belongs to.")
+    tool_name: str = Field(min_length=1, max_length=MAX_NAME, description="Must be allowed by the tenant's policy.")
+    idempotency_key: str = Field(
+        min_length=1,
+        max_length=MAX_KEY,
+        description="Names the logical side effect; stable across restarts, never random.",
+    )
+    args: dict[str, Any] = Field(
+        description="The tool's arguments, a JSON object. Hashed as RFC 8785 canonical JSON; "
+        "limited in size and depth (LEDGER_MAX_ARGS_BYTES, LEDGER_MAX_ARGS_DEPTH)."
+    )
+    credential_scope: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None,
+        max_length=100,
+        description="Scopes this call will use; must be allowed for the tool. Omitted: all the policy allows.",
+    )
+
+
+class DispatchIn(StrictIn):
+    fence: Fence | None = Field(
+        None, description="The fence you read; the claim loses (409 claim_lost) if the attempt moved since."
+    )
+
+
+class RequestIdIn(StrictIn):
+    fence: Fence
+    provider_request_id: str = Field(min_length=1, max_length=MAX_REQUEST_ID)
+
+
+class ConfirmedIn(StrictIn):
+    outcome: Literal["confirmed"]
+    fence: Fence
+    provider_request_id: str = Field(
+        "", max_length=MAX_REQUEST_ID, description="The provider's id for the request; this or result_ref is required."
+    )
+    result_ref: str = Field("", max_length=MAX_RESULT_REF, description="Where the result can be checked.")
+    result: Any = Field(None, description="The tool's return value (JSON), replayed to a re-run of the same key.")
+
+
+class FailedIn(StrictIn):
+    outcome: Literal["failed"]
+    fence: Fence
+    reason: Reason
+
+
+class FailedRetryableIn(StrictIn):
+    outcome: Literal["failed_retryable"]
+    fence: Fence
+    reason: Reason
+
+
+class UnknownIn(StrictIn):
+    outcome: Literal["unknown"]
+    fence: Fence
+    reason: Reason
+
+
+OutcomeIn = Annotated[
+    ConfirmedIn | FailedIn | FailedRetryableIn | UnknownIn,
+    Field(discriminator="outcome"),
+]
+
+
+# --- responses -------------------------------------------------------------------
+
+
+class EventOut(BaseModel):
+    seq: int
+    kind: str
+    actor_kind: str
+    actor_label: str
+    from_state: str
+    to_state: str
+    fence: int | None
+    reason: str
+    details: dict[str, Any]
+    created_at: datetime
+    hash: str
+
+
+class AttemptSummaryOut(BaseModel):
+    id: int
+    task_id: str
+    tool_name: str
+    idempotency_key: str
+    provider_key: str = Field(description="The key to send to the provider.")
+    args_hash: str
+    state: State
+    fence: int
+    dispatch_fence: int | None
+    dispatch_count: int
+    policy_version: int
+    credential_scope: list[str]
+    parent_id: int | None
+    provider_request_id: str
+    result_ref: str
+    last_note: str
+    next_check_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class AttemptOut(AttemptSummaryOut):
+    args: dict[str, Any]
+    result: Any = None
+
+
+class AttemptDetailOut(AttemptOut):
+    events: list[EventOut]
+
+
+class AttemptListOut(BaseModel):
+    items: list[AttemptSummaryOut]
+    next_before: int | None = Field(description="Pass as `before` for the next page; null on the last page.")
+
+
+class FieldErrorOut(BaseModel):
+    field: str
+    message: str
+    type: str
+
+
+class ErrorOut(BaseModel):
+    """Every error answer. ``code`` is stable and meant for machines."""
+
+    code: str
+    message: str
+    attempt_id: int | None = Field(None, description="The attempt the error is about (the linked one on a conflict).")
+    original_id: int | None = Field(None, description="On idempotency_key_reused: the attempt first recorded.")
+    state: str | None = None
+    errors: list[FieldErrorOut] | None = None

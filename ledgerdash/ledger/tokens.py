@@ -1,0 +1,141 @@
+"""API tokens: issue one (the secret is shown once), revoke it, authenticate with it.
+
+A token reads ``ldk_<prefix>_<secret>``: the prefix (12 hex characters) is
+public and finds the row; the secret (43 URL-safe characters, 256 random
+bits) never leaves the caller. The ledger keeps sha256 of the whole token
+and compares it in constant time. Issuing and revoking are recorded in the
+tenant's event chain, so an audit shows who could write to the ledger when.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from ledgerdash.ledger.errors import InvalidField, InvalidToken, TokenExpired, TokenRevoked
+from ledgerdash.ledger.models import ApiToken, Tenant, TokenScope
+from ledgerdash.ledger.transitions import Actor, event_record
+
+TOKEN_PREFIX = "ldk_"  # noqa: S105 - the public marker every token starts with
+PREFIX_HEX = 12
+#: Longest token :func:`token_authenticate` will look at; anything longer is not ours.
+MAX_TOKEN_LENGTH = 100
+#: ``last_used_at`` is written at most this often per token.
+TOUCH_EVERY = timedelta(seconds=60)
+DEFAULT_LIFETIME = timedelta(days=90)
+
+
+def _digest(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _scopes(scopes: Iterable[str]) -> str:
+    chosen = sorted(set(scopes))
+    if not chosen:
+        raise InvalidField(InvalidField.EMPTY.format(field="scopes"))
+    unknown = [s for s in chosen if s not in TokenScope.values]
+    if unknown:
+        raise InvalidField(f"unknown token scope {', '.join(unknown)}; known: {', '.join(TokenScope.values)}")
+    return " ".join(chosen)
+
+
+def token_create(
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes: Iterable[str],
+    actor: Actor,
+    expires_at: datetime | None = None,
+) -> tuple[ApiToken, str]:
+    """Issue a token; returns the row and the token itself, which is not stored
+    anywhere and cannot be shown again."""
+    name = name.strip()
+    if not name:
+        raise InvalidField(InvalidField.EMPTY.format(field="name"))
+    scope_text = _scopes(scopes)
+    prefix = secrets.token_hex(PREFIX_HEX // 2)
+    raw = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            tenant=tenant,
+            name=name[:100],
+            prefix=prefix,
+            secret_hash=_digest(raw),
+            scopes=scope_text,
+            created_by_id=actor.user_id,
+            expires_at=expires_at,
+        )
+        event_record(
+            tenant=tenant,
+            kind="api_token",
+            actor=actor,
+            reason=f"API token {prefix} ({token.name}) issued with scopes {scope_text}",
+            details={
+                "prefix": prefix,
+                "name": token.name,
+                "scopes": scope_text,
+                "expires_at": expires_at.isoformat() if expires_at else None,
+            },
+        )
+    return token, raw
+
+
+def token_revoke(*, token: ApiToken, actor: Actor) -> ApiToken:
+    """Revoke ``token`` now; revoking a revoked token changes nothing."""
+    now = timezone.now()
+    with transaction.atomic():
+        changed = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+            revoked_at=now, revoked_by_id=actor.user_id
+        )
+        if not changed:
+            token.refresh_from_db()
+            return token
+        token.revoked_at, token.revoked_by_id = now, actor.user_id
+        event_record(
+            tenant=token.tenant_id,
+            kind="api_token",
+            actor=actor,
+            reason=f"API token {token.prefix} ({token.name}) revoked",
+            details={"prefix": token.prefix, "name": token.name, "revoked": True},
+        )
+    return token
+
+
+def token_authenticate(raw: str, *, now: datetime | None = None) -> ApiToken:
+    """The live token ``raw`` names, or a :class:`TokenError` saying why not.
+
+    Revoked and expired are told apart only after the secret matched: saying
+    so tells nothing to someone who does not already hold the token.
+    """
+    if len(raw) > MAX_TOKEN_LENGTH or not raw.startswith(TOKEN_PREFIX):
+        raise InvalidToken(InvalidToken.MESSAGE)
+    prefix, sep, secret = raw[len(TOKEN_PREFIX) :].partition("_")
+    if not sep or not secret or len(prefix) != PREFIX_HEX or not all(c in "0123456789abcdef" for c in prefix):
+        raise InvalidToken(InvalidToken.MESSAGE)
+    token = ApiToken.objects.select_related("tenant").filter(prefix=prefix).first()
+    if token is None or not hmac.compare_digest(token.secret_hash, _digest(raw)):
+        raise InvalidToken(InvalidToken.MESSAGE)
+    now = now or timezone.now()
+    if token.revoked_at is not None:
+        raise TokenRevoked(TokenRevoked.MESSAGE.format(prefix=prefix, at=token.revoked_at.isoformat()))
+    if token.expires_at is not None and token.expires_at <= now:
+        raise TokenExpired(TokenExpired.MESSAGE.format(prefix=prefix, at=token.expires_at.isoformat()))
+    return token
+
+
+def token_touch(token: ApiToken, *, now: datetime | None = None) -> None:
+    """Note that the token was used; one write a minute at most."""
+    now = now or timezone.now()
+    if token.last_used_at is not None and token.last_used_at > now - TOUCH_EVERY:
+        return
+    ApiToken.objects.filter(pk=token.pk).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - TOUCH_EVERY)
+    ).update(last_used_at=now)
+    token.last_used_at = now
