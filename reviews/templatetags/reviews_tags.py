@@ -55,3 +55,11 @@ def pretty_json(value: Any) -> str:
     from reviews.diffs import as_json
 
     return as_json(value)
+
+
+@register.filter
+def count_label(value: int | None) -> str:
+    """A queue count for people: "999+" past the cap."""
+    if value is None:
+        return "0"
+    return f"{queries.COUNT_CAP}+" if value > queries.COUNT_CAP else str(value)

@@ -2,8 +2,11 @@
 
 Every list page is a keyset range scan within one tenant, ordered by
 (created_at, id): by state (the existing ledger_attempt_queue), by owner
-and state ("mine", "unassigned"), or over all states (search). Search by
-task id, provider request id and args-hash prefix gets an index each.
+with or without a state ("mine"), unassigned stuck work, or over all
+states (search). The owner indexes hold only owned rows (work that was
+ever stuck), so they stay a small part of a large ledger.
+Search by task id, provider request id and args-hash prefix gets an index
+each.
 
 On PostgreSQL the indexes are built CONCURRENTLY, so agents keep writing to
 a large ledger while this runs (hence a non-atomic migration). SQLite builds
@@ -45,7 +48,25 @@ class Migration(migrations.Migration):
         AddIndexConcurrentlyOnPostgres(
             model_name="attempt",
             index=models.Index(
-                fields=["tenant", "owner", "state", "-created_at", "-id"], name="ledger_attempt_owner_queue"
+                condition=models.Q(owner__isnull=False),
+                fields=["tenant", "owner", "state", "-created_at", "-id"],
+                name="ledger_attempt_owner_queue",
+            ),
+        ),
+        AddIndexConcurrentlyOnPostgres(
+            model_name="attempt",
+            index=models.Index(
+                condition=models.Q(owner__isnull=False),
+                fields=["tenant", "owner", "-created_at", "-id"],
+                name="ledger_attempt_owner_recent",
+            ),
+        ),
+        AddIndexConcurrentlyOnPostgres(
+            model_name="attempt",
+            index=models.Index(
+                condition=models.Q(owner__isnull=True, state__in=["UNKNOWN", "MANUAL_REVIEW"]),
+                fields=["tenant", "state", "-created_at", "-id"],
+                name="ledger_attempt_unassigned",
             ),
         ),
         AddIndexConcurrentlyOnPostgres(
