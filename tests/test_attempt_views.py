@@ -441,3 +441,47 @@ def test_a_retry_request_names_the_new_linked_attempt(tenant_a: Tenant, operator
     retry = Attempt.objects.get(parent=original)
     assert f"Linked retry #{retry.pk} recorded" in response.content.decode()
     assert retry.requested_by_id == operator_a.pk
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_twenty_approvers_deciding_at_once_through_the_page_make_one_approval(
+    tenant_a: Tenant, operator_a: Any, make_user: Any
+) -> None:
+    import threading
+
+    from django.db import connection
+
+    from tests.conftest import member
+
+    retry = linked_retry(tenant_a, operator_a)
+    clients = [as_user(member(make_user, f"approver-{n}", tenant_a, "approver")) for n in range(20)]
+    barrier = threading.Barrier(len(clients))
+    pages: list[str] = []
+
+    def decide(client: Client) -> None:
+        try:
+            barrier.wait()
+            response = client.post(url("approve", retry), {"comment": "ok", "fence": retry.fence}, follow=True)
+            pages.append(response.content.decode())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide, args=(client,)) for client in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(pages) == 20
+    assert sum(f"Retry #{retry.pk} approved" in page for page in pages) == 1
+    assert sum("changed since you loaded it" in page for page in pages) == 19
+    assert AttemptEvent.objects.filter(attempt=retry, to_state=S.INTENT_RECORDED).count() == 1
+    assert AttemptEvent.objects.filter(attempt_id=retry.parent_id, to_state=S.RECONCILED).count() == 1
+
+
+def test_refusals_explain_themselves_on_a_page_of_the_dashboard(tenant_a: Tenant, viewer_a: Any) -> None:
+    attempt = attempt_in(S.UNKNOWN, tenant_a)
+    forbidden = as_user(viewer_a).post(url("claim", attempt), {"owner_seen": attempt.owner_id})
+    assert "this needs the operator role in tenant acme" in forbidden.content.decode()
+    missing = as_user(viewer_a).get("/attempts/987654/")
+    assert "nothing you can see" in missing.content.decode()
