@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from ledgerdash.ledger.models import Attempt, AttemptEvent, Policy, State, Tenant
 from reviews.models import ROLE_RANK, Membership, Role
@@ -190,8 +191,6 @@ def list_page(user: Any, query: ListQuery, *, now: datetime | None = None) -> Pa
     merged. (One query over several tenants would have to sort all their
     matching rows before it could return the first page.)
     """
-    from django.utils import timezone
-
     now = now or timezone.now()
     allowed = set(tenant_ids_for(user))
     tenant_ids = tuple(t for t in query.tenant_ids if t in allowed)

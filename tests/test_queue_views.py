@@ -147,6 +147,14 @@ def test_a_bad_query_string_is_reported_and_ignored(stuck: dict[str, Attempt], o
     assert "a-unknown" in page  # the rest of the list still shows
 
 
+@pytest.mark.parametrize("cursor", ["1-9999999999999999999", "9999999999999999-1", "0-0"])
+def test_extreme_cursors_and_ids_are_harmless(stuck: dict[str, Attempt], operator_a: Any, cursor: str) -> None:
+    client = as_user(operator_a)
+    assert client.get(UNKNOWN_QUEUE, {"after": cursor}).status_code == 200
+    assert client.get(UNKNOWN_QUEUE, {"before": cursor}).status_code == 200
+    assert client.get(SEARCH, {"q": "#999999999999999999"}).status_code == 200
+
+
 def test_listing_writes_nothing(stuck: dict[str, Attempt], operator_a: Any) -> None:
     before = ledger_snapshot()
     client = as_user(operator_a)
