@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import heapq
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
-from ledgerdash.ledger.models import Attempt, State, Tenant
+from ledgerdash.ledger.models import Attempt, AttemptEvent, Policy, State, Tenant
+from reviews.models import ROLE_RANK, Membership, Role
+
+#: The queues people work, by the slug in their URL.
+QUEUES: dict[str, State] = {"unknown": State.UNKNOWN, "review": State.MANUAL_REVIEW}
+
+PAGE_SIZE = 50
 
 
 def tenants_for(user: Any) -> QuerySet[Tenant]:
@@ -15,18 +27,219 @@ def tenants_for(user: Any) -> QuerySet[Tenant]:
     return Tenant.objects.filter(memberships__user=user)
 
 
+def tenant_ids_for(user: Any, role: Role | str = Role.VIEWER) -> list[int]:
+    """The tenants in which ``user`` holds at least ``role``."""
+    if not user.is_authenticated or not user.is_active:
+        return []
+    ranked = [r for r in Role if ROLE_RANK[r] >= ROLE_RANK[Role(role)]]
+    return list(
+        Membership.objects.filter(user=user, role__in=ranked).order_by("tenant_id").values_list("tenant_id", flat=True)
+    )
+
+
 def attempts_for(user: Any) -> QuerySet[Attempt]:
     return Attempt.objects.filter(tenant__in=tenants_for(user)).select_related("tenant", "owner")
 
 
+#: Queue counts stop here: "999+" says enough, and counting a queue of tens
+#: of thousands on every refresh of every operator's page would not be cheap.
+COUNT_CAP = 999
+
+
 def queue_counts(user: Any) -> dict[str, int]:
-    rows = (
-        attempts_for(user)
-        .filter(state__in=[State.UNKNOWN, State.MANUAL_REVIEW])
-        .values("state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    counts = {State.UNKNOWN.value: 0, State.MANUAL_REVIEW.value: 0}
-    counts.update({row["state"]: row["n"] for row in rows})
+    """How much is waiting in each queue, up to ``COUNT_CAP + 1`` (shown as "999+")."""
+    tenant_ids = tenant_ids_for(user)
+    counts = {}
+    for state in (State.UNKNOWN, State.MANUAL_REVIEW):
+        # The tenant ids as constants and a LIMIT: at most COUNT_CAP + 1
+        # entries of the (tenant, state, ...) index are read.
+        waiting = Attempt.objects.filter(tenant_id__in=tenant_ids, state=state).order_by().values("id")[: COUNT_CAP + 1]
+        counts[state.value] = waiting.count()
     return counts
+
+
+def members_who_can(tenant_ids: Iterable[int], role: Role | str = Role.OPERATOR) -> list[Membership]:
+    """Active members of these tenants holding at least ``role``: who work can be assigned to."""
+    ranked = [r for r in Role if ROLE_RANK[r] >= ROLE_RANK[Role(role)]]
+    return list(
+        Membership.objects.filter(tenant_id__in=list(tenant_ids), role__in=ranked, user__is_active=True)
+        .select_related("user", "tenant")
+        .order_by("user__username", "tenant__slug")
+    )
+
+
+def known_tools(tenant_ids: Iterable[int]) -> list[str]:
+    """Tool names any policy version of these tenants ever allowed (filter suggestions)."""
+    names: set[str] = set()
+    for tools in Policy.objects.filter(tenant_id__in=list(tenant_ids)).values_list("tools", flat=True):
+        names.update(tools)
+    return sorted(names)
+
+
+# --- lists: filters and keyset pages ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A position in a list: the (created_at, id) of a row, as put in a URL."""
+
+    created_at: datetime
+    id: int
+
+    _FORMAT = re.compile(r"^(\d{1,19})-(\d{1,19})$")
+    _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+    def __str__(self) -> str:
+        micros = (self.created_at - self._EPOCH) // timedelta(microseconds=1)
+        return f"{micros}-{self.id}"
+
+    @classmethod
+    def parse(cls, text: str) -> Cursor | None:
+        match = cls._FORMAT.match(text)
+        if match is None:
+            return None
+        try:
+            created_at = cls._EPOCH + timedelta(microseconds=int(match.group(1)))
+        except OverflowError:
+            return None
+        return cls(created_at, int(match.group(2)))
+
+    @classmethod
+    def of(cls, attempt: Attempt) -> Cursor:
+        return cls(attempt.created_at, attempt.pk)
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """What a list shows, already validated (see reviews.forms.ListForm)."""
+
+    tenant_ids: tuple[int, ...]
+    state: str = ""
+    tool: str = ""
+    owner: str = "anyone"  # "me", "unassigned" or "anyone"
+    older_than: timedelta | None = None
+    newer_than: timedelta | None = None
+    search: str = ""
+    oldest_first: bool = True
+    after: Cursor | None = None
+    before: Cursor | None = None
+    page_size: int = PAGE_SIZE
+
+
+@dataclass
+class Page:
+    rows: list[Attempt]
+    #: Cursors for the neighbouring pages in display order, None at either end.
+    next_cursor: Cursor | None = None
+    prev_cursor: Cursor | None = None
+    tenant_ids: tuple[int, ...] = field(default_factory=tuple)
+
+
+_ID_SEARCH = re.compile(r"^#?(\d{1,18})$")
+_HASH_PREFIX = re.compile(r"^[0-9a-f]{8,64}$")
+
+
+def _search_filter(text: str) -> Q:
+    """Exact matches on what an operator has in hand: an attempt number, an
+    idempotency key, a task id, a provider request id, or an args hash (a
+    prefix of at least 8 hex digits)."""
+    q = Q(idempotency_key=text) | Q(task_id=text) | Q(provider_request_id=text)
+    if match := _ID_SEARCH.match(text):
+        q |= Q(pk=int(match.group(1)))
+    if _HASH_PREFIX.match(text):
+        q |= Q(args_hash__startswith=text)
+    return q
+
+
+def _filtered(query: ListQuery, user: Any, now: datetime) -> QuerySet[Attempt]:
+    qs = Attempt.objects.all()
+    if query.state:
+        qs = qs.filter(state=query.state)
+    if query.tool:
+        qs = qs.filter(tool_name=query.tool)
+    if query.owner == "me":
+        qs = qs.filter(owner=user)
+    elif query.owner == "unassigned":
+        qs = qs.filter(owner__isnull=True)
+    if query.older_than is not None:
+        qs = qs.filter(created_at__lte=now - query.older_than)
+    if query.newer_than is not None:
+        qs = qs.filter(created_at__gt=now - query.newer_than)
+    if query.search:
+        qs = qs.filter(_search_filter(query.search))
+    return qs
+
+
+def _beyond(qs: QuerySet[Attempt], cursor: Cursor, *, ascending: bool) -> QuerySet[Attempt]:
+    # Rows strictly past the cursor in (created_at, id) order. The first
+    # condition bounds the index range scan; the second only drops the
+    # cursor's own timestamp's rows up to its id.
+    if ascending:
+        return qs.filter(created_at__gte=cursor.created_at).filter(
+            Q(created_at__gt=cursor.created_at) | Q(id__gt=cursor.id)
+        )
+    return qs.filter(created_at__lte=cursor.created_at).filter(
+        Q(created_at__lt=cursor.created_at) | Q(id__lt=cursor.id)
+    )
+
+
+def list_page(user: Any, query: ListQuery, *, now: datetime | None = None) -> Page:
+    """One page of attempts, by keyset on (created_at, id).
+
+    Each of the user's tenants is read on its own, so every read is a range
+    scan of one tenant's index that stops after a page; the pages are then
+    merged. (One query over several tenants would have to sort all their
+    matching rows before it could return the first page.)
+    """
+    now = now or timezone.now()
+    allowed = set(tenant_ids_for(user))
+    tenant_ids = tuple(t for t in query.tenant_ids if t in allowed)
+    if not tenant_ids:
+        return Page(rows=[])
+    base = _filtered(query, user, now)
+    # Walking backwards (to the previous page) reads in reverse display order.
+    backwards = query.before is not None and query.after is None
+    ascending = query.oldest_first != backwards
+    order = ["created_at", "id"] if ascending else ["-created_at", "-id"]
+    cursor = query.before if backwards else query.after
+    if cursor is not None:
+        base = _beyond(base, cursor, ascending=ascending)
+    limit = query.page_size + 1
+    keys: list[list[tuple[datetime, int]]] = [
+        list(base.filter(tenant_id=tenant_id).order_by(*order).values_list("created_at", "id")[:limit])
+        for tenant_id in tenant_ids
+    ]
+    merged = list(heapq.merge(*keys, reverse=not ascending))[:limit]
+    more = len(merged) > query.page_size
+    merged = merged[: query.page_size]
+    by_id = Attempt.objects.select_related("tenant", "owner").in_bulk([pk for _, pk in merged])
+    rows = [by_id[pk] for _, pk in merged if pk in by_id]
+    if backwards:
+        rows.reverse()
+    page = Page(rows=rows, tenant_ids=tenant_ids)
+    if rows:
+        first, last = Cursor.of(rows[0]), Cursor.of(rows[-1])
+        if backwards:
+            page.next_cursor = last
+            page.prev_cursor = first if more else None
+        else:
+            page.next_cursor = last if more else None
+            page.prev_cursor = first if cursor is not None else None
+    return page
+
+
+# --- one attempt ------------------------------------------------------------------
+
+
+def chain_of(attempt: Attempt) -> list[Attempt]:
+    """Every attempt at the same side effect (the root and its linked
+    retries share the tenant and the key), oldest first."""
+    return list(
+        Attempt.objects.filter(tenant_id=attempt.tenant_id, idempotency_key=attempt.idempotency_key)
+        .select_related("owner", "requested_by", "approved_by")
+        .order_by("created_at", "id")
+    )
+
+
+def events_of(attempt: Attempt) -> QuerySet[AttemptEvent]:
+    return AttemptEvent.objects.filter(attempt=attempt).select_related("actor_user").order_by("seq")

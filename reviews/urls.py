@@ -8,4 +8,20 @@ app_name = "reviews"
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("queues/<slug:queue>/", views.attempt_list, name="queue"),
+    path("attempts/", views.attempt_list, name="search"),
+    path("attempts/assign/", views.bulk_assign, name="bulk_assign"),
+    path("attempts/<int:pk>/", views.attempt_detail, name="attempt"),
+    path("attempts/<int:pk>/claim/", views.attempt_claim, name="claim"),
+    path("attempts/<int:pk>/assign/", views.attempt_assign, name="assign"),
+    path("attempts/<int:pk>/unassign/", views.attempt_unassign, name="unassign"),
+    path("attempts/<int:pk>/comment/", views.attempt_comment, name="comment"),
+    path("attempts/<int:pk>/recheck/", views.attempt_recheck, name="recheck"),
+    path("attempts/<int:pk>/verify/", views.attempt_verify, name="verify"),
+    path("attempts/<int:pk>/fail/", views.attempt_mark_failed, name="mark_failed"),
+    path("attempts/<int:pk>/retry/", views.retry_request, name="retry_request"),
+    path("attempts/<int:pk>/approve/", views.retry_approve, name="approve"),
+    path("attempts/<int:pk>/reject/", views.retry_reject, name="reject"),
+    # Crash-drill reports (issue 5, item 7) get their pages here once the
+    # drill stores reports; nothing is built for them yet.
 ]

@@ -1,13 +1,544 @@
+"""The operator dashboard: queues, one attempt, and people's decisions.
+
+Views parse (a Form), authorize (membership and role per tenant), call one
+ledger function, and render. Another tenant's attempt is a 404, a role too
+small for the action a 403. Under htmx a view renders only the region that
+changed (``page.html#region``); without JavaScript every action is a plain
+form post that redirects back.
+"""
+
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from reviews import queries
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.forms import Form
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils.cache import patch_vary_headers
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
+from django_htmx.middleware import HtmxDetails
+
+from ledgerdash.ledger import transitions
+from ledgerdash.ledger.authority import standing_of
+from ledgerdash.ledger.errors import ApprovalRefused, LedgerError
+from ledgerdash.ledger.models import OWNED_STATES, Attempt, State, Tenant
+from ledgerdash.ledger.transitions import Actor, original_standing
+from reviews import diffs, queries
+from reviews.forms import (
+    ApproveForm,
+    AssignForm,
+    BulkAssignForm,
+    ClaimForm,
+    CommentForm,
+    ListForm,
+    MarkFailedForm,
+    RecheckForm,
+    RejectForm,
+    RetryRequestForm,
+    UnassignForm,
+    VerifyForm,
+)
+from reviews.models import Role
+from reviews.permissions import can, may_act_as
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+class ActionRefused(Exception):
+    """The dashboard will not offer this action on this attempt (the ledger
+    itself would allow it)."""
+
+
+def _partial(request: HtmxHttpRequest) -> bool:
+    # A history restore wants the whole page, not a region.
+    return bool(request.htmx) and not request.htmx.history_restore_request
+
+
+def _render(request: HtmxHttpRequest, template: str, region: str, context: dict[str, Any]) -> HttpResponse:
+    name = f"{template}#{region}" if _partial(request) else template
+    response = render(request, name, context)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+def _tenants_or_403(request: HttpRequest) -> list[Tenant]:
+    tenants = list(queries.tenants_for(request.user).order_by("slug"))
+    if not tenants:
+        raise PermissionDenied("you are not a member of any tenant; ask an admin to add you")
+    return tenants
+
+
+def _attempt_for_user(request: HttpRequest, pk: int) -> Attempt:
+    """The attempt if it belongs to one of the user's tenants, else 404
+    (whether it exists elsewhere is not the user's business)."""
+    return get_object_or_404(queries.attempts_for(request.user), pk=pk)
+
+
+def _require(request: HttpRequest, attempt: Attempt, role: Role) -> None:
+    if not can(request.user, attempt.tenant_id, role):
+        raise PermissionDenied(f"this needs the {role} role in tenant {attempt.tenant.slug}")
+
+
+def _actor(request: HttpRequest) -> Actor:
+    assert request.user.is_authenticated  # every view here is behind login_required
+    return Actor.user(request.user)
+
+
+def _safe_next(request: HttpRequest) -> str:
+    target = request.POST.get("next") or request.GET.get("next") or ""
+    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
+        return target
+    return ""
+
+
+def _see_other(url: str) -> HttpResponseRedirect:
+    response = HttpResponseRedirect(url)
+    response.status_code = 303
+    return response
+
+
+def _form_errors(form: Form) -> str:
+    parts = []
+    for name, errors in form.errors.items():
+        label = form.fields[name].label if name in form.fields else None
+        text = " ".join(str(error) for error in errors)
+        parts.append(f"{label or name}: {text}" if name != "__all__" else text)
+    return "; ".join(parts)
+
+
+# --- pages ---------------------------------------------------------------------------
 
 
 @login_required
-def home(request: HttpRequest) -> HttpResponse:
+@require_safe
+def home(request: HtmxHttpRequest) -> HttpResponse:
+    _tenants_or_403(request)
     counts = queries.queue_counts(request.user)
-    return render(request, "reviews/home.html", {"counts": counts})
+    return _render(request, "reviews/home.html", "counts", {"counts": counts})
+
+
+def _list_title(state: str) -> str:
+    titles: dict[str, str] = {State.UNKNOWN: "UNKNOWN queue", State.MANUAL_REVIEW: "MANUAL_REVIEW queue"}
+    return titles.get(state, "All attempts")
+
+
+@login_required
+@require_safe
+def attempt_list(request: HtmxHttpRequest, queue: str = "") -> HttpResponse:
+    """A queue (one state) or the search over all attempts. All of its state
+    is in the query string; the results region polls itself."""
+    tenants = _tenants_or_403(request)
+    if queue and queue not in queries.QUEUES:
+        raise Http404("no such queue")
+    state = queries.QUEUES[queue] if queue else ""
+    form = ListForm(request.GET, tenants=tenants, queue_state=state)
+    form.is_valid()  # invalid values are reported and left out
+    query = form.list_query()
+    page = queries.list_page(request.user, query)
+    operator_tenants = set(queries.tenant_ids_for(request.user, Role.OPERATOR))
+    owners = _owner_choices(operator_tenants)
+    context = {
+        "form": form,
+        "query": query,
+        "page": page,
+        "list_url": request.get_full_path(),
+        "queue": queue,
+        "state": state,
+        "title": _list_title(state),
+        "operator_tenants": operator_tenants,
+        "bulk_owners": owners,
+        "tools": queries.known_tools(t.pk for t in tenants),
+        "counts": queries.queue_counts(request.user),
+    }
+    return _render(request, "reviews/attempt_list.html", "results", context)
+
+
+@dataclass(frozen=True)
+class Actions:
+    """What the viewing user may do to this attempt now (the views check again)."""
+
+    operate: bool
+    approve: bool
+    claim: bool
+    unassign: bool
+    recheck: bool
+    verify: bool
+    mark_failed: bool
+    request_retry: bool
+    decide_retry: bool
+
+
+def _awaiting_approval(attempt: Attempt) -> bool:
+    """A linked attempt under review that was never sent: only an approver
+    lets it go out (approve) or stops it (reject)."""
+    return attempt.state == State.MANUAL_REVIEW and attempt.parent_id is not None and attempt.dispatch_count == 0
+
+
+def _actions(user: Any, attempt: Attempt, children: list[Attempt]) -> Actions:
+    operate = can(user, attempt.tenant_id, Role.OPERATOR)
+    approve = can(user, attempt.tenant_id, Role.APPROVER)
+    review = attempt.state == State.MANUAL_REVIEW
+    awaiting = _awaiting_approval(attempt)
+    pending_child = any(c.state in (State.MANUAL_REVIEW, State.INTENT_RECORDED, State.DISPATCHED) for c in children)
+    sent = attempt.dispatch_count > 0
+    return Actions(
+        operate=operate,
+        approve=approve,
+        claim=operate and attempt.owner_id != user.pk,
+        unassign=operate and attempt.owner_id is not None and attempt.state not in OWNED_STATES,
+        # Something was sent: the provider can be asked (again) about it.
+        recheck=operate and sent and attempt.state in (State.UNKNOWN, State.MANUAL_REVIEW),
+        verify=operate and sent and review,
+        mark_failed=operate and review and not awaiting,
+        request_retry=operate and review and not awaiting and not pending_child,
+        decide_retry=approve and awaiting,
+    )
+
+
+def _owner_choices(tenant_ids: set[int] | list[int]) -> list[tuple[int, str]]:
+    seen: dict[int, str] = {}
+    for membership in queries.members_who_can(tenant_ids, Role.OPERATOR):
+        seen.setdefault(membership.user_id, membership.user.get_username())
+    return sorted(seen.items(), key=lambda item: item[1])
+
+
+def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
+    chain = queries.chain_of(attempt)
+    parent = next((a for a in chain if a.pk == attempt.parent_id), None)
+    children = [a for a in chain if a.parent_id == attempt.pk]
+    actions = _actions(request.user, attempt, children)
+    approval: dict[str, Any] | None = None
+    if _awaiting_approval(attempt) and parent is not None:
+        # What the approval's re-check would find now. It runs again, under
+        # locks, when the approver decides: this is a preview, not the check.
+        denied = may_act_as(request.user, Role.APPROVER)(attempt.tenant_id)
+        approval = {
+            "original": parent,
+            "risk": original_standing(parent),
+            "safe_because": _why_original_is_settled(parent),
+            "changes": ([denied] if denied else []) + list(standing_of(attempt, original=parent).changes),
+            "self_requested": attempt.requested_by_id == request.user.pk,
+        }
+    fence = {"fence": attempt.fence}
+    owners = _owner_choices([attempt.tenant_id])
+    return {
+        "attempt": attempt,
+        "args_json": diffs.as_json(attempt.args),
+        "chain": chain,
+        "parent": parent,
+        "parent_diff": diffs.diff(parent, attempt) if parent is not None else None,
+        "child_diffs": [diffs.diff(attempt, child) for child in children],
+        "events": list(queries.events_of(attempt)),
+        "actions": actions,
+        "approval": approval,
+        "owner_seen": attempt.owner_id or "",
+        # Several forms share field names on one page: give each its own ids.
+        "assign_form": AssignForm(
+            owners=owners,
+            initial={"owner": attempt.owner_id, "owner_seen": attempt.owner_id or ""},
+            auto_id="assign-%s",
+        ),
+        "comment_form": CommentForm(auto_id="comment-%s"),
+        "recheck_form": RecheckForm(auto_id="recheck-%s"),
+        "verify_form": VerifyForm(initial=fence, auto_id="verify-%s"),
+        "fail_form": MarkFailedForm(initial=fence, auto_id="fail-%s"),
+        "retry_form": RetryRequestForm(auto_id="retry-%s"),
+        "approve_form": ApproveForm(initial=fence, auto_id="approve-%s"),
+        "reject_form": RejectForm(initial=fence, auto_id="reject-%s"),
+    }
+
+
+def _why_original_is_settled(original: Attempt) -> str:
+    """In words, why a retry cannot duplicate ``original`` (when
+    ``original_standing`` finds no risk)."""
+    if original.state == State.INTENT_RECORDED and original.dispatch_count == 0:
+        return "it was never sent"
+    if original.state in (State.FAILED, State.FAILED_RETRYABLE):
+        return "it failed: the provider did not act on it"
+    return "the provider's last lookup found nothing under its key"
+
+
+@login_required
+@require_safe
+def attempt_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    attempt = _attempt_for_user(request, pk)
+    return _render(request, "reviews/attempt_detail.html", "detail", _detail_context(request, attempt))
+
+
+# --- decisions on one attempt -----------------------------------------------------------
+
+
+def _after_action(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Without htmx: back where the person came from (or the attempt). With
+    htmx: the region that changed, fresh from the database: the queue row
+    the action came from, or the attempt's detail."""
+    if not _partial(request):
+        return _see_other(_safe_next(request) or reverse("reviews:attempt", args=[pk]))
+    attempt = _attempt_for_user(request, pk)
+    if (request.htmx.target or "").startswith("row-"):
+        context = {
+            "attempt": attempt,
+            "operator_tenants": set(queries.tenant_ids_for(request.user, Role.OPERATOR)),
+            "list_url": request.htmx.current_url_abs_path or reverse("reviews:search"),
+        }
+        return _render(request, "reviews/attempt_list.html", "row_update", context)
+    return _render(request, "reviews/attempt_detail.html", "detail", _detail_context(request, attempt))
+
+
+def _act(
+    request: HtmxHttpRequest,
+    pk: int,
+    form: Form,
+    role: Role | Callable[[Attempt], Role],
+    do: Callable[[Attempt, dict[str, Any], Actor], str],
+) -> HttpResponse:
+    """Authorize, validate, run one ledger function, say what happened."""
+    attempt = _attempt_for_user(request, pk)
+    _require(request, attempt, role(attempt) if callable(role) else role)
+    if not form.is_valid():
+        messages.error(request, _form_errors(form))
+        return _after_action(request, attempt.pk)
+    try:
+        messages.success(request, do(attempt, form.cleaned_data, _actor(request)))
+    except ApprovalRefused as refusal:
+        messages.error(request, "Approval refused. What changed: " + "; ".join(refusal.changes))
+    except (LedgerError, ActionRefused) as exc:
+        messages.error(request, str(exc))
+    return _after_action(request, attempt.pk)
+
+
+@login_required
+@require_POST
+def attempt_claim(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
+        transitions.attempt_assign(
+            attempt_id=attempt.pk,
+            owner=request.user,  # type: ignore[arg-type]
+            actor=actor,
+            reason="claimed",
+            expected_owner_id=data["owner_seen"],
+        )
+        return f"You own #{attempt.pk} now."
+
+    return _act(request, pk, ClaimForm(request.POST), Role.OPERATOR, do)
+
+
+@login_required
+@require_POST
+def attempt_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    attempt = _attempt_for_user(request, pk)
+    form = AssignForm(request.POST, owners=_owner_choices([attempt.tenant_id]))
+
+    def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
+        owner = get_user_model().objects.get(pk=data["owner"])
+        transitions.attempt_assign(
+            attempt_id=attempt.pk,
+            owner=owner,
+            actor=actor,
+            reason=data["reason"] or f"assigned to {owner.get_username()}",
+            expected_owner_id=data["owner_seen"],
+        )
+        return f"#{attempt.pk} is assigned to {owner.get_username()}."
+
+    return _act(request, pk, form, Role.OPERATOR, do)
+
+
+@login_required
+@require_POST
+def attempt_unassign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
+        transitions.attempt_assign(
+            attempt_id=attempt.pk,
+            owner=None,
+            actor=actor,
+            reason=data["reason"] or "unassigned",
+            expected_owner_id=data["owner_seen"],
+        )
+        return f"#{attempt.pk} has no owner now."
+
+    return _act(request, pk, UnassignForm(request.POST), Role.OPERATOR, do)
+
+
+@login_required
+@require_POST
+def attempt_comment(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
+        transitions.attempt_comment(attempt_id=attempt.pk, actor=actor, text=data["text"])
+        return "Comment recorded."
+
+    return _act(request, pk, CommentForm(request.POST), Role.OPERATOR, do)
+
+
+def _sent_only(attempt: Attempt, what: str) -> None:
+    # A linked attempt nobody sent has nothing at the provider to look up
+    # or verify; re-checking it would hand it to the reconciler unapproved.
+    if attempt.dispatch_count == 0:
+        raise ActionRefused(
+            f"#{attempt.pk} was never sent, so there is nothing to {what}; approve or reject it instead"
+        )
+
+
+@login_required
+@require_POST
+def attempt_recheck(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
+        _sent_only(attempt, "look up")
+        transitions.attempt_recheck(attempt_id=attempt.pk, actor=actor, reason=data["reason"])
+        return f"The reconciler will look #{attempt.pk} up again now."
+
+    return _act(request, pk, RecheckForm(request.POST), Role.OPERATOR, do)
+
+
+@login_required
+@require_POST
+def attempt_verify(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
+        _sent_only(attempt, "verify")
+        transitions.attempt_verify(
+            attempt_id=attempt.pk,
+            actor=actor,
+            evidence=data["evidence"],
+            provider_request_id=data["provider_request_id"],
+            fence_seen=data["fence"],
+        )
+        return f"#{attempt.pk} is confirmed, with your evidence."
+
+    return _act(request, pk, VerifyForm(request.POST), Role.OPERATOR, do)
+
+
+@login_required
+@require_POST
+def attempt_mark_failed(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
+        transitions.attempt_mark_failed(
+            attempt_id=attempt.pk, actor=actor, reason=data["reason"], fence_seen=data["fence"]
+        )
+        return f"#{attempt.pk} is marked failed."
+
+    # Failing a linked attempt that awaits approval is rejecting it: an approver's call.
+    def role(attempt: Attempt) -> Role:
+        return Role.APPROVER if _awaiting_approval(attempt) else Role.OPERATOR
+
+    return _act(request, pk, MarkFailedForm(request.POST), role, do)
+
+
+@login_required
+@require_POST
+def retry_request(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
+        retry = transitions.retry_request(attempt_id=attempt.pk, actor=actor, reason=data["reason"])
+        return f"Linked retry #{retry.pk} recorded; another person must approve it."
+
+    return _act(request, pk, RetryRequestForm(request.POST), Role.OPERATOR, do)
+
+
+@login_required
+@require_POST
+def retry_approve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
+        transitions.retry_approve(
+            attempt_id=attempt.pk,
+            actor=actor,
+            comment=data["comment"],
+            may_act=may_act_as(request.user, Role.APPROVER),
+            safe_because=data["safe_because"],
+            fence_seen=data["fence"],
+        )
+        return f"Retry #{attempt.pk} approved: it may be dispatched now."
+
+    return _act(request, pk, ApproveForm(request.POST), Role.APPROVER, do)
+
+
+@login_required
+@require_POST
+def retry_reject(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
+        transitions.retry_reject(attempt_id=attempt.pk, actor=actor, comment=data["comment"], fence_seen=data["fence"])
+        return f"Retry #{attempt.pk} rejected."
+
+    return _act(request, pk, RejectForm(request.POST), Role.APPROVER, do)
+
+
+# --- bulk assign ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    attempt: Attempt
+    #: Why this attempt will not be touched; empty when it will be assigned.
+    skip: str = ""
+
+
+def _bulk_plan(request: HttpRequest, ids: list[int], owner_id: int) -> list[PlanRow]:
+    attempts = queries.attempts_for(request.user).in_bulk(ids)
+    if len(attempts) != len(ids):
+        raise Http404("no such attempt")
+    operator_tenants = set(queries.tenant_ids_for(request.user, Role.OPERATOR))
+    owner_tenants = {
+        m.tenant_id for m in queries.members_who_can(operator_tenants, Role.OPERATOR) if m.user_id == owner_id
+    }
+    plan = []
+    for pk in ids:
+        attempt = attempts[pk]
+        if attempt.tenant_id not in operator_tenants:
+            raise PermissionDenied(f"assigning #{pk} needs the operator role in tenant {attempt.tenant.slug}")
+        if attempt.tenant_id not in owner_tenants:
+            plan.append(PlanRow(attempt, f"not an operator of {attempt.tenant.slug}"))
+        elif attempt.owner_id == owner_id:
+            plan.append(PlanRow(attempt, "already theirs"))
+        else:
+            plan.append(PlanRow(attempt))
+    return plan
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
+    """GET previews exactly which attempts an assignment will touch (and
+    which it will skip, and why); POST applies that preview, all or nothing,
+    refusing if any owner changed since."""
+    operator_tenants = queries.tenant_ids_for(request.user, Role.OPERATOR)
+    if not operator_tenants:
+        raise PermissionDenied("assigning work needs the operator role")
+    owners = _owner_choices(operator_tenants)
+    form = BulkAssignForm(request.POST if request.method == "POST" else request.GET, owners=owners)
+    context: dict[str, Any] = {"form": form, "plan": [], "done": False, "next": _safe_next(request)}
+    if not form.is_valid():
+        return _render(request, "reviews/bulk_assign.html", "preview", context)
+    data = form.cleaned_data
+    owner = get_user_model().objects.get(pk=data["owner"])
+    context["owner"] = owner
+    plan = _bulk_plan(request, data["ids"], owner.pk)
+    context["plan"] = plan
+    if request.method == "POST":
+        touch = [row.attempt.pk for row in plan if not row.skip]
+        try:
+            transitions.attempts_assign(
+                attempt_ids=touch,
+                owner=owner,
+                actor=_actor(request),
+                expected_owner_ids=data["expect"],
+                reason=data["reason"],
+            )
+        except LedgerError as exc:
+            messages.error(request, str(exc))
+            context["plan"] = _bulk_plan(request, data["ids"], owner.pk)
+        else:
+            messages.success(request, f"Assigned {len(touch)} attempt(s) to {owner.get_username()}.")
+            if not _partial(request):
+                return _see_other(context["next"] or reverse("reviews:search"))
+            context["done"] = True
+            response = _render(request, "reviews/bulk_assign.html", "preview", context)
+            response["HX-Trigger"] = "ledgerdash:refresh"
+            return response
+    return _render(request, "reviews/bulk_assign.html", "preview", context)

@@ -17,5 +17,6 @@ $BIN/mypy ledgerdash reviews
 echo "== pytest on SQLite"
 env -u DATABASE_URL $BIN/pytest -m "not postgres" "$@"
 
-echo "== pytest on PostgreSQL"
+echo "== pytest on PostgreSQL (with the browser tests)"
+./scripts/browser.sh
 DATABASE_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/ledgerdash} $BIN/pytest "$@"

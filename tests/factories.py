@@ -50,3 +50,20 @@ def attempt_in(state: str, tenant: Tenant, *, key: str = "k-1", requester: Any =
     )
     attempt.refresh_from_db()
     return attempt
+
+
+def linked_retry(tenant: Tenant, requester: Any, *, key: str = "k-1", lookup: str = "not_found") -> Attempt:
+    """A linked retry awaiting approval: its original went UNKNOWN, then to
+    review with the provider's last lookup saying ``lookup``; ``requester``
+    asked for the retry."""
+    original = attempt_in(State.UNKNOWN, tenant, key=key)
+    original = transitions.attempt_escalate(
+        attempt=original,
+        actor=RECONCILER,
+        fence=original.fence,
+        reason="not idempotent",
+        lookup={"status": lookup} if lookup else None,
+    )
+    return transitions.retry_request(
+        attempt_id=original.pk, actor=transitions.Actor.user(requester), reason="customer says it never arrived"
+    )

@@ -214,6 +214,31 @@ class Attempt(models.Model):
                 name="ledger_attempt_due",
             ),
             models.Index(fields=["tenant", "state", "-created_at", "-id"], name="ledger_attempt_queue"),
+            # The dashboard's lists page by keyset on (created_at, id) within
+            # one tenant (reviews.queries): these keep every page an index
+            # range scan, however many attempts the tenant has.
+            models.Index(fields=["tenant", "-created_at", "-id"], name="ledger_attempt_recent"),
+            models.Index(
+                fields=["tenant", "owner", "state", "-created_at", "-id"],
+                condition=Q(owner__isnull=False),
+                name="ledger_attempt_owner_queue",
+            ),
+            models.Index(
+                fields=["tenant", "owner", "-created_at", "-id"],
+                condition=Q(owner__isnull=False),
+                name="ledger_attempt_owner_recent",
+            ),
+            # Unassigned stuck work is rare (a tenant with nobody to own it),
+            # so "unassigned" must not scan the queue to find none.
+            models.Index(
+                fields=["tenant", "state", "-created_at", "-id"],
+                condition=Q(owner__isnull=True, state__in=[State.UNKNOWN, State.MANUAL_REVIEW]),
+                name="ledger_attempt_unassigned",
+            ),
+            # Search: exact task id or provider request id, args hash by prefix.
+            models.Index(fields=["tenant", "task_id"], name="ledger_attempt_task"),
+            models.Index(fields=["tenant", "provider_request_id"], name="ledger_attempt_request_id"),
+            models.Index(fields=["args_hash"], opclasses=["varchar_pattern_ops"], name="ledger_attempt_args_hash"),
         ]
 
     def __str__(self) -> str:

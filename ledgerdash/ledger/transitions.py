@@ -15,7 +15,7 @@ and writes nothing. A stale caller (its fence moved on) gets
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -1223,3 +1223,64 @@ def retry_reject(*, attempt_id: int, actor: Actor, comment: str, fence_seen: int
     return attempt_mark_failed(
         attempt_id=attempt_id, actor=actor, reason=comment, fence_seen=fence_seen, kind="retry rejected"
     )
+
+
+# --- bulk ownership ------------------------------------------------------------------
+
+
+def attempts_assign(
+    *,
+    attempt_ids: Sequence[int],
+    owner: AbstractBaseUser,
+    actor: Actor,
+    expected_owner_ids: Mapping[int, int | None],
+    reason: str = "",
+) -> list[Attempt]:
+    """Give several attempts to ``owner`` at once: all of them, or none.
+
+    ``expected_owner_ids`` maps each attempt to the owner the caller showed
+    in its preview; if any of them changed meanwhile, nothing is written
+    (the preview no longer says what would happen). Attempts ``owner``
+    already holds are left as they are. Each change is its own event, with
+    who, why, and the size of the batch.
+    """
+    ids = sorted(set(attempt_ids))
+    missing_expectation = [pk for pk in ids if pk not in expected_owner_ids]
+    if missing_expectation:
+        raise OwnershipError(f"no previewed owner for attempts {missing_expectation}; preview the assignment first")
+    with transaction.atomic():
+        # One lock order (by id) for every writer that locks several attempts.
+        attempts = list(Attempt.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+        found = {a.pk for a in attempts}
+        for pk in ids:
+            if pk not in found:
+                raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=pk))
+        changed = [a.pk for a in attempts if a.owner_id != expected_owner_ids[a.pk]]
+        if changed:
+            listed = ", ".join(f"#{pk}" for pk in changed)
+            raise OwnershipError(
+                f"the owner of {listed} changed since the preview; nothing was assigned, preview again"
+            )
+        moving = [a for a in attempts if a.owner_id != owner.pk]
+        if not moving:
+            return attempts
+        now = timezone.now()
+        Attempt.objects.filter(pk__in=[a.pk for a in moving]).update(owner_id=owner.pk, updated_at=now)
+        note = _clean_text(reason.strip()) or f"assigned to {owner.get_username()}"
+        events = []
+        for attempt in moving:
+            events.append(
+                _Event(
+                    attempt.tenant_id,
+                    attempt.pk,
+                    "owner",
+                    actor,
+                    fence=attempt.fence,
+                    reason=note,
+                    details={"from_user_id": attempt.owner_id, "to_user_id": owner.pk, "batch_size": len(moving)},
+                )
+            )
+            attempt.owner_id = owner.pk
+            attempt.updated_at = now
+        append_events(events, now=now)
+    return attempts

@@ -1,0 +1,240 @@
+"""Input of the dashboard: list state from the query string, and people's decisions."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+from django import forms
+
+from ledgerdash.ledger.models import State, Tenant
+from reviews import queries
+from reviews.queries import Cursor, ListQuery
+
+OWNER_CHOICES = [("anyone", "anyone"), ("me", "me"), ("unassigned", "unassigned")]
+AGE_CHOICES = [
+    ("", "any age"),
+    ("lt1h", "newer than 1 hour"),
+    ("gt1h", "older than 1 hour"),
+    ("gt1d", "older than 1 day"),
+    ("gt7d", "older than 7 days"),
+]
+_AGES = {
+    "lt1h": (None, timedelta(hours=1)),
+    "gt1h": (timedelta(hours=1), None),
+    "gt1d": (timedelta(days=1), None),
+    "gt7d": (timedelta(days=7), None),
+}
+SORT_CHOICES = [("oldest", "oldest first"), ("newest", "newest first")]
+
+
+class CursorField(forms.CharField):
+    def to_python(self, value: Any) -> Cursor | None:  # type: ignore[override]
+        text = super().to_python(value)
+        if not text:
+            return None
+        cursor = Cursor.parse(text)
+        if cursor is None:
+            raise forms.ValidationError("not a position in this list", code="invalid")
+        return cursor
+
+
+class ListForm(forms.Form):
+    """Everything a list shows lives in its query string; this validates it.
+
+    A value that does not validate is reported and left out (the list then
+    shows as if it were not given) rather than failing the whole page.
+    """
+
+    q = forms.CharField(label="Search", required=False, max_length=255, strip=True)
+    tenant = forms.ChoiceField(label="Tenant", required=False)
+    tool = forms.CharField(label="Tool", required=False, max_length=255, strip=True)
+    owner = forms.ChoiceField(label="Owner", required=False, choices=OWNER_CHOICES)
+    age = forms.ChoiceField(label="Age", required=False, choices=AGE_CHOICES)
+    state = forms.ChoiceField(label="State", required=False, choices=[("", "any state"), *State.choices])
+    sort = forms.ChoiceField(label="Sort", required=False, choices=SORT_CHOICES)
+    after = CursorField(required=False, widget=forms.HiddenInput)
+    before = CursorField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, data: Any, *, tenants: list[Tenant], queue_state: str = "", **kwargs: Any) -> None:
+        super().__init__(data, label_suffix="", **kwargs)
+        self.tenants = tenants
+        self.queue_state = queue_state
+        tenant_field = self.fields["tenant"]
+        assert isinstance(tenant_field, forms.ChoiceField)
+        tenant_field.choices = [("", "all my tenants"), *((t.slug, t.name) for t in tenants)]
+        if queue_state:
+            # A queue is one state; only search chooses.
+            del self.fields["state"]
+        sort_field = self.fields["sort"]
+        assert isinstance(sort_field, forms.ChoiceField)
+        sort_field.initial = self.default_sort
+
+    @property
+    def default_sort(self) -> str:
+        # Queues are worked oldest first; a search shows the latest first.
+        return "oldest" if self.queue_state else "newest"
+
+    def list_query(self) -> ListQuery:
+        """The valid part of the query string as a ListQuery (call after is_valid())."""
+        data = getattr(self, "cleaned_data", {})
+        tenant_slug = data.get("tenant") or ""
+        tenant_ids = tuple(t.pk for t in self.tenants if not tenant_slug or t.slug == tenant_slug)
+        older, newer = _AGES.get(data.get("age") or "", (None, None))
+        return ListQuery(
+            tenant_ids=tenant_ids,
+            state=self.queue_state or data.get("state") or "",
+            tool=data.get("tool") or "",
+            owner=data.get("owner") or "anyone",
+            older_than=older,
+            newer_than=newer,
+            search=data.get("q") or "",
+            oldest_first=(data.get("sort") or self.default_sort) == "oldest",
+            after=data.get("after"),
+            before=data.get("before"),
+            page_size=queries.PAGE_SIZE,
+        )
+
+
+class OwnerSeenField(forms.CharField):
+    """The owner (user id, or empty for nobody) the page showed when the person acted."""
+
+    def to_python(self, value: Any) -> int | None:  # type: ignore[override]
+        text = super().to_python(value)
+        if not text:
+            return None
+        if not text.isdigit():
+            raise forms.ValidationError("not a user id", code="invalid")
+        return int(text)
+
+
+class ClaimForm(forms.Form):
+    owner_seen = OwnerSeenField(required=False, widget=forms.HiddenInput)
+
+
+class AssignForm(forms.Form):
+    owner = forms.TypedChoiceField(label="Assign to", coerce=int)
+    reason = forms.CharField(label="Why", required=False, max_length=1000, strip=True)
+    owner_seen = OwnerSeenField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, owners: list[tuple[int, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        owner_field = self.fields["owner"]
+        assert isinstance(owner_field, forms.TypedChoiceField)
+        owner_field.choices = owners
+
+
+class UnassignForm(forms.Form):
+    reason = forms.CharField(label="Why", required=False, max_length=1000, strip=True)
+    owner_seen = OwnerSeenField(required=False, widget=forms.HiddenInput)
+
+
+class CommentForm(forms.Form):
+    text = forms.CharField(label="Comment", max_length=4000, strip=True, widget=forms.Textarea(attrs={"rows": 2}))
+
+
+class RecheckForm(forms.Form):
+    reason = forms.CharField(label="Why", required=False, max_length=1000, strip=True)
+
+
+class FenceForm(forms.Form):
+    """A decision names the version of the attempt the person saw: if it moved
+    on since (another decision, the reconciler), the decision is refused."""
+
+    fence = forms.IntegerField(min_value=0, widget=forms.HiddenInput)
+
+
+class VerifyForm(FenceForm):
+    evidence = forms.CharField(
+        label="Evidence",
+        max_length=1000,
+        strip=True,
+        help_text="What you checked at the provider: a dashboard link, a receipt, a ticket.",
+    )
+    provider_request_id = forms.CharField(label="Provider request ID", required=False, max_length=255, strip=True)
+
+
+class MarkFailedForm(FenceForm):
+    reason = forms.CharField(label="Why it did not (and must not) happen", max_length=1000, strip=True)
+
+
+class RetryRequestForm(forms.Form):
+    reason = forms.CharField(label="Why retry", max_length=1000, strip=True)
+
+
+class ApproveForm(FenceForm):
+    comment = forms.CharField(label="Comment", max_length=1000, strip=True)
+    safe_because = forms.CharField(
+        label="Why it is safe although the original may have happened",
+        required=False,
+        max_length=1000,
+        strip=True,
+    )
+
+
+class RejectForm(FenceForm):
+    comment = forms.CharField(label="Comment", max_length=1000, strip=True)
+
+
+_EXPECT = re.compile(r"^(\d{1,18}):(\d{0,18})$")
+
+
+class AttemptIdsField(forms.Field):
+    """Attempt numbers, as repeated query parameters (``ids=3&ids=7``)."""
+
+    widget = forms.MultipleHiddenInput
+    default_error_messages = {"invalid": "not an attempt number: %(value)s", "required": "select some attempts first"}
+
+    def to_python(self, value: Any) -> list[int]:
+        if not value:
+            return []
+        if not isinstance(value, list | tuple):
+            value = [value]
+        ids = set()
+        for item in value:
+            text = str(item).strip()
+            if not text.isdigit() or len(text) > 18:
+                raise forms.ValidationError(self.error_messages["invalid"], code="invalid", params={"value": text})
+            ids.add(int(text))
+        return sorted(ids)
+
+
+class ExpectedOwnersField(forms.Field):
+    """``attempt:owner`` pairs (owner empty for nobody): what a preview showed."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value: Any) -> dict[int, int | None]:
+        expected: dict[int, int | None] = {}
+        for item in value or []:
+            match = _EXPECT.match(str(item))
+            if match is None:
+                raise forms.ValidationError("not an attempt:owner pair", code="invalid")
+            expected[int(match.group(1))] = int(match.group(2)) if match.group(2) else None
+        return expected
+
+
+class BulkAssignForm(forms.Form):
+    """The preview (GET) names ``ids`` and ``owner``; the confirmation (POST)
+    also carries ``expect``: each attempt's owner as the preview showed it."""
+
+    MAX = 200
+
+    ids = AttemptIdsField(label="Attempts")
+    owner = forms.TypedChoiceField(label="Assign to", coerce=int)
+    reason = forms.CharField(label="Why", required=False, max_length=1000, strip=True)
+    expect = ExpectedOwnersField(required=False)
+    next = forms.CharField(required=False, max_length=2000, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, owners: list[tuple[int, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        owner_field = self.fields["owner"]
+        assert isinstance(owner_field, forms.TypedChoiceField)
+        owner_field.choices = owners
+
+    def clean_ids(self) -> list[int]:
+        ids: list[int] = self.cleaned_data["ids"]
+        if len(ids) > self.MAX:
+            raise forms.ValidationError(f"assign at most {self.MAX} attempts at once")
+        return ids
