@@ -124,6 +124,9 @@ class ListQuery:
     after: Cursor | None = None
     before: Cursor | None = None
     page_size: int = PAGE_SIZE
+    #: Absolute bounds on ``created_at`` (the export command's time range).
+    since: datetime | None = None
+    until: datetime | None = None
 
 
 @dataclass
@@ -151,23 +154,39 @@ def _search_filter(text: str) -> Q:
     return q
 
 
-def _filtered(query: ListQuery, user: Any, now: datetime) -> QuerySet[Attempt]:
-    qs = Attempt.objects.all()
+def attempt_filter(query: ListQuery, user: Any, now: datetime, *, prefix: str = "") -> Q:
+    """The list's filters as one condition on attempts: the queues, the
+    search and the exports (which filter events by their attempt, with
+    ``prefix="attempt__"``) all select the same attempts for the same query."""
+
+    def q(**lookups: Any) -> Q:
+        return Q(**{prefix + name: value for name, value in lookups.items()})
+
+    condition = Q()
     if query.state:
-        qs = qs.filter(state=query.state)
+        condition &= q(state=query.state)
     if query.tool:
-        qs = qs.filter(tool_name=query.tool)
+        condition &= q(tool_name=query.tool)
     if query.owner == "me":
-        qs = qs.filter(owner=user)
+        condition &= q(owner=user)
     elif query.owner == "unassigned":
-        qs = qs.filter(owner__isnull=True)
+        condition &= q(owner__isnull=True)
     if query.older_than is not None:
-        qs = qs.filter(created_at__lte=now - query.older_than)
+        condition &= q(created_at__lte=now - query.older_than)
     if query.newer_than is not None:
-        qs = qs.filter(created_at__gt=now - query.newer_than)
+        condition &= q(created_at__gt=now - query.newer_than)
+    if query.since is not None:
+        condition &= q(created_at__gte=query.since)
+    if query.until is not None:
+        condition &= q(created_at__lt=query.until)
     if query.search:
-        qs = qs.filter(_search_filter(query.search))
-    return qs
+        search = _search_filter(query.search)
+        condition &= Q(**{prefix + "pk__in": Attempt.objects.filter(search).values("pk")}) if prefix else search
+    return condition
+
+
+def _filtered(query: ListQuery, user: Any, now: datetime) -> QuerySet[Attempt]:
+    return Attempt.objects.filter(attempt_filter(query, user, now))
 
 
 def _beyond(qs: QuerySet[Attempt], cursor: Cursor, *, ascending: bool) -> QuerySet[Attempt]:

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 from django.urls import path
 
-from reviews import views
+from reviews import audit_views, views
 
 app_name = "reviews"
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("export.<str:fmt>", audit_views.export, name="export"),
     path("queues/<slug:queue>/", views.attempt_list, name="queue"),
     path("attempts/", views.attempt_list, name="search"),
     path("attempts/assign/", views.bulk_assign, name="bulk_assign"),
