@@ -12,7 +12,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from ledgerdash.ledger.models import Attempt, AttemptEvent, Policy, State, Tenant
+from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, ChainHead, DrillRun, Policy, State, Tenant
 from reviews.models import ROLE_RANK, Membership, Role
 
 #: The queues people work, by the slug in their URL.
@@ -262,3 +262,42 @@ def chain_of(attempt: Attempt) -> list[Attempt]:
 
 def events_of(attempt: Attempt) -> QuerySet[AttemptEvent]:
     return AttemptEvent.objects.filter(attempt=attempt).select_related("actor_user").order_by("seq")
+
+
+# --- audit -----------------------------------------------------------------------------
+
+
+def events_of_chain(attempts: list[Attempt]) -> QuerySet[AttemptEvent]:
+    """Every event of these attempts (a linked chain), in chain order."""
+    return AttemptEvent.objects.filter(attempt__in=attempts).select_related("actor_user").order_by("seq")
+
+
+def drill_runs_for(user: Any) -> QuerySet[DrillRun]:
+    return DrillRun.objects.filter(tenant_id__in=tenant_ids_for(user)).select_related("tenant")
+
+
+@dataclass(frozen=True)
+class ChainStatus:
+    """A tenant's chain as the last ``verify_audit`` left it (a cached
+    result: walking the chain on a page view would read every event)."""
+
+    tenant: Tenant
+    head_seq: int
+    check: ChainCheck | None
+
+    @property
+    def status(self) -> str:
+        if self.check is None:
+            return "unverified"
+        return "verified" if self.check.ok else "broken"
+
+    @property
+    def appended_since(self) -> int:
+        return max(0, self.head_seq - self.check.verified_seq) if self.check is not None else self.head_seq
+
+
+def chain_status(user: Any) -> list[ChainStatus]:
+    tenants = Tenant.objects.filter(pk__in=tenant_ids_for(user)).order_by("slug")
+    heads = dict(ChainHead.objects.filter(tenant__in=tenants).values_list("tenant_id", "seq"))
+    checks = {c.tenant_id: c for c in ChainCheck.objects.filter(tenant__in=tenants)}
+    return [ChainStatus(t, heads.get(t.pk, 0), checks.get(t.pk)) for t in tenants]

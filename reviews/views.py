@@ -124,7 +124,8 @@ def _form_errors(form: Form) -> str:
 def home(request: HtmxHttpRequest) -> HttpResponse:
     _tenants_or_403(request)
     counts = queries.queue_counts(request.user)
-    return _render(request, "reviews/home.html", "counts", {"counts": counts})
+    context = {"counts": counts, "chains": queries.chain_status(request.user)}
+    return _render(request, "reviews/home.html", "counts", context)
 
 
 def _list_title(state: str) -> str:
