@@ -45,6 +45,8 @@ from reviews.queries import ListQuery, attempt_filter
 FORMAT_VERSION = 1
 FORMATS = ("csv", "ndjson")
 CHUNK = 2000
+#: Text is handed on once this much is buffered (and at the end).
+FLUSH_BYTES = 256 * 1024
 
 ATTEMPT_COLUMNS = (
     "attempt_id",
@@ -291,7 +293,7 @@ def stream(request: ExportRequest) -> Iterator[str]:
                 else:
                     writer.add(_link_record(row, tenant))
                     tally.links += 1
-                if writer.buffer.tell() > 256 * 1024:
+                if writer.buffer.tell() > FLUSH_BYTES:
                     yield writer.take()
             writer.add(
                 {

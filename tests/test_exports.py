@@ -355,3 +355,29 @@ def test_the_list_pages_link_to_exports_of_what_they_show(work: dict[str, Attemp
 
 def test_viewers_get_no_export_links(work: dict[str, Attempt], viewer_a: Any) -> None:
     assert b"/export.csv" not in as_user(viewer_a).get(reverse("reviews:search")).content
+
+
+def test_an_abandoned_download_is_recorded_as_incomplete(
+    work: dict[str, Attempt], operator_a: Any, tenant_a: Tenant, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(exports, "FLUSH_BYTES", 1)
+    response = as_user(operator_a).get(EXPORT_CSV, {"tenant": "acme"})
+    content = iter(response.streaming_content)
+    next(content)
+    response.close()  # the reader went away
+    event = AttemptEvent.objects.filter(tenant=tenant_a, kind="export").get()
+    assert event.details["complete"] is False
+    assert event.reason.startswith("export interrupted after")
+
+
+def test_exporting_every_tenant_needs_the_operator_role_in_each(
+    work: dict[str, Attempt], operator_a: Any, tenant_b: Tenant
+) -> None:
+    from reviews.models import Membership
+
+    Membership.objects.create(user=operator_a, tenant=tenant_b, role="viewer")
+    client = as_user(operator_a)
+    refused = client.get(EXPORT_CSV)
+    assert refused.status_code == 403
+    assert AttemptEvent.objects.filter(kind="export").count() == 0
+    assert client.get(EXPORT_CSV, {"tenant": "acme"}).status_code == 200
