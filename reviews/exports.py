@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,6 +42,8 @@ from ledgerdash.ledger import chain
 from ledgerdash.ledger.models import AttemptEvent, ChainHead, Tenant
 from ledgerdash.ledger.transitions import Actor, event_record
 from reviews.queries import ListQuery, attempt_filter
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 FORMATS = ("csv", "ndjson")
@@ -308,7 +311,13 @@ def stream(request: ExportRequest) -> Iterator[str]:
         complete = True
         yield writer.take()
     finally:
-        _record_exports(request, counts, heads, complete=complete)
+        try:
+            _record_exports(request, counts, heads, complete=complete)
+        except Exception:
+            # A response's closers may not raise (Django drops what they do):
+            # a lost audit event must at least be in the log.
+            log.exception("could not record the export by %s in the ledger", request.actor.label)
+            raise
 
 
 def _record_exports(

@@ -361,10 +361,11 @@ def test_an_abandoned_download_is_recorded_as_incomplete(
     work: dict[str, Attempt], operator_a: Any, tenant_a: Tenant, monkeypatch: Any
 ) -> None:
     monkeypatch.setattr(exports, "FLUSH_BYTES", 1)
-    response = as_user(operator_a).get(EXPORT_CSV, {"tenant": "acme"})
-    content = iter(response.streaming_content)
-    next(content)
-    response.close()  # the reader went away
+    chunks = exports.stream(
+        exports.ExportRequest(tenants=[tenant_a], format="csv", actor=transitions.Actor.user(operator_a))
+    )
+    next(chunks)
+    chunks.close()  # the reader went away: the server closes the response, and so the stream
     event = AttemptEvent.objects.filter(tenant=tenant_a, kind="export").get()
     assert event.details["complete"] is False
     assert event.reason.startswith("export interrupted after")
