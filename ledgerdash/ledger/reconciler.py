@@ -45,6 +45,7 @@ from django.utils import timezone
 
 from ledgerdash.ledger import transitions
 from ledgerdash.ledger.authority import standing_of
+from ledgerdash.ledger.canonical import storable_json
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
     MissingEvidence,
@@ -391,7 +392,7 @@ class Reconciler:
             actor=self.actor,
             provider_request_id=sent.request_id,
             result_ref=sent.result_ref,
-            result=sent.response,
+            result=storable_json(sent.response)[0],
             reason="sent again with the same key; the provider answered with a receipt",
             details=details,
         )

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import logging
 import os
 import socket
@@ -43,7 +42,7 @@ from django.db import transaction
 
 from ledgerdash.ledger import crashpoints, transitions
 from ledgerdash.ledger.authority import current_policy, scope_string
-from ledgerdash.ledger.canonical import normalize_args
+from ledgerdash.ledger.canonical import normalize_args, storable_json
 from ledgerdash.ledger.errors import (
     AttemptFailed,
     AttemptInFlight,
@@ -402,14 +401,6 @@ class ToolCall:
             self.request_id = request_id
 
 
-def _json_or_none(value: Any) -> tuple[Any, str]:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return None, f"result not stored for replay: {exc}"
-    return value, ""
-
-
 def tool[T](
     name: str,
     *,
@@ -501,7 +492,7 @@ def _run[R](fn: Callable[..., R], call: ToolCall, bound: inspect.BoundArguments,
             log.exception("could not mark attempt %s UNKNOWN", call.attempt.pk)
         raise
     crashpoints.reached(crashpoints.AFTER_RESPONSE)
-    stored, note = _json_or_none(value)
+    stored, note = storable_json(value)
     if not (call.request_id or call.result_ref):
         mark_unknown(
             call.attempt,
