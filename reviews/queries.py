@@ -12,7 +12,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from ledgerdash.ledger.models import Attempt, AttemptEvent, Policy, State, Tenant
+from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun, Policy, State, Tenant
 from reviews.models import ROLE_RANK, Membership, Role
 
 #: The queues people work, by the slug in their URL.
@@ -243,3 +243,13 @@ def chain_of(attempt: Attempt) -> list[Attempt]:
 
 def events_of(attempt: Attempt) -> QuerySet[AttemptEvent]:
     return AttemptEvent.objects.filter(attempt=attempt).select_related("actor_user").order_by("seq")
+
+
+def drill_runs_for(user: Any) -> QuerySet[DrillRun]:
+    """Crash-drill runs of the user's tenants, newest first."""
+    return (
+        DrillRun.objects.filter(tenant_id__in=tenant_ids_for(user))
+        .select_related("tenant")
+        .defer("report")
+        .order_by("-started_at", "-id")
+    )

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from reviews import views
+from reviews import drills, views
 
 app_name = "reviews"
 
@@ -22,6 +22,6 @@ urlpatterns = [
     path("attempts/<int:pk>/retry/", views.retry_request, name="retry_request"),
     path("attempts/<int:pk>/approve/", views.retry_approve, name="approve"),
     path("attempts/<int:pk>/reject/", views.retry_reject, name="reject"),
-    # Crash-drill reports (issue 5, item 7) get their pages here once the
-    # drill stores reports; nothing is built for them yet.
+    path("drills/", drills.drill_list, name="drills"),
+    path("drills/<int:pk>/", drills.drill_detail, name="drill"),
 ]

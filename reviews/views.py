@@ -119,7 +119,10 @@ def _form_errors(form: Form) -> str:
 def home(request: HtmxHttpRequest) -> HttpResponse:
     _tenants_or_403(request)
     counts = queries.queue_counts(request.user)
-    return _render(request, "reviews/home.html", "counts", {"counts": counts})
+    context: dict[str, Any] = {"counts": counts}
+    if not _partial(request):
+        context["latest_drills"] = list(queries.drill_runs_for(request.user)[:3])
+    return _render(request, "reviews/home.html", "counts", context)
 
 
 def _list_title(state: str) -> str:
