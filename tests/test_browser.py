@@ -257,7 +257,10 @@ def test_hostile_tool_arguments_render_as_text_and_run_nothing(people: Any, tena
 def test_the_main_pages_load_cleanly_for_a_viewer(people: Any, tenant_a: Tenant, viewer_a: Any) -> None:
     from playwright.sync_api import expect
 
+    from tests.test_drill_views import stored_run
+
     attempt = attempt_in(S.MANUAL_REVIEW, tenant_a, key="viewer-sees")
+    run = stored_run(tenant_a, ok=False)
     viewer = people("viewer-a")
     page = viewer.page
     for path, name in [
@@ -265,6 +268,8 @@ def test_the_main_pages_load_cleanly_for_a_viewer(people: Any, tenant_a: Tenant,
         ("/queues/unknown/", "viewer-unknown"),
         ("/queues/review/?owner=anyone&sort=newest", "viewer-review"),
         ("/attempts/", "viewer-search"),
+        ("/drills/", "viewer-drills"),
+        (f"/drills/{run.pk}/", "viewer-drill-report"),
         (f"/attempts/{attempt.pk}/", "viewer-detail"),
     ]:
         response = page.goto(viewer.base_url + path)
