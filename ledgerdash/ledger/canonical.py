@@ -74,17 +74,3 @@ def normalize_args(args: Any) -> tuple[dict[str, Any], str]:
     if len(data) > settings.LEDGER_MAX_ARGS_BYTES:
         raise InvalidArgs(InvalidArgs.TOO_LARGE.format(size=len(data), limit=settings.LEDGER_MAX_ARGS_BYTES))
     return json.loads(data), sha256_hex(data)
-
-
-def storable_json(value: Any) -> tuple[Any, str]:
-    """``(value, "")`` when the ledger can store ``value`` as a tool's
-    result (JSON, finite numbers, no NUL, which PostgreSQL refuses), else
-    ``(None, why not)``: a result that cannot be stored is not replayed, but
-    must never stop the outcome from being recorded."""
-    try:
-        dumped = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return None, f"result not stored for replay: {exc}"
-    if "\\u0000" in dumped:
-        return None, "result not stored for replay: it contains a NUL character"
-    return value, ""

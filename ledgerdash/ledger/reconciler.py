@@ -45,7 +45,6 @@ from django.utils import timezone
 
 from ledgerdash.ledger import transitions
 from ledgerdash.ledger.authority import standing_of
-from ledgerdash.ledger.canonical import storable_json
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
     MissingEvidence,
@@ -59,6 +58,7 @@ from ledgerdash.ledger.providers import registry
 from ledgerdash.ledger.providers.base import Lookup, LookupStatus, ProviderAdapter
 from ledgerdash.ledger.providers.registry import ToolProfile
 from ledgerdash.ledger.transitions import Actor
+from ledgerdash.toolcalls import storable_json
 
 log = logging.getLogger("ledgerdash.reconciler")
 S = State
