@@ -36,8 +36,6 @@ run in an agent's environment without Django.
 from __future__ import annotations
 
 import copy
-import functools
-import inspect
 import json
 import logging
 import os
@@ -54,8 +52,9 @@ from dataclasses import dataclass, field
 from http.client import HTTPException
 from typing import Any
 
-from ledgerdash.ledger import crashpoints
+from ledgerdash import toolcalls
 from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
+from ledgerdash.toolcalls import ToolCall
 
 __all__ = [
     "Attempt",
@@ -363,6 +362,10 @@ class Attempt:
     events: list[dict[str, Any]] | None = None
     data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    @property
+    def pk(self) -> int:
+        return self.id
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Attempt:
         known = {f for f in cls.__dataclass_fields__ if f != "data"}
@@ -643,31 +646,60 @@ def task(*, task_id: str, client: LedgerClient | None = None, agent: str | None 
         _current_task.reset(token)
 
 
-class ToolCall:
-    """What a wrapped tool receives as its first argument."""
+class _OverHttp:
+    """The wrapper's way to the ledger over HTTP (see :mod:`ledgerdash.toolcalls`).
 
-    def __init__(self, client: LedgerClient, attempt: Attempt) -> None:
-        self.client = client
-        self.attempt = attempt
-        self.fence = attempt.fence
-        self.request_id = attempt.provider_request_id
-        #: set this to where the result can be checked, if the provider gives no request id
-        self.result_ref = ""
+    The server refuses a dispatch the ledger would refuse (unknown, under
+    review, in flight) with the same codes, so nothing is checked twice here.
+    """
 
-    @property
-    def key(self) -> str:
-        """The idempotency key to send to the provider."""
-        return self.attempt.provider_key
+    def __init__(self, context: TaskContext) -> None:
+        self.client = context.client
+        self.task_id = context.task_id
 
-    @property
-    def args(self) -> dict[str, Any]:
-        return self.attempt.args or {}
+    def record_intent(
+        self, *, tool_name: str, idempotency_key: str, args: dict[str, Any], credential_scope: Any
+    ) -> Attempt:
+        return self.client.record_intent(
+            task_id=self.task_id,
+            tool_name=tool_name,
+            idempotency_key=idempotency_key,
+            args=args,
+            credential_scope=credential_scope,
+        ).attempt
 
-    def record_request_id(self, request_id: str) -> None:
-        """Persist the provider's request id now, before anything else can go wrong."""
-        if request_id and request_id != self.request_id:
-            self.attempt = self.client.record_request_id(self.attempt.id, request_id, fence=self.fence)
-            self.request_id = request_id
+    def refuse_unless_dispatchable(self, attempt: Attempt) -> None:
+        return None
+
+    def dispatch(self, attempt: Attempt) -> Attempt:
+        try:
+            return self.client.dispatch(attempt.id, fence=attempt.fence)
+        except ClaimLost as exc:
+            raise AttemptInFlight(str(exc), status=exc.status, body=exc.body) from None
+
+    def record_request_id(self, attempt: Attempt, request_id: str, fence: int) -> Attempt:
+        return self.client.record_request_id(attempt.id, request_id, fence=fence)
+
+    def confirm(
+        self, attempt: Attempt, *, fence: int, provider_request_id: str, result_ref: str, result: Any
+    ) -> Attempt:
+        return self.client.confirm(
+            attempt.id, fence=fence, provider_request_id=provider_request_id, result_ref=result_ref, result=result
+        )
+
+    def fail(self, attempt: Attempt, *, fence: int, reason: str, retryable: bool) -> Attempt:
+        report = self.client.fail_retryable if retryable else self.client.fail
+        return report(attempt.id, fence=fence, reason=reason)
+
+    def mark_unknown(self, attempt: Attempt, *, fence: int, reason: str) -> Attempt:
+        return self.client.mark_unknown(attempt.id, fence=fence, reason=reason)
+
+
+def _session() -> _OverHttp:
+    context = _current_task.get()
+    if context is None:
+        raise NoTask(NoTask.MESSAGE)
+    return _OverHttp(context)
 
 
 def tool[T](
@@ -678,96 +710,20 @@ def tool[T](
 ) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """Wrap a tool so every call goes through the ledger over HTTP.
 
-    The same contract as :func:`ledgerdash.ledger.recording.tool`: ``key``
-    names the logical side effect (a format string over the call's arguments
-    or a function of them); the tool receives a :class:`ToolCall` first.
-    Raise :class:`NothingHappened` when the provider guarantees it did not
-    act, :class:`PermanentFailure` for a definitive refusal; any other
-    exception leaves the outcome UNKNOWN for the reconciler. A confirmed
-    key returns its stored result without calling the tool; one whose
-    outcome is unknown, under review or in flight raises instead.
+    The same contract as :func:`ledgerdash.ledger.recording.tool` (the steps
+    are shared: :mod:`ledgerdash.toolcalls`): ``key`` names the logical side
+    effect (a format string over the call's arguments or a function of
+    them); the tool receives a :class:`ToolCall` first. Raise
+    :class:`NothingHappened` when the provider guarantees it did not act,
+    :class:`PermanentFailure` for a definitive refusal; any other exception
+    leaves the outcome UNKNOWN for the reconciler. A confirmed key returns
+    its stored result without calling the tool; one whose outcome is
+    unknown, under review or in flight raises instead.
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError("a tool needs a name")
 
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
-        signature = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> T:
-            context = _current_task.get()
-            if context is None:
-                raise NoTask(NoTask.MESSAGE)
-            bound = signature.bind(None, *args, **kwargs)
-            bound.apply_defaults()
-            call_args = dict(list(bound.arguments.items())[1:])
-            idempotency_key = key(call_args) if callable(key) else key.format(**call_args)
-            client = context.client
-            attempt = client.record_intent(
-                task_id=context.task_id,
-                tool_name=name,
-                idempotency_key=idempotency_key,
-                args=call_args,
-                credential_scope=scope,
-            ).attempt
-            if attempt.state == CONFIRMED:
-                log.info("replaying confirmed attempt %s for key %s", attempt.id, idempotency_key)
-                return attempt.result
-            crashpoints.reached(crashpoints.AFTER_INTENT)
-            try:
-                attempt = client.dispatch(attempt.id, fence=attempt.fence)
-            except ClaimLost as exc:
-                raise AttemptInFlight(str(exc), status=exc.status, body=exc.body) from None
-            return _run(fn, ToolCall(client, attempt), bound)
-
-        wrapper.ledger_tool = name  # type: ignore[attr-defined]
-        return wrapper
+        return toolcalls.wrap(fn, name=name, key=key, scope=scope, session=_session)
 
     return decorate
-
-
-def _report(what: str, call: ToolCall, report: Callable[[], Attempt]) -> None:
-    # The tool's own exception matters more; an unreported outcome is found by
-    # the reconciler when the dispatch lease runs out.
-    try:
-        report()
-    except LedgerClientError:
-        log.exception("could not report attempt %s as %s; the reconciler will settle it", call.attempt.id, what)
-
-
-def _run[R](fn: Callable[..., R], call: ToolCall, bound: inspect.BoundArguments) -> R:
-    client, attempt_id, fence = call.client, call.attempt.id, call.fence
-    bound.arguments[next(iter(bound.arguments))] = call
-    try:
-        value = fn(*bound.args, **bound.kwargs)
-    except NothingHappened as exc:
-        reason = str(exc) or "provider rejected the request before acting"
-        _report("failed, retryable", call, lambda: client.fail_retryable(attempt_id, fence=fence, reason=reason))
-        raise
-    except PermanentFailure as exc:
-        reason = str(exc) or "provider refused the request"
-        _report("failed", call, lambda: client.fail(attempt_id, fence=fence, reason=reason))
-        raise
-    except BaseException as exc:
-        reason = f"tool raised {type(exc).__name__}: {exc}"[:1000]
-        _report("unknown", call, lambda: client.mark_unknown(attempt_id, fence=fence, reason=reason))
-        raise
-    crashpoints.reached(crashpoints.AFTER_RESPONSE)
-    if not (call.request_id or call.result_ref):
-        client.mark_unknown(
-            attempt_id,
-            fence=fence,
-            reason="the tool returned without a receipt (no provider request id or result reference); "
-            "the reconciler will verify it at the provider",
-        )
-        return value
-    try:
-        json.dumps(value, allow_nan=False)
-        stored: Any = value
-    except (TypeError, ValueError) as exc:
-        log.warning("attempt %s: result not stored for replay: %s", attempt_id, exc)
-        stored = None
-    client.confirm(
-        attempt_id, fence=fence, provider_request_id=call.request_id, result_ref=call.result_ref, result=stored
-    )
-    return value

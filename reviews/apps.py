@@ -7,3 +7,6 @@ class ReviewsConfig(AppConfig):
     name = "reviews"
     verbose_name = "Reviews"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from reviews import checks  # noqa: F401 - registers the system checks

@@ -264,16 +264,22 @@ def events_of(attempt: Attempt) -> QuerySet[AttemptEvent]:
     return AttemptEvent.objects.filter(attempt=attempt).select_related("actor_user").order_by("seq")
 
 
+def drill_runs_for(user: Any) -> QuerySet[DrillRun]:
+    """Crash-drill runs of the user's tenants, newest first."""
+    return (
+        DrillRun.objects.filter(tenant_id__in=tenant_ids_for(user))
+        .select_related("tenant")
+        .defer("report")
+        .order_by("-started_at", "-id")
+    )
+
+
 # --- audit -----------------------------------------------------------------------------
 
 
 def events_of_chain(attempts: list[Attempt]) -> QuerySet[AttemptEvent]:
     """Every event of these attempts (a linked chain), in chain order."""
     return AttemptEvent.objects.filter(attempt__in=attempts).select_related("actor_user").order_by("seq")
-
-
-def drill_runs_for(user: Any) -> QuerySet[DrillRun]:
-    return DrillRun.objects.filter(tenant_id__in=tenant_ids_for(user)).select_related("tenant")
 
 
 @dataclass(frozen=True)

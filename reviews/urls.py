@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from reviews import audit_views, views
+from reviews import audit_views, drills, views
 
 app_name = "reviews"
 
@@ -23,12 +23,12 @@ urlpatterns = [
     path("attempts/<int:pk>/retry/", views.retry_request, name="retry_request"),
     path("attempts/<int:pk>/approve/", views.retry_approve, name="approve"),
     path("attempts/<int:pk>/reject/", views.retry_reject, name="reject"),
+    path("drills/", drills.drill_list, name="drills"),
+    path("drills/<int:pk>/", drills.drill_detail, name="drill"),
     path("attempts/<int:pk>/report/", audit_views.attempt_report, name="attempt_report"),
     path("attempts/<int:pk>/report.pdf", audit_views.attempt_report_pdf, name="attempt_report_pdf"),
     path("attempts/<int:pk>/incident/", audit_views.incident_report, name="incident_report"),
     path("attempts/<int:pk>/incident.pdf", audit_views.incident_report_pdf, name="incident_report_pdf"),
     path("drills/<int:pk>/report/", audit_views.drill_report, name="drill_report"),
     path("drills/<int:pk>/report.pdf", audit_views.drill_report_pdf, name="drill_report_pdf"),
-    # Crash-drill reports (issue 5, item 7) get their pages here once the
-    # drill stores reports; nothing is built for them yet.
 ]

@@ -30,7 +30,7 @@ from ledgerdash.ledger import transitions
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import ApprovalRefused, LedgerError
 from ledgerdash.ledger.models import OWNED_STATES, Attempt, State, Tenant
-from ledgerdash.ledger.transitions import Actor, original_standing
+from ledgerdash.ledger.transitions import Actor, original_blocks, original_standing
 from reviews import diffs, queries
 from reviews.forms import (
     ApproveForm,
@@ -52,11 +52,6 @@ from reviews.permissions import can, may_act_as
 
 class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
-
-
-class ActionRefused(Exception):
-    """The dashboard will not offer this action on this attempt (the ledger
-    itself would allow it)."""
 
 
 def _partial(request: HtmxHttpRequest) -> bool:
@@ -124,7 +119,10 @@ def _form_errors(form: Form) -> str:
 def home(request: HtmxHttpRequest) -> HttpResponse:
     _tenants_or_403(request)
     counts = queries.queue_counts(request.user)
-    context = {"counts": counts, "chains": queries.chain_status(request.user)}
+    context: dict[str, Any] = {"counts": counts}
+    if not _partial(request):
+        context["latest_drills"] = list(queries.drill_runs_for(request.user)[:3])
+        context["chains"] = queries.chain_status(request.user)
     return _render(request, "reviews/home.html", "counts", context)
 
 
@@ -225,6 +223,7 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         denied = may_act_as(request.user, Role.APPROVER)(attempt.tenant_id)
         approval = {
             "original": parent,
+            "blocked": original_blocks(parent),
             "risk": original_standing(parent),
             "safe_because": _why_original_is_settled(parent),
             "changes": ([denied] if denied else []) + list(standing_of(attempt, original=parent).changes),
@@ -262,9 +261,7 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
 def _why_original_is_settled(original: Attempt) -> str:
     """In words, why a retry cannot duplicate ``original`` (when
     ``original_standing`` finds no risk)."""
-    if original.state == State.INTENT_RECORDED and original.dispatch_count == 0:
-        return "it was never sent"
-    if original.state in (State.FAILED, State.FAILED_RETRYABLE):
+    if original.state == State.FAILED:
         return "it failed: the provider did not act on it"
     return "the provider's last lookup found nothing under its key"
 
@@ -313,7 +310,7 @@ def _act(
         messages.success(request, do(attempt, form.cleaned_data, _actor(request)))
     except ApprovalRefused as refusal:
         messages.error(request, "Approval refused. What changed: " + "; ".join(refusal.changes))
-    except (LedgerError, ActionRefused) as exc:
+    except LedgerError as exc:
         messages.error(request, str(exc))
     return _after_action(request, attempt.pk)
 
@@ -380,20 +377,10 @@ def attempt_comment(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     return _act(request, pk, CommentForm(request.POST), Role.OPERATOR, do)
 
 
-def _sent_only(attempt: Attempt, what: str) -> None:
-    # A linked attempt nobody sent has nothing at the provider to look up
-    # or verify; re-checking it would hand it to the reconciler unapproved.
-    if attempt.dispatch_count == 0:
-        raise ActionRefused(
-            f"#{attempt.pk} was never sent, so there is nothing to {what}; approve or reject it instead"
-        )
-
-
 @login_required
 @require_POST
 def attempt_recheck(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        _sent_only(attempt, "look up")
         transitions.attempt_recheck(attempt_id=attempt.pk, actor=actor, reason=data["reason"])
         return f"The reconciler will look #{attempt.pk} up again now."
 
@@ -404,7 +391,6 @@ def attempt_recheck(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def attempt_verify(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        _sent_only(attempt, "verify")
         transitions.attempt_verify(
             attempt_id=attempt.pk,
             actor=actor,

@@ -5,6 +5,8 @@ provide (a secret, TLS) is filled in here.
 """
 
 import os
+import tempfile
+from pathlib import Path
 
 os.environ.setdefault("DEBUG", "false")
 os.environ.setdefault("SECRET_KEY", "tests-only-" + "k" * 50)
@@ -19,3 +21,9 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Tests serve static files from the finders, as DEBUG does; an empty
+# STATIC_ROOT that exists keeps whitenoise from warning about a missing one.
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT = Path(tempfile.gettempdir()) / "ledgerdash-test-static"
+STATIC_ROOT.mkdir(exist_ok=True)

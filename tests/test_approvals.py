@@ -151,10 +151,14 @@ def test_a_decision_is_single_use(retry: Attempt, approver_a: Any) -> None:
         transitions.retry_reject(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="too late")
 
 
-def test_a_decision_on_a_changed_attempt_is_refused(retry: Attempt, approver_a: Any, operator_a: Any) -> None:
+def test_a_decision_on_a_changed_attempt_is_refused(
+    retry: Attempt, approver_a: Any, make_user: Any, tenant_a: Tenant
+) -> None:
+    from tests.conftest import member
+
     seen = retry.fence
-    transitions.attempt_recheck(attempt_id=retry.parent_id, actor=Actor.user(operator_a))
-    transitions.attempt_recheck(attempt_id=retry.pk, actor=Actor.user(operator_a))
+    other = member(make_user, "approver-2", tenant_a, "approver")
+    transitions.retry_reject(attempt_id=retry.pk, actor=Actor.user(other), comment="duplicate")
     with pytest.raises(StaleFence, match="changed since you loaded it"):
         approve(retry, approver_a, fence_seen=seen)
 
@@ -216,3 +220,42 @@ def test_twenty_parallel_approvals_yield_one(tenant_a: Tenant, operator_a: Any, 
     assert outcomes.count("IllegalTransition") == 19
     assert AttemptEvent.objects.filter(attempt=retry, to_state=S.INTENT_RECORDED).count() == 1
     assert AttemptEvent.objects.filter(attempt=original, to_state=S.RECONCILED).count() == 1
+
+
+def test_it_refuses_while_the_original_may_yet_be_sent(tenant_a: Tenant, approver_a: Any) -> None:
+    original = record(tenant_a, "k-live", args={"amount": 5})  # INTENT_RECORDED: its agent may still send it
+    with pytest.raises(IdempotencyConflict) as caught:
+        record(tenant_a, "k-live", args={"amount": 6})
+    linked = caught.value.attempt
+    refusal = _refused(linked, approver_a, safe_because="the agent will not come back")
+    assert any(f"the original #{original.pk} is INTENT_RECORDED and may yet be sent" in c for c in refusal.changes)
+    assert Attempt.objects.get(pk=original.pk).state == S.INTENT_RECORDED
+
+
+@pytest.mark.parametrize("state", [S.DISPATCHED, S.UNKNOWN, S.FAILED_RETRYABLE])
+def test_a_live_original_blocks_approval_whatever_the_reason(state: str, tenant_a: Tenant, approver_a: Any) -> None:
+    original = attempt_in(state, tenant_a, key="k-live")
+    with pytest.raises(IdempotencyConflict) as caught:
+        record(tenant_a, "k-live", args={"other": True})
+    refusal = _refused(caught.value.attempt, approver_a, safe_because="sure")
+    assert any("may yet be sent" in c for c in refusal.changes)
+    assert Attempt.objects.get(pk=original.pk).state == state
+
+
+def test_a_failed_original_does_not_block_its_retry(tenant_a: Tenant, approver_a: Any) -> None:
+    attempt_in(S.FAILED, tenant_a, key="k-failed")
+    with pytest.raises(IdempotencyConflict) as caught:
+        record(tenant_a, "k-failed", args={"fixed": True})
+    approved = approve(caught.value.attempt, approver_a)
+    assert approved.state == S.INTENT_RECORDED
+
+
+def test_a_never_sent_retry_cannot_be_rechecked_or_verified_around_its_approval(
+    retry: Attempt, operator_a: Any
+) -> None:
+    snapshot = ledger_snapshot()
+    with pytest.raises(IllegalTransition, match="never sent"):
+        transitions.attempt_recheck(attempt_id=retry.pk, actor=Actor.user(operator_a))
+    with pytest.raises(IllegalTransition, match="never sent"):
+        transitions.attempt_verify(attempt_id=retry.pk, actor=Actor.user(operator_a), evidence="looks sent")
+    assert ledger_snapshot() == snapshot

@@ -18,7 +18,7 @@ from ledgerdash.ledger import transitions
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.transitions import Actor
-from tests.conftest import TOOLS_V1, ledger_snapshot, record
+from tests.conftest import TOOLS_V1, ledger_snapshot, member, record
 from tests.factories import attempt_in, linked_retry
 
 S = State
@@ -103,7 +103,7 @@ def test_a_linked_retry_shows_the_diff_and_the_originals_standing(
     page = as_user(approver_a).get(url("attempt", linked)).content.decode()
     assert "This linked attempt waits for an approver" in page
     assert f'The original, <a href="{url("attempt", original)}">#{original.pk}</a>' in page
-    assert "it was never sent" in page
+    assert f"the original #{original.pk} is INTENT_RECORDED and may yet be sent" in page
     assert "argument to" in page
     assert "&quot;a@example.com&quot;" in page
     assert "&quot;b@example.com&quot;" in page
@@ -393,13 +393,16 @@ def test_it_refuses_approval_when_the_policy_changed_and_says_what_changed(
     assert Attempt.objects.get(pk=retry.pk).state == S.MANUAL_REVIEW
 
 
-def test_a_decision_on_a_page_that_changed_is_refused(tenant_a: Tenant, operator_a: Any, approver_a: Any) -> None:
+def test_a_decision_on_a_page_that_changed_is_refused(
+    tenant_a: Tenant, operator_a: Any, approver_a: Any, make_user: Any
+) -> None:
     retry = linked_retry(tenant_a, operator_a)
     seen = retry.fence
-    transitions.attempt_recheck(attempt_id=retry.pk, actor=Actor.user(operator_a))  # moves it on
-    response = as_user(approver_a).post(url("reject", retry), {"comment": "dup", "fence": seen}, follow=True)
+    other = member(make_user, "approver-2", tenant_a, "approver")
+    transitions.retry_reject(attempt_id=retry.pk, actor=Actor.user(other), comment="duplicate")  # decided meanwhile
+    response = as_user(approver_a).post(url("approve", retry), {"comment": "ok", "fence": seen}, follow=True)
     assert "changed since you loaded it" in response.content.decode()
-    assert Attempt.objects.get(pk=retry.pk).state == S.UNKNOWN
+    assert Attempt.objects.get(pk=retry.pk).state == S.FAILED
 
 
 def test_an_approver_cannot_approve_their_own_request(tenant_a: Tenant, approver_a: Any) -> None:

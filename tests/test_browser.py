@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
+from ledgerdash.ledger import recording
 from ledgerdash.ledger.errors import IdempotencyConflict
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.transitions import Actor
-from tests.conftest import IN_CI, TOOLS_V1, record
+from tests.conftest import AGENT, IN_CI, TOOLS_V1, record
 from tests.factories import attempt_in
 from tests.live import ROOT
 
@@ -121,8 +122,10 @@ def people(browser: Any, live_server: Any) -> Iterator[Any]:
 
 
 def linked_with_other_args(tenant: Tenant, key: str) -> Attempt:
-    """An agent re-used ``key`` with other arguments: a linked attempt for review."""
-    record(tenant, key, args={"to": "ap@example.com", "invoice": 7})
+    """The provider refused the first call for good; the agent re-used ``key``
+    with other arguments: a linked attempt for review."""
+    original = record(tenant, key, args={"to": "ap@example.com", "invoice": 7})
+    recording.fail(recording.mark_dispatched(original, actor=AGENT), reason="550 mailbox unavailable", actor=AGENT)
     with pytest.raises(IdempotencyConflict) as conflict:
         record(tenant, key, args={"to": "ap@example.com", "invoice": 7, "cc": "cfo@example.com"})
     return conflict.value.attempt
@@ -169,7 +172,9 @@ def test_an_operator_claims_stuck_work_and_an_approver_settles_a_linked_retry(
     expect(diff).to_contain_text("argument cc")
     expect(diff).to_contain_text('"cfo@example.com"')
     expect(diff).to_contain_text("args hash")
-    expect(page.locator(".approval")).to_contain_text("A retry cannot duplicate the original: it was never sent")
+    expect(page.locator(".approval")).to_contain_text(
+        "A retry cannot duplicate the original: it failed: the provider did not act on it"
+    )
     approver.shot("linked-retry-before-approval")
     page.get_by_label("Comment").first.fill("the cc was asked for by finance")
     page.get_by_role("button", name="Approve retry").click()
@@ -257,7 +262,10 @@ def test_hostile_tool_arguments_render_as_text_and_run_nothing(people: Any, tena
 def test_the_main_pages_load_cleanly_for_a_viewer(people: Any, tenant_a: Tenant, viewer_a: Any) -> None:
     from playwright.sync_api import expect
 
+    from tests.test_drill_views import stored_run
+
     attempt = attempt_in(S.MANUAL_REVIEW, tenant_a, key="viewer-sees")
+    run = stored_run(tenant_a, ok=False)
     viewer = people("viewer-a")
     page = viewer.page
     for path, name in [
@@ -265,6 +273,8 @@ def test_the_main_pages_load_cleanly_for_a_viewer(people: Any, tenant_a: Tenant,
         ("/queues/unknown/", "viewer-unknown"),
         ("/queues/review/?owner=anyone&sort=newest", "viewer-review"),
         ("/attempts/", "viewer-search"),
+        ("/drills/", "viewer-drills"),
+        (f"/drills/{run.pk}/", "viewer-drill-report"),
         (f"/attempts/{attempt.pk}/", "viewer-detail"),
     ]:
         response = page.goto(viewer.base_url + path)

@@ -133,3 +133,20 @@ def test_the_loop_stops_cleanly_on_sigterm(tenant_a: Tenant, sandbox_tools: Sand
     assert proc.returncode == 0, out
     assert "SIGTERM received" in out
     assert "stopped" in out
+
+
+def test_once_exits_1_when_a_pass_hit_errors(
+    tenant_a: Tenant, sandbox_tools: Sandbox, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    from ledgerdash.ledger.reconciler import Reconciler
+
+    def broken(self: Reconciler, attempt: Attempt, tool: Any) -> str:
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(Reconciler, "reconcile_one", broken)
+    attempt = recording.mark_dispatched(record(tenant_a, unique_key()), actor=AGENT)
+    recording.mark_unknown(attempt, reason="timeout", actor=AGENT)
+    with pytest.raises(SystemExit) as exited:
+        call_command("reconcile", "--once")
+    assert exited.value.code == 1
+    assert "errors=1" in capsys.readouterr().out

@@ -410,3 +410,16 @@ def test_agent_actor_defaults_to_host_and_pid(tenant_a: Tenant) -> None:
     assert event.actor_kind == "agent"
     assert ":" in event.actor_label
     assert AGENT.kind == "agent"
+
+
+def test_a_result_the_ledger_cannot_store_is_not_replayed_but_the_outcome_is_recorded(tenant_a: Tenant) -> None:
+    @recording.tool("open_ticket", key="ticket-{n}")
+    def open_ticket(call: recording.ToolCall, *, n: int) -> dict[str, str]:
+        call.record_request_id("T-9")
+        return {"title": "nul \x00 inside"}  # PostgreSQL cannot store U+0000
+
+    with recording.task(tenant="acme", task_id="t"):
+        assert open_ticket(n=1) == {"title": "nul \x00 inside"}
+    attempt = Attempt.objects.get()
+    assert attempt.state == S.OUTCOME_CONFIRMED
+    assert attempt.result is None

@@ -75,3 +75,16 @@ def test_env_helpers() -> None:
 @pytest.mark.django_db
 def test_migrations_match_the_models() -> None:
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
+
+
+@pytest.mark.django_db
+def test_the_database_check_names_tenants_whose_default_owner_cannot_act(tenant_a: object, operator_a: object) -> None:
+    from ledgerdash.ledger.models import Tenant
+    from reviews.checks import default_owners_are_members
+
+    warnings = {w.id: w.msg for w in default_owners_are_members()}
+    assert "acme's default owner oncall-a is not an operator" in warnings["ledgerdash.W002"]
+    Tenant.objects.filter(slug="acme").update(default_owner=operator_a)
+    assert default_owners_are_members() == []
+    Tenant.objects.filter(slug="acme").update(default_owner=None)
+    assert [w.id for w in default_owners_are_members()] == ["ledgerdash.W001"]

@@ -19,6 +19,7 @@ from ledgerdash.ledger.models import (
     ApiToken,
     Attempt,
     AttemptEvent,
+    DrillRun,
     OnCallShift,
     Policy,
     Tenant,
@@ -255,3 +256,11 @@ class ApiTokenAdmin(admin.ModelAdmin):
         for token in live:
             token_revoke(token=token, actor=actor)
         self.message_user(request, f"Revoked {len(live)} token(s).", messages.SUCCESS)
+
+
+@admin.register(DrillRun)
+class DrillRunAdmin(ReadOnlyAdmin):
+    """Stored crash-drill reports (the dashboard shows them to tenant members)."""
+
+    list_display = ["id", "tenant", "ok", "cases_total", "cases_failed", "mode", "seed", "database", "started_at"]
+    list_filter = ["ok", "tenant", "database"]

@@ -58,6 +58,7 @@ from ledgerdash.ledger.providers import registry
 from ledgerdash.ledger.providers.base import Lookup, LookupStatus, ProviderAdapter
 from ledgerdash.ledger.providers.registry import ToolProfile
 from ledgerdash.ledger.transitions import Actor
+from ledgerdash.toolcalls import storable_json
 
 log = logging.getLogger("ledgerdash.reconciler")
 S = State
@@ -391,7 +392,7 @@ class Reconciler:
             actor=self.actor,
             provider_request_id=sent.request_id,
             result_ref=sent.result_ref,
-            result=sent.response,
+            result=storable_json(sent.response)[0],
             reason="sent again with the same key; the provider answered with a receipt",
             details=details,
         )

@@ -27,9 +27,6 @@ such as the HTTP API.
 
 from __future__ import annotations
 
-import functools
-import inspect
-import json
 import logging
 import os
 import socket
@@ -41,10 +38,12 @@ from typing import Any
 
 from django.db import transaction
 
-from ledgerdash.ledger import crashpoints, transitions
+from ledgerdash import toolcalls
+from ledgerdash.ledger import transitions
 from ledgerdash.ledger.authority import current_policy, scope_string
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
+    AttemptBlocked,
     AttemptFailed,
     AttemptInFlight,
     AttemptSuperseded,
@@ -66,6 +65,27 @@ from ledgerdash.ledger.errors import (
 )
 from ledgerdash.ledger.models import Attempt, State, Tenant
 from ledgerdash.ledger.transitions import Actor, NewAttempt
+from ledgerdash.toolcalls import ToolCall
+
+__all__ = [
+    "AttemptBlocked",
+    "IdempotencyConflict",
+    "NoTask",
+    "NothingHappened",
+    "PermanentFailure",
+    "Recorded",
+    "ToolCall",
+    "confirm",
+    "fail",
+    "fail_retryable",
+    "mark_dispatched",
+    "mark_unknown",
+    "provider_tool",
+    "record_intent",
+    "record_request_id",
+    "task",
+    "tool",
+]
 
 log = logging.getLogger("ledgerdash.recording")
 
@@ -376,38 +396,65 @@ def task(*, tenant: Tenant | str | int, task_id: str, agent: str | None = None) 
         _current_task.reset(token)
 
 
-class ToolCall:
-    """What a wrapped tool receives as its first argument."""
+class _InProcess:
+    """The wrapper's way to the ledger in this process (see :mod:`ledgerdash.toolcalls`)."""
 
-    def __init__(self, attempt: Attempt, actor: Actor) -> None:
-        self.attempt = attempt
-        self.actor = actor
-        self.fence = attempt.fence
-        self.request_id = attempt.provider_request_id
-        self.result_ref = ""
+    def __init__(self, context: TaskContext) -> None:
+        self.context = context
 
-    @property
-    def key(self) -> str:
-        """The idempotency key to send to the provider."""
-        return self.attempt.provider_key
+    def record_intent(
+        self, *, tool_name: str, idempotency_key: str, args: dict[str, Any], credential_scope: Any
+    ) -> Attempt:
+        return record_intent(
+            tenant=self.context.tenant,
+            task_id=self.context.task_id,
+            tool_name=tool_name,
+            idempotency_key=idempotency_key,
+            args=args,
+            credential_scope=credential_scope,
+            actor=self.context.actor,
+        ).attempt
 
-    @property
-    def args(self) -> dict[str, Any]:
-        return self.attempt.args
+    def refuse_unless_dispatchable(self, attempt: Attempt) -> None:
+        refuse_unless_dispatchable(attempt)
 
-    def record_request_id(self, request_id: str) -> None:
-        """Persist the provider's request id now, before anything else can go wrong."""
-        if request_id and request_id != self.request_id:
-            self.attempt = record_request_id(self.attempt, request_id, fence=self.fence, actor=self.actor)
-            self.request_id = request_id
+    def dispatch(self, attempt: Attempt) -> Attempt:
+        try:
+            return mark_dispatched(attempt, actor=self.context.actor)
+        except ClaimLost:
+            raise AttemptInFlight(
+                AttemptInFlight.MESSAGE.format(attempt_id=attempt.pk, holder="another worker"), attempt
+            ) from None
+
+    def record_request_id(self, attempt: Attempt, request_id: str, fence: int) -> Attempt:
+        return record_request_id(attempt, request_id, fence=fence, actor=self.context.actor)
+
+    def confirm(
+        self, attempt: Attempt, *, fence: int, provider_request_id: str, result_ref: str, result: Any
+    ) -> Attempt:
+        return confirm(
+            attempt,
+            provider_request_id=provider_request_id,
+            result_ref=result_ref,
+            result=result,
+            fence=fence,
+            actor=self.context.actor,
+        )
+
+    def fail(self, attempt: Attempt, *, fence: int, reason: str, retryable: bool) -> Attempt:
+        return transitions.attempt_fail(
+            attempt=attempt, fence=fence, actor=self.context.actor, reason=reason, retryable=retryable
+        )
+
+    def mark_unknown(self, attempt: Attempt, *, fence: int, reason: str) -> Attempt:
+        return mark_unknown(attempt, reason=reason, fence=fence, actor=self.context.actor)
 
 
-def _json_or_none(value: Any) -> tuple[Any, str]:
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return None, f"result not stored for replay: {exc}"
-    return value, ""
+def _session() -> _InProcess:
+    context = _current_task.get()
+    if context is None:
+        raise NoTask(NoTask.MESSAGE)
+    return _InProcess(context)
 
 
 def tool[T](
@@ -427,101 +474,15 @@ def tool[T](
     :class:`NothingHappened` when the provider guarantees it did not act,
     :class:`PermanentFailure` for a definitive refusal; any other exception
     leaves the outcome UNKNOWN for the reconciler. Return JSON-serializable
-    values to have them replayed on a re-run.
+    values to have them replayed on a re-run. (The steps are shared with the
+    HTTP client: :mod:`ledgerdash.toolcalls`.)
     """
     validate_name(name, "tool name")
 
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
-        signature = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> T:
-            context = _current_task.get()
-            if context is None:
-                raise NoTask(NoTask.MESSAGE)
-            bound = signature.bind(None, *args, **kwargs)
-            bound.apply_defaults()
-            call_args: dict[str, Any] = {}
-            for name_, value in list(bound.arguments.items())[1:]:
-                if signature.parameters[name_].kind is inspect.Parameter.VAR_KEYWORD:
-                    call_args.update(value)
-                else:
-                    call_args[name_] = value
-            idempotency_key = key(call_args) if callable(key) else key.format(**call_args)
-            recorded = record_intent(
-                tenant=context.tenant,
-                task_id=context.task_id,
-                tool_name=name,
-                idempotency_key=idempotency_key,
-                args=call_args,
-                credential_scope=scope,
-                actor=context.actor,
-            )
-            attempt = recorded.attempt
-            if attempt.state == State.OUTCOME_CONFIRMED:
-                log.info("replaying confirmed attempt %s for key %s", attempt.pk, idempotency_key)
-                return attempt.result  # type: ignore[return-value]
-            refuse_unless_dispatchable(attempt)
-            crashpoints.reached(crashpoints.AFTER_INTENT)
-            try:
-                attempt = mark_dispatched(attempt, actor=context.actor)
-            except ClaimLost:
-                raise AttemptInFlight(
-                    AttemptInFlight.MESSAGE.format(attempt_id=attempt.pk, holder="another worker"), attempt
-                ) from None
-            call = ToolCall(attempt, context.actor)
-            return _run(fn, call, bound, context.actor)
-
-        wrapper.ledger_tool = name  # type: ignore[attr-defined]
-        return wrapper
+        return toolcalls.wrap(fn, name=name, key=key, scope=scope, session=_session)
 
     return decorate
-
-
-def _run[R](fn: Callable[..., R], call: ToolCall, bound: inspect.BoundArguments, actor: Actor) -> R:
-    bound.arguments[next(iter(bound.arguments))] = call
-    try:
-        value = fn(*bound.args, **bound.kwargs)
-    except NothingHappened as exc:
-        fail_retryable(
-            call.attempt,
-            reason=str(exc) or "provider rejected the request before acting",
-            fence=call.fence,
-            actor=actor,
-        )
-        raise
-    except PermanentFailure as exc:
-        fail(call.attempt, reason=str(exc) or "provider refused the request", fence=call.fence, actor=actor)
-        raise
-    except BaseException as exc:
-        reason = f"tool raised {type(exc).__name__}: {exc}"[:1000]
-        try:
-            mark_unknown(call.attempt, reason=reason, fence=call.fence, actor=actor)
-        except Exception:  # the ledger may be unreachable too; the lease will catch it
-            log.exception("could not mark attempt %s UNKNOWN", call.attempt.pk)
-        raise
-    crashpoints.reached(crashpoints.AFTER_RESPONSE)
-    stored, note = _json_or_none(value)
-    if not (call.request_id or call.result_ref):
-        mark_unknown(
-            call.attempt,
-            reason="the tool returned without a receipt (no provider request id or result reference); "
-            "the reconciler will verify it at the provider",
-            fence=call.fence,
-            actor=actor,
-        )
-        return value
-    if note:
-        log.warning("attempt %s: %s", call.attempt.pk, note)
-    confirm(
-        call.attempt,
-        provider_request_id=call.request_id,
-        result_ref=call.result_ref,
-        result=stored,
-        fence=call.fence,
-        actor=actor,
-    )
-    return value
 
 
 def provider_tool(

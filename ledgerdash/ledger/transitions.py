@@ -1015,6 +1015,7 @@ def attempt_verify(
     provider_request_id = _validate_ref(provider_request_id.strip(), "provider_request_id", 255)
     with transaction.atomic():
         attempt = _locked_for_decision(attempt_id, fence_seen)
+        _never_sent(attempt, "verify")
         updates: dict[str, Any] = {"result_ref": _clean_text(evidence)[:1000]}
         if provider_request_id:
             if attempt.provider_request_id and attempt.provider_request_id != provider_request_id:
@@ -1059,6 +1060,7 @@ def attempt_recheck(*, attempt_id: int, actor: Actor, reason: str = "") -> Attem
     now = timezone.now()
     with transaction.atomic():
         attempt = _get(attempt_id, lock=True)
+        _never_sent(attempt, "look up")
         note = reason.strip() or "re-check requested"
         if attempt.state == S.UNKNOWN:
             Attempt.objects.filter(pk=attempt.pk).update(next_check_at=now, updated_at=now)
@@ -1103,20 +1105,44 @@ def retry_request(*, attempt_id: int, actor: Actor, reason: str) -> Attempt:
         )
 
 
-#: Parent standings from which a retry cannot duplicate the original.
-_ORIGINAL_SAFE_STATES = frozenset({S.FAILED, S.FAILED_RETRYABLE, S.INTENT_RECORDED})
+#: An original in one of these states may still be sent by its agent or the
+#: reconciler; approving a retry beside it could send both.
+_ORIGINAL_LIVE_STATES = frozenset({S.INTENT_RECORDED, S.DISPATCHED, S.UNKNOWN, S.FAILED_RETRYABLE})
+
+
+def original_blocks(original: Attempt) -> str | None:
+    """Why a retry of ``original`` must not be approved at all yet (no
+    recorded reason overrides it), or None."""
+    if original.state in _ORIGINAL_LIVE_STATES:
+        return (
+            f"the original #{original.pk} is {original.state} and may yet be sent (by its agent or the "
+            "reconciler): settle it first"
+        )
+    if original.state == S.RECONCILED:
+        return f"the original #{original.pk} was already superseded by another approved retry"
+    return None
 
 
 def original_standing(original: Attempt) -> str | None:
-    """Why approving a retry of ``original`` could duplicate it, or None if it cannot."""
-    if original.state in _ORIGINAL_SAFE_STATES:
+    """Why approving a retry of ``original`` could duplicate it (a risk a
+    recorded reason may accept), or None if it cannot."""
+    if original.state == S.FAILED:
         return None
     if original.state == S.OUTCOME_CONFIRMED:
         return f"the original #{original.pk} happened (confirmed): a retry performs it a second time"
-    if original.last_lookup == "not_found":
+    if original.state == S.MANUAL_REVIEW and original.last_lookup == "not_found":
         return None
     said = original.last_lookup or "no lookup yet"
     return f"the provider has not said the original #{original.pk} did not happen (last lookup: {said})"
+
+
+def _never_sent(attempt: Attempt, what: str) -> None:
+    # A linked attempt nobody sent has nothing at the provider to look up or
+    # verify; re-checking it would hand it to the reconciler unapproved.
+    if attempt.state == S.MANUAL_REVIEW and attempt.dispatch_count == 0:
+        raise IllegalTransition(
+            f"#{attempt.pk} was never sent, so there is nothing to {what}; approve or reject it instead"
+        )
 
 
 def retry_approve(
@@ -1159,8 +1185,11 @@ def retry_approve(
             if denied:
                 changes.append(denied)
             changes.extend(standing_of(retry, original=original).changes)
+            blocked = original_blocks(original)
             risk = original_standing(original)
-            if risk and not safe_because.strip():
+            if blocked:
+                changes.append(blocked)
+            elif risk and not safe_because.strip():
                 changes.append(f"{risk}; record why it is safe to approve anyway")
             if changes:
                 refusal = ApprovalRefused(

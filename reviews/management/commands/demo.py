@@ -13,6 +13,7 @@ Runs once: a database that already has the demo tenants is left alone.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 from django.conf import settings
@@ -48,6 +49,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["verbosity"] < 2:
+            logging.getLogger("ledgerdash.reconciler").setLevel(logging.WARNING)
         if not settings.DEBUG and not options["force"]:
             raise CommandError("refusing to create demo users with a known password while DEBUG is off (use --force)")
         if Tenant.objects.filter(slug__in=[slug for slug, _ in TENANTS]).exists():
