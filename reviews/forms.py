@@ -96,6 +96,17 @@ class ListForm(forms.Form):
             page_size=queries.PAGE_SIZE,
         )
 
+    def active_filters(self) -> dict[str, str]:
+        """The filters in force (call after is_valid()), as given: what an
+        export records about what it selected. Paging and sorting are not filters."""
+        data = getattr(self, "cleaned_data", {})
+        active = {name: str(data[name]) for name in ("tenant", "q", "tool", "age", "state") if data.get(name)}
+        if data.get("owner") not in (None, "", "anyone"):
+            active["owner"] = str(data["owner"])
+        if self.queue_state:
+            active["state"] = self.queue_state
+        return active
+
 
 class OwnerSeenField(forms.CharField):
     """The owner (user id, or empty for nobody) the page showed when the person acted."""

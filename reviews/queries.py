@@ -12,7 +12,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun, Policy, State, Tenant
+from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, ChainHead, DrillRun, Policy, State, Tenant
 from reviews.models import ROLE_RANK, Membership, Role
 
 #: The queues people work, by the slug in their URL.
@@ -124,6 +124,9 @@ class ListQuery:
     after: Cursor | None = None
     before: Cursor | None = None
     page_size: int = PAGE_SIZE
+    #: Absolute bounds on ``created_at`` (the export command's time range).
+    since: datetime | None = None
+    until: datetime | None = None
 
 
 @dataclass
@@ -151,23 +154,39 @@ def _search_filter(text: str) -> Q:
     return q
 
 
-def _filtered(query: ListQuery, user: Any, now: datetime) -> QuerySet[Attempt]:
-    qs = Attempt.objects.all()
+def attempt_filter(query: ListQuery, user: Any, now: datetime, *, prefix: str = "") -> Q:
+    """The list's filters as one condition on attempts: the queues, the
+    search and the exports (which filter events by their attempt, with
+    ``prefix="attempt__"``) all select the same attempts for the same query."""
+
+    def q(**lookups: Any) -> Q:
+        return Q(**{prefix + name: value for name, value in lookups.items()})
+
+    condition = Q()
     if query.state:
-        qs = qs.filter(state=query.state)
+        condition &= q(state=query.state)
     if query.tool:
-        qs = qs.filter(tool_name=query.tool)
+        condition &= q(tool_name=query.tool)
     if query.owner == "me":
-        qs = qs.filter(owner=user)
+        condition &= q(owner=user)
     elif query.owner == "unassigned":
-        qs = qs.filter(owner__isnull=True)
+        condition &= q(owner__isnull=True)
     if query.older_than is not None:
-        qs = qs.filter(created_at__lte=now - query.older_than)
+        condition &= q(created_at__lte=now - query.older_than)
     if query.newer_than is not None:
-        qs = qs.filter(created_at__gt=now - query.newer_than)
+        condition &= q(created_at__gt=now - query.newer_than)
+    if query.since is not None:
+        condition &= q(created_at__gte=query.since)
+    if query.until is not None:
+        condition &= q(created_at__lt=query.until)
     if query.search:
-        qs = qs.filter(_search_filter(query.search))
-    return qs
+        search = _search_filter(query.search)
+        condition &= Q(**{prefix + "pk__in": Attempt.objects.filter(search).values("pk")}) if prefix else search
+    return condition
+
+
+def _filtered(query: ListQuery, user: Any, now: datetime) -> QuerySet[Attempt]:
+    return Attempt.objects.filter(attempt_filter(query, user, now))
 
 
 def _beyond(qs: QuerySet[Attempt], cursor: Cursor, *, ascending: bool) -> QuerySet[Attempt]:
@@ -253,3 +272,38 @@ def drill_runs_for(user: Any) -> QuerySet[DrillRun]:
         .defer("report")
         .order_by("-started_at", "-id")
     )
+
+
+# --- audit -----------------------------------------------------------------------------
+
+
+def events_of_chain(attempts: list[Attempt]) -> QuerySet[AttemptEvent]:
+    """Every event of these attempts (a linked chain), in chain order."""
+    return AttemptEvent.objects.filter(attempt__in=attempts).select_related("actor_user").order_by("seq")
+
+
+@dataclass(frozen=True)
+class ChainStatus:
+    """A tenant's chain as the last ``verify_audit`` left it (a cached
+    result: walking the chain on a page view would read every event)."""
+
+    tenant: Tenant
+    head_seq: int
+    check: ChainCheck | None
+
+    @property
+    def status(self) -> str:
+        if self.check is None:
+            return "unverified"
+        return "verified" if self.check.ok else "broken"
+
+    @property
+    def appended_since(self) -> int:
+        return max(0, self.head_seq - self.check.verified_seq) if self.check is not None else self.head_seq
+
+
+def chain_status(user: Any) -> list[ChainStatus]:
+    tenants = Tenant.objects.filter(pk__in=tenant_ids_for(user)).order_by("slug")
+    heads = dict(ChainHead.objects.filter(tenant__in=tenants).values_list("tenant_id", "seq"))
+    checks = {c.tenant_id: c for c in ChainCheck.objects.filter(tenant__in=tenants)}
+    return [ChainStatus(t, heads.get(t.pk, 0), checks.get(t.pk)) for t in tenants]

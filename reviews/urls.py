@@ -2,12 +2,13 @@ from __future__ import annotations
 
 from django.urls import path
 
-from reviews import drills, views
+from reviews import audit_views, drills, views
 
 app_name = "reviews"
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("export.<str:fmt>", audit_views.export, name="export"),
     path("queues/<slug:queue>/", views.attempt_list, name="queue"),
     path("attempts/", views.attempt_list, name="search"),
     path("attempts/assign/", views.bulk_assign, name="bulk_assign"),
@@ -24,4 +25,10 @@ urlpatterns = [
     path("attempts/<int:pk>/reject/", views.retry_reject, name="reject"),
     path("drills/", drills.drill_list, name="drills"),
     path("drills/<int:pk>/", drills.drill_detail, name="drill"),
+    path("attempts/<int:pk>/report/", audit_views.attempt_report, name="attempt_report"),
+    path("attempts/<int:pk>/report.pdf", audit_views.attempt_report_pdf, name="attempt_report_pdf"),
+    path("attempts/<int:pk>/incident/", audit_views.incident_report, name="incident_report"),
+    path("attempts/<int:pk>/incident.pdf", audit_views.incident_report_pdf, name="incident_report_pdf"),
+    path("drills/<int:pk>/report/", audit_views.drill_report, name="drill_report"),
+    path("drills/<int:pk>/report.pdf", audit_views.drill_report_pdf, name="drill_report_pdf"),
 ]

@@ -122,6 +122,7 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
     context: dict[str, Any] = {"counts": counts}
     if not _partial(request):
         context["latest_drills"] = list(queries.drill_runs_for(request.user)[:3])
+        context["chains"] = queries.chain_status(request.user)
     return _render(request, "reviews/home.html", "counts", context)
 
 

@@ -106,3 +106,9 @@ def test_drill_pages_need_a_log_in(tenant_a: Tenant) -> None:
     response = Client().get(reverse("reviews:drills"))
     assert response.status_code == 302
     assert response["Location"].startswith(reverse("login"))
+
+
+def test_a_run_links_its_printable_report(tenant_a: Tenant, viewer_a: Any) -> None:
+    run = stored_run(tenant_a, ok=True)
+    page = as_user(viewer_a).get(reverse("reviews:drill", args=[run.pk])).content.decode()
+    assert f'href="{reverse("reviews:drill_report", args=[run.pk])}"' in page

@@ -454,3 +454,28 @@ class ApiToken(models.Model):
         if self.expires_at is not None and self.expires_at <= now:
             return "expired"
         return "active"
+
+
+class ChainCheck(models.Model):
+    """The last verification of a tenant's event chain (``manage.py verify_audit``).
+
+    The dashboard's badge reads this row instead of walking the chain on a
+    page view: a walk reads every event of the tenant. ``verified_seq``
+    against the live :class:`ChainHead` tells how much was appended since.
+    """
+
+    tenant = models.OneToOneField(Tenant, primary_key=True, on_delete=models.CASCADE, related_name="chain_check")
+    checked_at = models.DateTimeField()
+    ok = models.BooleanField()
+    #: The last seq the walk reached (the head's, when it held).
+    verified_seq = models.PositiveBigIntegerField(default=0)
+    events = models.PositiveBigIntegerField(default=0)
+    #: The first break: edited, missing, reordered, head mismatch, attempt without events.
+    problem = models.CharField(max_length=32, blank=True)
+    break_seq = models.PositiveBigIntegerField(null=True, blank=True)
+    break_event_id = models.BigIntegerField(null=True, blank=True)
+    message = models.TextField(blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {'ok' if self.ok else self.problem} @ {self.checked_at:%Y-%m-%d %H:%M}"

@@ -63,3 +63,11 @@ def count_label(value: int | None) -> str:
     if value is None:
         return "0"
     return f"{queries.COUNT_CAP}+" if value > queries.COUNT_CAP else str(value)
+
+
+@register.filter
+def compact_json(value: Any) -> str:
+    """One-line JSON with sorted keys: dense enough for a printed report."""
+    import json
+
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))

@@ -1,0 +1,231 @@
+"""Audit: exports of the queues' selections, and reports people read and print.
+
+Same rules as the rest of the dashboard: another tenant's rows are a 404, a
+role too small a 403. Exporting needs the operator role in every exported
+tenant (operators export audit reports; a viewer reads them on screen).
+Reports are readable by anyone who may read the attempt (or the drill's
+tenant).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.contrib.staticfiles import finders
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.shortcuts import get_object_or_404, render
+from django.template.loader import render_to_string
+from django.utils import timezone
+from django.views.decorators.http import require_safe
+
+from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun
+from reviews import diffs, exports, queries
+from reviews.forms import ListForm
+from reviews.models import Role
+from reviews.permissions import can
+from reviews.views import _actor, _attempt_for_user, _form_errors, _tenants_or_403
+
+CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "ndjson": "application/x-ndjson; charset=utf-8"}
+
+
+def _export_request(request: HttpRequest, fmt: str) -> exports.ExportRequest | HttpResponse:
+    """The export the query string asks for, authorized, or the response refusing it."""
+    tenants = _tenants_or_403(request)
+    queue = request.GET.get("queue", "")
+    if queue and queue not in queries.QUEUES:
+        raise Http404("no such queue")
+    slug = request.GET.get("tenant", "")
+    if slug and slug not in {t.slug for t in tenants}:
+        # Whether another tenant exists is not the user's business.
+        raise Http404("no such tenant")
+    form = ListForm(request.GET, tenants=tenants, queue_state=queries.QUEUES[queue] if queue else "")
+    if not form.is_valid():
+        # A list shows what it can of a bad query string; an export must not
+        # quietly select something other than what was asked for.
+        return HttpResponseBadRequest(f"not exported: {_form_errors(form)}", content_type="text/plain")
+    query = dataclasses.replace(form.list_query(), after=None, before=None)
+    selected = [t for t in tenants if t.pk in query.tenant_ids]
+    short = [t.slug for t in selected if not can(request.user, t.pk, Role.OPERATOR)]
+    if short:
+        raise PermissionDenied(f"exporting needs the operator role in {', '.join(short)}; choose a tenant")
+    filters = form.active_filters()
+    return exports.ExportRequest(
+        tenants=selected,
+        format=fmt,
+        actor=_actor(request),
+        query=None if set(filters) <= {"tenant"} else query,
+        owner_user=request.user,
+        links=request.GET.get("links") == "1",
+        filters=filters,
+    )
+
+
+@login_required
+@require_safe
+def export(request: HttpRequest, fmt: str) -> HttpResponseBase:
+    """The list's selection (its query string) as a CSV or NDJSON download, streamed."""
+    if fmt not in exports.FORMATS:
+        raise Http404("no such export format")
+    export_request = _export_request(request, fmt)
+    if isinstance(export_request, HttpResponse):
+        return export_request
+    if request.method == "HEAD":
+        return HttpResponse(content_type=CONTENT_TYPES[fmt])
+    names = "-".join(t.slug for t in export_request.tenants)
+    filename = f"ledgerdash-audit-{names}-{timezone.now():%Y%m%dT%H%M%SZ}.{fmt}"
+    response = StreamingHttpResponse(exports.stream(export_request), content_type=CONTENT_TYPES[fmt])
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+# --- reports ------------------------------------------------------------------------------
+
+#: The crash drill keys its attempts ``drill:<run>:<case>``.
+_DRILL_KEY = re.compile(r"^drill:(\d+):(.+)$")
+
+
+def _drill_case(attempt: Attempt) -> tuple[DrillRun, dict[str, Any]] | None:
+    """The crash-drill case that produced ``attempt``, with its assertions and evidence."""
+    match = _DRILL_KEY.match(attempt.idempotency_key)
+    if match is None:
+        return None
+    run = DrillRun.objects.filter(pk=int(match.group(1)), tenant_id=attempt.tenant_id).first()
+    if run is None:
+        return None
+    case = next((c for c in run.report.get("cases", []) if c.get("key") == attempt.idempotency_key), None)
+    return (run, case) if case is not None else None
+
+
+def _is_decision(event: AttemptEvent) -> bool:
+    """What people decided (and what was refused), as opposed to what machines did."""
+    return event.actor_kind == "user" or event.kind == "approval_refused"
+
+
+def _report_context(request: HttpRequest, attempt: Attempt, *, incident: bool) -> dict[str, Any]:
+    chain = queries.chain_of(attempt)
+    subjects = chain if incident else [attempt]
+    timeline = list(queries.events_of_chain(subjects))
+    drill = _drill_case(attempt)
+    status = next((s for s in queries.chain_status(request.user) if s.tenant.pk == attempt.tenant_id), None)
+    return {
+        "attempt": attempt,
+        "incident": incident,
+        "subjects": [
+            {
+                "attempt": a,
+                "args_json": diffs.as_json(a.args),
+                "parent_diff": diffs.diff(next(p for p in chain if p.pk == a.parent_id), a) if a.parent_id else None,
+            }
+            for a in subjects
+        ],
+        "chain": chain,
+        "timeline": timeline,
+        "decisions": [e for e in timeline if _is_decision(e)],
+        "drill_run": drill[0] if drill else None,
+        "drill_case": drill[1] if drill else None,
+        "chain_status": status,
+        "generated_at": timezone.now(),
+    }
+
+
+def _pdf(request: HttpRequest, template: str, context: dict[str, Any], filename: str) -> HttpResponse:
+    """The report as a PDF, by WeasyPrint: the same HTML, the print stylesheet,
+    and nothing fetched from anywhere (the content is attacker-controlled text)."""
+    try:
+        import weasyprint
+        from weasyprint.urls import URLFetcher, URLFetchingError
+    except (ImportError, OSError) as exc:  # OSError: Pango missing from the system
+        return HttpResponse(
+            f"PDF rendering is unavailable here ({exc}); print the HTML report instead.",
+            status=503,
+            content_type="text/plain",
+        )
+
+    class NoFetching(URLFetcher):
+        def fetch(self, url: str, headers: Any = None) -> Any:
+            raise URLFetchingError(f"a report fetches nothing ({url})")
+
+    html = render_to_string(template, {**context, "pdf": True}, request=request)
+    css = Path(str(finders.find("ledgerdash/report.css"))).read_text(encoding="utf-8")
+    document = weasyprint.HTML(string=html, url_fetcher=NoFetching())
+    pdf = document.write_pdf(stylesheets=[weasyprint.CSS(string=css)])
+    response = HttpResponse(pdf, content_type="application/pdf")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+def _report(request: HttpRequest, pk: int, *, incident: bool, pdf: bool) -> HttpResponse:
+    attempt = _attempt_for_user(request, pk)
+    context = _report_context(request, attempt, incident=incident)
+    template = "reviews/audit_report.html"
+    if pdf:
+        kind = "incident" if incident else "attempt"
+        return _pdf(request, template, context, f"ledgerdash-{kind}-{attempt.pk}.pdf")
+    return render(request, template, context)
+
+
+@login_required
+@require_safe
+def attempt_report(request: HttpRequest, pk: int) -> HttpResponse:
+    """One attempt for the record: facts, arguments, decisions, timeline."""
+    return _report(request, pk, incident=False, pdf=False)
+
+
+@login_required
+@require_safe
+def attempt_report_pdf(request: HttpRequest, pk: int) -> HttpResponse:
+    return _report(request, pk, incident=False, pdf=True)
+
+
+@login_required
+@require_safe
+def incident_report(request: HttpRequest, pk: int) -> HttpResponse:
+    """Every attempt at the side effect ``pk`` belongs to (its linked chain),
+    with one timeline across them."""
+    return _report(request, pk, incident=True, pdf=False)
+
+
+@login_required
+@require_safe
+def incident_report_pdf(request: HttpRequest, pk: int) -> HttpResponse:
+    return _report(request, pk, incident=True, pdf=True)
+
+
+def _drill(request: HttpRequest, pk: int, *, pdf: bool) -> HttpResponse:
+    run = get_object_or_404(queries.drill_runs_for(request.user), pk=pk)
+    cases = run.report.get("cases", [])
+    visible = set(
+        queries.attempts_for(request.user)
+        .filter(pk__in=[a["id"] for c in cases for a in c.get("attempts", [])])
+        .values_list("pk", flat=True)
+    )
+    context = {
+        "run": run,
+        "cases": cases,
+        "visible": visible,
+        "chain_status": next((s for s in queries.chain_status(request.user) if s.tenant.pk == run.tenant_id), None),
+        "generated_at": timezone.now(),
+    }
+    if pdf:
+        return _pdf(request, "reviews/drill_report.html", context, f"ledgerdash-drill-{run.pk}.pdf")
+    return render(request, "reviews/drill_report.html", context)
+
+
+@login_required
+@require_safe
+def drill_report(request: HttpRequest, pk: int) -> HttpResponse:
+    """A crash-drill run for the record: every case, its assertions and their evidence."""
+    return _drill(request, pk, pdf=False)
+
+
+@login_required
+@require_safe
+def drill_report_pdf(request: HttpRequest, pk: int) -> HttpResponse:
+    return _drill(request, pk, pdf=True)

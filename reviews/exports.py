@@ -1,0 +1,344 @@
+"""Audit exports: attempts with their events, as CSV or NDJSON, streamed.
+
+One row per event, in chain order (tenant, then ``seq``), with its attempt's
+columns repeated on every row (empty for a tenant-level event such as a
+policy change or an earlier export). The column set is :data:`COLUMNS`; the
+README documents it. Every field the chain's content hash covers is in the
+row, so ``scripts/verify_export.py`` can recompute each row's hashes offline.
+
+Records (the ``record`` column):
+
+- ``export``: the first row: who exported what, when, with which filters.
+- ``event``: an event and its attempt.
+- ``link``: an event the filters left out, reduced to its seq and hashes,
+  written only when asked for (``links``) so a filtered export can still be
+  walked from the first event to the chain head.
+- ``head``: after each tenant's rows: the tenant's chain head (seq and hash)
+  read when the export started. Every row is at or below it; a file without
+  it was cut short.
+
+Memory stays flat whatever the size: events are read in keyset chunks of
+:data:`CHUNK` on the (tenant, seq) index and written out chunk by chunk.
+Exporting is itself an audit event: each exported tenant's chain records
+who, the filters, the format and the row count (after the head it carries).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import rfc8785
+from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.utils import timezone
+
+from ledgerdash.ledger import chain
+from ledgerdash.ledger.models import AttemptEvent, ChainHead, Tenant
+from ledgerdash.ledger.transitions import Actor, event_record
+from reviews.queries import ListQuery, attempt_filter
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+FORMATS = ("csv", "ndjson")
+CHUNK = 2000
+#: Text is handed on once this much is buffered (and at the end).
+FLUSH_BYTES = 256 * 1024
+
+ATTEMPT_COLUMNS = (
+    "attempt_id",
+    "task_id",
+    "tool_name",
+    "idempotency_key",
+    "args_hash",
+    "args",
+    "provider_key",
+    "provider_request_id",
+    "policy_version",
+    "credential_scope",
+    "state",
+    "owner",
+    "parent_id",
+    "attempt_created_at",
+)
+EVENT_COLUMNS = (
+    "event_seq",
+    "event_id",
+    "event_kind",
+    "event_at",
+    "actor_kind",
+    "actor_user_id",
+    "actor_label",
+    "from_state",
+    "to_state",
+    "fence",
+    "reason",
+    "details",
+    "content_hash",
+    "prev_hash",
+    "hash",
+)
+#: The stable column set, in order. New columns are only ever appended.
+COLUMNS = ("record", "tenant", "tenant_id", *ATTEMPT_COLUMNS, *EVENT_COLUMNS)
+
+#: A spreadsheet treats a cell starting with one of these as a formula
+#: (OWASP "CSV injection"). Such cells get a leading single quote; so does a
+#: cell that already starts with one, so that the quote can be taken off
+#: again unambiguously (scripts/verify_export.py does).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
+
+# What is read per event: its own fields, then its attempt's (NULL for a
+# tenant-level event). Values, not model instances: a million of them.
+_EVENT_FIELDS = (
+    "seq",
+    "id",
+    "attempt_id",
+    "kind",
+    "created_at",
+    "actor_kind",
+    "actor_user_id",
+    "actor_label",
+    "from_state",
+    "to_state",
+    "fence",
+    "reason",
+    "details",
+    "content_hash",
+    "prev_hash",
+    "hash",
+)
+_ATTEMPT_FIELDS = (
+    "attempt__task_id",
+    "attempt__tool_name",
+    "attempt__idempotency_key",
+    "attempt__args_hash",
+    "attempt__args",
+    "attempt__provider_key",
+    "attempt__provider_request_id",
+    "attempt__policy_version",
+    "attempt__credential_scope",
+    "attempt__state",
+    "attempt__owner__username",
+    "attempt__parent_id",
+    "attempt__created_at",
+)
+
+
+def neutralize(cell: str) -> str:
+    """A CSV cell a spreadsheet will show as text, never run as a formula."""
+    return "'" + cell if cell.startswith(FORMULA_STARTS) else cell
+
+
+def canonical_json(value: Any) -> str:
+    return rfc8785.dumps(value).decode()
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What to export, already authorized: the tenants are the requester's."""
+
+    tenants: list[Tenant]
+    format: str
+    actor: Actor
+    #: The list filters; None exports every event of the tenants (a full export).
+    query: ListQuery | None = None
+    #: Whom the "me" owner filter means.
+    owner_user: Any = None
+    #: Write filtered-out events as ``link`` rows (a filtered export that
+    #: can be walked to the chain head).
+    links: bool = False
+    #: The filters as given, for the export row and the audit event.
+    filters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def full(self) -> bool:
+        return self.query is None
+
+
+@dataclass
+class _Counts:
+    events: int = 0
+    links: int = 0
+
+
+class _Writer:
+    """Turns records (dicts keyed by COLUMNS) into text, a chunk at a time."""
+
+    def __init__(self, fmt: str) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+        self.csv = fmt == "csv"
+        self.buffer = io.StringIO()
+        self.writer = csv.writer(self.buffer) if self.csv else None
+
+    def header(self) -> None:
+        if self.writer is not None:
+            self.writer.writerow(COLUMNS)
+
+    def add(self, record: dict[str, Any]) -> None:
+        if self.writer is None:
+            self.buffer.write(json.dumps({name: record.get(name) for name in COLUMNS}, ensure_ascii=False))
+            self.buffer.write("\n")
+            return
+        self.writer.writerow([_csv_cell(record.get(name)) for name in COLUMNS])
+
+    def take(self) -> str:
+        text = self.buffer.getvalue()
+        self.buffer.seek(0)
+        self.buffer.truncate()
+        return text
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        value = canonical_json(value)
+    return neutralize(str(value))
+
+
+def _event_record(row: dict[str, Any], tenant: Tenant) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "record": "event",
+        "tenant": tenant.slug,
+        "tenant_id": tenant.pk,
+        "event_seq": row["seq"],
+        "event_id": row["id"],
+        "event_kind": row["kind"],
+        "event_at": chain.timestamp(row["created_at"]),
+        "attempt_id": row["attempt_id"],
+    }
+    for name in ("actor_kind", "actor_user_id", "actor_label", "from_state", "to_state", "fence", "reason"):
+        record[name] = row[name]
+    record["details"] = row["details"]
+    record["content_hash"], record["prev_hash"], record["hash"] = row["content_hash"], row["prev_hash"], row["hash"]
+    if row["attempt_id"] is not None:
+        for column in ATTEMPT_COLUMNS[1:]:
+            record[column] = row.get("attempt__" + column)
+        record["owner"] = row["attempt__owner__username"]
+        record["attempt_created_at"] = chain.timestamp(row["attempt__created_at"])
+    return record
+
+
+def _link_record(row: dict[str, Any], tenant: Tenant) -> dict[str, Any]:
+    return {
+        "record": "link",
+        "tenant": tenant.slug,
+        "tenant_id": tenant.pk,
+        "event_seq": row["seq"],
+        "content_hash": row["content_hash"],
+        "prev_hash": row["prev_hash"],
+        "hash": row["hash"],
+    }
+
+
+def _chain_rows(request: ExportRequest, tenant: Tenant, head_seq: int, now: datetime) -> Iterator[dict[str, Any]]:
+    """The tenant's events up to ``head_seq`` in seq order, by keyset chunks;
+    each row says whether the filters include it."""
+    qs = AttemptEvent.objects.filter(tenant_id=tenant.pk, seq__lte=head_seq)
+    fields: tuple[str, ...] = _EVENT_FIELDS + _ATTEMPT_FIELDS
+    if request.query is not None:
+        condition = attempt_filter(request.query, request.owner_user, now, prefix="attempt__")
+        if request.links:
+            qs = qs.annotate(included=ExpressionWrapper(condition, output_field=BooleanField()))
+            fields += ("included",)
+        else:
+            qs = qs.filter(condition & Q(attempt__isnull=False))
+    last = 0
+    while True:
+        chunk = list(qs.filter(seq__gt=last).order_by("seq").values(*fields)[:CHUNK])
+        if not chunk:
+            return
+        yield from chunk
+        last = chunk[-1]["seq"]
+
+
+def stream(request: ExportRequest) -> Iterator[str]:
+    """The export as text chunks. The audit events are written when the last
+    chunk has been produced (or, if the reader goes away, with what was sent)."""
+    now = timezone.now()
+    writer = _Writer(request.format)
+    writer.header()
+    heads = {h.tenant_id: h for h in ChainHead.objects.filter(tenant_id__in=[t.pk for t in request.tenants])}
+    counts = {t.pk: _Counts() for t in request.tenants}
+    writer.add(
+        {
+            "record": "export",
+            "reason": f"audit export by {request.actor.label}",
+            "event_at": chain.timestamp(now),
+            "actor_kind": request.actor.kind,
+            "actor_user_id": request.actor.user_id,
+            "actor_label": request.actor.label,
+            "details": {
+                "format_version": FORMAT_VERSION,
+                "scope": "full" if request.full else ("filtered with links" if request.links else "filtered"),
+                "filters": request.filters,
+                "tenants": [t.slug for t in request.tenants],
+            },
+        }
+    )
+    complete = False
+    try:
+        for tenant in request.tenants:
+            head = heads.get(tenant.pk)
+            head_seq, head_hash = (head.seq, head.hash) if head else (0, chain.GENESIS)
+            tally = counts[tenant.pk]
+            for row in _chain_rows(request, tenant, head_seq, now):
+                if row.get("included", True):
+                    writer.add(_event_record(row, tenant))
+                    tally.events += 1
+                else:
+                    writer.add(_link_record(row, tenant))
+                    tally.links += 1
+                if writer.buffer.tell() > FLUSH_BYTES:
+                    yield writer.take()
+            writer.add(
+                {
+                    "record": "head",
+                    "tenant": tenant.slug,
+                    "tenant_id": tenant.pk,
+                    "event_seq": head_seq,
+                    "hash": head_hash,
+                    "details": {"events": tally.events, "links": tally.links},
+                }
+            )
+        complete = True
+        yield writer.take()
+    finally:
+        try:
+            _record_exports(request, counts, heads, complete=complete)
+        except Exception:
+            # A response's closers may not raise (Django drops what they do):
+            # a lost audit event must at least be in the log.
+            log.exception("could not record the export by %s in the ledger", request.actor.label)
+            raise
+
+
+def _record_exports(
+    request: ExportRequest, counts: dict[int, _Counts], heads: dict[int, ChainHead], *, complete: bool
+) -> None:
+    for tenant in request.tenants:
+        tally = counts[tenant.pk]
+        head = heads.get(tenant.pk)
+        what = "exported" if complete else "export interrupted after"
+        event_record(
+            tenant=tenant,
+            kind="export",
+            actor=request.actor,
+            reason=f"{what} {tally.events} event rows of {tenant.slug} as {request.format}",
+            details={
+                "format": request.format,
+                "filters": request.filters,
+                "rows": tally.events,
+                "links": tally.links,
+                "complete": complete,
+                "head_seq": head.seq if head else 0,
+                "head_hash": head.hash if head else chain.GENESIS,
+            },
+        )

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Verify a ledgerdash audit export offline: python verify_export.py EXPORT.csv|EXPORT.ndjson
+
+Needs only the standard library and the rfc8785 package (pip install rfc8785);
+not ledgerdash, not its database. For each tenant in the file it recomputes
+every event row's content hash from its fields (sha256 of the RFC 8785 JSON
+of tenant_id, attempt_id, kind, actor_kind, actor_user_id, actor_label,
+from_state, to_state, fence, reason, details, created_at) and each link
+(hash = sha256(prev_hash bytes + content_hash bytes)), then:
+
+- a full export (or a filtered one with link rows) must run from seq 1 to
+  the head row's seq without a gap and end on the head's hash: the rows are
+  the whole chain up to that head, unmodified;
+- a filtered export without link rows can only show each row is unmodified
+  relative to the hashes it carries, and that neighbouring rows link up.
+
+--known-head TENANT:SEQ:HASH (repeatable) checks the chain still passes
+through a head you kept from an earlier export or from verify_audit.
+Exit status 0 when everything checked holds, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import rfc8785
+
+GENESIS = "0" * 64
+INT_COLUMNS = ("tenant_id", "attempt_id", "actor_user_id", "fence", "event_seq", "event_id")
+
+
+def records(path: str) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8", newline="") as handle:
+        first = handle.read(1)
+        handle.seek(0)
+        if first == "{":
+            for line in handle:
+                if line.strip():
+                    yield json.loads(line)
+            return
+        for row in csv.DictReader(handle):
+            # Undo the export's formula neutralization: it prefixes a quote to
+            # every cell that starts with = + - @ tab, CR or a quote.
+            cells = {k: (v[1:] if v.startswith("'") else v) for k, v in row.items()}
+            for name in INT_COLUMNS:
+                cells[name] = int(cells[name]) if cells[name] else None
+            cells["details"] = json.loads(cells["details"]) if cells["details"] else None
+            yield cells
+
+
+def content_hash(row: dict[str, Any]) -> str:
+    content = {
+        "tenant_id": row["tenant_id"],
+        "attempt_id": row["attempt_id"],
+        "kind": row["event_kind"],
+        "actor_kind": row["actor_kind"],
+        "actor_user_id": row["actor_user_id"],
+        "actor_label": row["actor_label"],
+        "from_state": row["from_state"],
+        "to_state": row["to_state"],
+        "fence": row["fence"],
+        "reason": row["reason"],
+        "details": row["details"],
+        "created_at": row["event_at"],
+    }
+    return hashlib.sha256(rfc8785.dumps(content)).hexdigest()
+
+
+def link(prev_hash: str, content: str) -> str:
+    return hashlib.sha256(bytes.fromhex(prev_hash) + bytes.fromhex(content)).hexdigest()
+
+
+def verify(path: str, known_heads: dict[tuple[str, int], str]) -> list[str]:
+    """Problems found (empty when everything holds); prints what was proven."""
+    problems: list[str] = []
+    state: dict[str, dict[str, Any]] = {}
+    walkable = True
+    for row in records(path):
+        kind, tenant = row["record"], row["tenant"]
+        if kind == "export":
+            print(f"export by {row['actor_label']} at {row['event_at']}: {json.dumps(row['details'])}")
+            walkable = row["details"]["scope"] != "filtered"
+            continue
+        t = state.setdefault(tenant, {"seq": 0, "hash": GENESIS, "whole": walkable, "events": 0, "links": 0})
+        if kind == "head":
+            counted = {"events": t["events"], "links": t["links"]}
+            if row["details"] != counted:
+                problems.append(f"{tenant}: the head row counts {row['details']}, the file has {counted}")
+            if not walkable:
+                print(f"{tenant}: {t['events']} rows unmodified and linked to their neighbours; a filtered export")
+                print(f"  without link rows cannot prove completeness (head seq {row['event_seq']} {row['hash']})")
+            elif (t["seq"], t["hash"]) != (row["event_seq"], row["hash"]):
+                problems.append(f"{tenant}: the rows end at seq {t['seq']}, not at the head (seq {row['event_seq']})")
+            elif t["whole"]:
+                print(f"{tenant}: VERIFIED seq 1..{t['seq']}, complete and unmodified up to head {row['hash']}")
+            t["done"] = True
+            continue
+        seq, name = row["event_seq"], f"{tenant} seq {row['event_seq']} (event id {row['event_id']})"
+        if kind == "event":
+            t["events"] += 1
+            if content_hash(row) != row["content_hash"]:
+                problems.append(f"{name}: edited, its fields do not match its content hash")
+        else:
+            t["links"] += 1
+        if link(row["prev_hash"], row["content_hash"]) != row["hash"]:
+            problems.append(f"{name}: edited, its hash is not link(prev_hash, content_hash)")
+        if seq == t["seq"] + 1 and row["prev_hash"] != t["hash"]:
+            problems.append(f"{name}: does not follow seq {t['seq']} (missing, replaced or reordered)")
+        elif seq <= t["seq"]:
+            problems.append(f"{name}: out of order after seq {t['seq']}")
+        elif seq != t["seq"] + 1:
+            if t["whole"]:
+                problems.append(f"{name}: seq {t['seq'] + 1} to {seq - 1} missing before it")
+            t["whole"] = False
+        expected = known_heads.pop((tenant, seq), None)
+        if expected is not None and expected != row["hash"]:
+            problems.append(f"{name}: the chain no longer passes through the head you kept ({expected})")
+        t["seq"], t["hash"] = seq, row["hash"]
+    problems += [f"{tenant}: no head row: the file was cut short" for tenant, t in state.items() if not t.get("done")]
+    problems += [f"{tenant} seq {seq}: the kept head is not in this export" for tenant, seq in known_heads]
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("export")
+    parser.add_argument("--known-head", action="append", default=[], metavar="TENANT:SEQ:HASH")
+    args = parser.parse_args()
+    known = {}
+    for item in args.known_head:
+        tenant, seq, digest = item.rsplit(":", 2)
+        known[(tenant, int(seq))] = digest
+    problems = verify(args.export, known)
+    for problem in problems:
+        print("BROKEN:", problem)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

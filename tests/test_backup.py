@@ -1,0 +1,218 @@
+"""Backup -> wipe -> restore -> verify, on SQLite and on PostgreSQL; a
+restore whose chains do not verify fails loudly, naming the break."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from ledgerdash.ledger.drill.runner import database_url
+from ledgerdash.ledger.models import AttemptEvent, ChainHead, State, Tenant
+from tests.factories import attempt_in
+from tests.live import PYTHON, ROOT
+from tests.tamper import _triggers
+
+
+def manage(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+    """manage.py in its own process, on the database at ``url``."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update({"DATABASE_URL": url, "DEBUG": "false", "SECRET_KEY": "k" * 50, "ALLOWED_HOSTS": "localhost"})
+    return subprocess.run(
+        [PYTHON, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+
+
+def fill(tenant_a: Tenant, tenant_b: Tenant) -> dict[str, tuple[int, str]]:
+    for n, state in enumerate([State.OUTCOME_CONFIRMED, State.MANUAL_REVIEW, State.FAILED, State.UNKNOWN]):
+        attempt_in(state, tenant_a, key=f"a-{n}")
+        attempt_in(state, tenant_b, key=f"b-{n}")
+    return {h.tenant.slug: (h.seq, h.hash) for h in ChainHead.objects.select_related("tenant")}
+
+
+def sqlite_heads(path: Path) -> dict[str, tuple[int, str]]:
+    with sqlite3.connect(path) as db:
+        rows = db.execute(
+            "SELECT t.slug, h.seq, h.hash FROM ledger_chainhead h JOIN ledger_tenant t ON t.id = h.tenant_id"
+        ).fetchall()
+    return {slug: (seq, digest) for slug, seq, digest in rows}
+
+
+# --- SQLite -----------------------------------------------------------------------------------
+#
+# On a database file of their own, through manage.py as an operator runs it
+# (the suite's SQLite database is in memory, shared with its transaction).
+
+FILL = """
+from ledgerdash.ledger.models import State, Tenant
+from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.transitions import Actor
+from tests.conftest import TOOLS_V1
+from tests.factories import attempt_in
+
+for slug in ("acme", "globex"):
+    tenant = Tenant.objects.create(slug=slug, name=slug)
+    policy_publish(tenant=tenant, tools=TOOLS_V1, actor=Actor.system("tests"))
+    for n, state in enumerate([State.OUTCOME_CONFIRMED, State.MANUAL_REVIEW, State.FAILED, State.UNKNOWN]):
+        attempt_in(state, tenant, key=f"{slug}-{n}")
+"""
+
+
+@pytest.fixture
+def sqlite_ledger(tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "live" / "ledgerdash.sqlite3"
+    url = f"sqlite:///{path}"
+    for args in (["migrate", "-v0"], ["shell", "-c", FILL]):
+        result = manage(*args, url=url)
+        assert result.returncode == 0, result.stdout + result.stderr
+    return path, url
+
+
+def _wipe(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def test_sqlite_backup_wipe_restore_verify(sqlite_ledger: tuple[Path, str], tmp_path: Path) -> None:
+    path, url = sqlite_ledger
+    heads = sqlite_heads(path)
+    with sqlite3.connect(path) as db:
+        events = db.execute("SELECT count(*) FROM ledger_attemptevent").fetchone()
+    backup = tmp_path / "ledger.backup.sqlite3"
+    made = manage("backup_ledger", "--out", str(backup), url=url)
+    assert made.returncode == 0, made.stderr
+    assert f"acme: chain head at backup time seq {heads['acme'][0]} {heads['acme'][1]}" in made.stdout
+    _wipe(path)
+    result = manage("restore_ledger", str(backup), url=url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "restored ledger verified: 2 chains" in result.stdout
+    assert sqlite_heads(path) == heads
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM ledger_attemptevent").fetchone() == events
+        triggers = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+    assert {"ledger_attemptevent_no_update", "ledger_attemptevent_no_delete"} <= triggers  # still append-only
+    assert manage("verify_audit", url=url).returncode == 0
+
+
+def test_sqlite_restore_of_a_tampered_backup_fails_loudly(sqlite_ledger: tuple[Path, str], tmp_path: Path) -> None:
+    path, url = sqlite_ledger
+    backup = tmp_path / "ledger.backup.sqlite3"
+    assert manage("backup_ledger", "--out", str(backup), url=url).returncode == 0
+    with sqlite3.connect(backup) as db:
+        (victim_id, seq) = db.execute(
+            "SELECT e.id, e.seq FROM ledger_attemptevent e JOIN ledger_tenant t ON t.id = e.tenant_id "
+            "WHERE t.slug = 'globex' ORDER BY e.seq LIMIT 1 OFFSET 3"
+        ).fetchone()
+        for statement in _triggers.SQLITE_REVERSE:
+            db.execute(statement)
+        db.execute("UPDATE ledger_attemptevent SET reason = 'rewritten' WHERE id = ?", [victim_id])
+    _wipe(path)
+    result = manage("restore_ledger", str(backup), url=url)
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert "THE RESTORED LEDGER DOES NOT VERIFY" in output
+    assert f"tenant globex seq {seq} (event id {victim_id}) was edited" in output
+    assert "acme: ok" in output
+
+
+def test_restore_will_not_overwrite_a_ledger_unasked(sqlite_ledger: tuple[Path, str], tmp_path: Path) -> None:
+    _, url = sqlite_ledger
+    backup = tmp_path / "ledger.backup.sqlite3"
+    assert manage("backup_ledger", "--out", str(backup), url=url).returncode == 0
+    refused = manage("restore_ledger", str(backup), url=url)
+    assert refused.returncode == 1
+    assert "already holds ledger events" in refused.stderr
+    assert manage("restore_ledger", "--replace", str(backup), url=url).returncode == 0
+    again = manage("backup_ledger", "--out", str(backup), url=url)
+    assert again.returncode == 1
+    assert "exists; choose a new file" in again.stderr
+
+
+def test_restore_refuses_what_is_not_a_backup(tmp_path: Path) -> None:
+    bogus = tmp_path / "notes.txt"
+    bogus.write_text("not a database")
+    target = f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
+    result = manage("restore_ledger", str(bogus), url=target)
+    assert result.returncode == 1
+    assert "is not a ledgerdash SQLite backup" in result.stderr
+    assert manage("restore_ledger", str(tmp_path / "missing"), url=target).returncode == 1
+
+
+# --- PostgreSQL --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def scratch_databases() -> Iterator[Any]:
+    """Make empty databases of this test's own on the same server; drop them after."""
+    made: list[str] = []
+    base = database_url().rsplit("/", 1)[0]
+
+    def make() -> str:
+        name = f"ledgerdash_restore_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        made.append(name)
+        return f"{base}/{name}"
+
+    yield make
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
+        for name in made:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # pg_dump reads what is committed
+def test_postgres_backup_wipe_restore_verify(
+    tenant_a: Tenant, tenant_b: Tenant, tmp_path: Path, scratch_databases: Any
+) -> None:
+    heads = fill(tenant_a, tenant_b)
+    events = AttemptEvent.objects.count()
+    backup = tmp_path / "ledger.dump"
+    call_command("backup_ledger", "--out", str(backup))
+    target = scratch_databases()  # wiped: an empty database
+    result = manage("restore_ledger", str(backup), url=target)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "restored ledger verified: 2 chains" in result.stdout
+    with psycopg.connect(target) as restored:
+        rows = restored.execute(
+            "SELECT t.slug, h.seq, h.hash FROM ledger_chainhead h JOIN ledger_tenant t ON t.id = h.tenant_id"
+        ).fetchall()
+        assert {slug: (seq, digest) for slug, seq, digest in rows} == heads
+        assert restored.execute("SELECT count(*) FROM ledger_attemptevent").fetchone() == (events,)
+        with pytest.raises(psycopg.errors.RestrictViolation, match="append-only"):
+            restored.execute("DELETE FROM ledger_attemptevent")  # the trigger came back too
+    # Restoring again over it needs saying so.
+    again = manage("restore_ledger", str(backup), url=target)
+    assert again.returncode == 1
+    assert "already holds ledger events" in again.stderr
+    assert manage("restore_ledger", "--replace", str(backup), url=target).returncode == 0
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_postgres_restore_of_a_tampered_ledger_fails_loudly(
+    tenant_a: Tenant, tenant_b: Tenant, tmp_path: Path, scratch_databases: Any
+) -> None:
+    fill(tenant_a, tenant_b)
+    victim = AttemptEvent.objects.filter(tenant=tenant_a).order_by("seq")[5]
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        cursor.execute("DELETE FROM ledger_attemptevent WHERE id = %s", [victim.pk])
+        cursor.execute("SET session_replication_role = DEFAULT")
+    backup = tmp_path / "ledger.dump"
+    call_command("backup_ledger", "--out", str(backup))
+    result = manage("restore_ledger", str(backup), url=scratch_databases())
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert "THE RESTORED LEDGER DOES NOT VERIFY" in output
+    assert f"seq {victim.seq} missing before tenant acme seq {victim.seq + 1}" in output
+    assert "globex: ok" in output
