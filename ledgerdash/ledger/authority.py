@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledgerdash.ledger.models import Attempt, Policy, Tenant
+from django.db.models import Subquery
+
+from ledgerdash.ledger.models import Attempt, Policy, Tenant, Tool
 
 
 def scope_string(scopes: frozenset[str] | set[str]) -> str:
@@ -38,13 +40,34 @@ def standing_of(attempt: Attempt, *, original: Attempt | None = None) -> Standin
     With ``original`` (the attempt a linked retry re-tries), also refuse a
     scope wider than the original's and a tenant other than the original's.
     """
-    changes: list[str] = []
     tenant = Tenant.objects.only("slug", "is_active").get(pk=attempt.tenant_id)
+    return _compare(attempt, tenant, current_policy(attempt.tenant_id), original)
+
+
+def dispatch_standing(attempt: Attempt) -> tuple[Standing, float | None]:
+    """:func:`standing_of` for a dispatch, plus the tool's dispatch lease in
+    seconds (None: the default), read in one query: the tenant's current
+    policy joined to its tenant, the lease as a subquery. It runs before
+    every dispatch, so it is one round trip instead of three."""
+    lease = Tool.objects.filter(name=attempt.tool_name).values("dispatch_lease_seconds")[:1]
+    policy = (
+        Policy.objects.filter(tenant_id=attempt.tenant_id)
+        .select_related("tenant")
+        .annotate(lease_seconds=Subquery(lease))
+        .order_by("-version")
+        .first()
+    )
+    if policy is None:  # no policy at all: nothing may be dispatched; explain it the usual way
+        return standing_of(attempt), None
+    return _compare(attempt, policy.tenant, policy, None), policy.lease_seconds
+
+
+def _compare(attempt: Attempt, tenant: Tenant, policy: Policy | None, original: Attempt | None) -> Standing:
+    changes: list[str] = []
     if not tenant.is_active:
         changes.append(f"tenant {tenant.slug} is no longer active")
     if original is not None and original.tenant_id != attempt.tenant_id:
         changes.append(f"tenant differs from the original attempt's (tenant {original.tenant_id})")
-    policy = current_policy(attempt.tenant_id)
     if policy is None:
         changes.append(f"tenant {tenant.slug} has no policy any more")
         return Standing(tuple(changes), None)

@@ -196,13 +196,13 @@ def record_intent(
         policy_version=policy.version,
         scopes=scopes,
     )
+    # Most keys are new: try to record the intent first, and only when the
+    # key already has an attempt (recorded earlier, or a moment ago by a
+    # concurrent caller) read its chain to match against it.
+    created = transitions.attempt_create_intent(new=new, actor=actor)
+    if created is not None:
+        return Recorded(created, True)
     existing = _match(found.pk, key, args_hash, tool_name)
-    if existing is None:
-        created = transitions.attempt_create_intent(new=new, actor=actor)
-        if created is not None:
-            return Recorded(created, True)
-        # A concurrent caller recorded the key first; match against theirs.
-        existing = _match(found.pk, key, args_hash, tool_name)
     if existing is not None and existing.args_hash == args_hash and existing.tool_name == tool_name:
         return Recorded(existing, False)
     return _record_conflict(new, actor)
