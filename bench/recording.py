@@ -113,9 +113,9 @@ def _raw_agent(cfg: dict[str, Any], index: int) -> Callable[[int], None]:
     from psycopg.types.json import Jsonb
 
     conn = psycopg.connect(cfg["database_url"], autocommit=True)
-    tenant_id = int(
-        conn.execute("SELECT id FROM ledger_tenant WHERE slug = %s", [cfg["tenants"]["raw psycopg"]]).fetchone()[0]
-    )  # type: ignore[index]
+    found = conn.execute("SELECT id FROM ledger_tenant WHERE slug = %s", [cfg["tenants"]["raw psycopg"]]).fetchone()
+    assert found is not None
+    tenant_id = int(found[0])
     label = f"bench-raw-{index}@{os.getpid()}"
     prefix = f"{cfg['run']}-{os.getpid()}"
 
@@ -130,7 +130,7 @@ def _raw_agent(cfg: dict[str, Any], index: int) -> Callable[[int], None]:
         now: datetime,
     ) -> None:
         seq, prev = cur.execute(RAW_LOCK_HEAD, [tenant_id]).fetchone()
-        content = {
+        content: dict[str, Any] = {
             "tenant_id": tenant_id,
             "attempt_id": attempt_id,
             "kind": "transition",
@@ -173,7 +173,7 @@ def _raw_agent(cfg: dict[str, Any], index: int) -> Callable[[int], None]:
         cur = conn.cursor()
         now = datetime.now(UTC)
         with conn.transaction():
-            (attempt_id,) = cur.execute(
+            inserted = cur.execute(
                 RAW_INSERT_ATTEMPT,
                 [
                     tenant_id,
@@ -190,6 +190,8 @@ def _raw_agent(cfg: dict[str, Any], index: int) -> Callable[[int], None]:
                     now,
                 ],
             ).fetchone()
+            assert inserted is not None
+            attempt_id = int(inserted[0])
             event(
                 cur,
                 attempt_id,
