@@ -31,14 +31,18 @@ STEPS = (
 
 
 def _event_rows(
-    tenant_id: int, first_attempt: int, attempts: int, seq: int, prev: str, start: datetime, last: list[Any]
+    tenant_id: int, first_attempt: int, total: int, seq: int, prev: str, start: datetime, last: list[Any]
 ) -> Iterator[tuple[Any, ...]]:
-    """Three chained events per attempt; ``last`` receives the final (seq, hash)."""
+    """Three chained events per attempt (``total`` in all); ``last`` receives
+    the final (seq, hash)."""
     from ledgerdash.ledger import chain
 
+    attempts = -(-total // len(STEPS))
     for n in range(attempts):
         attempt_id = first_attempt + n
         for fence, (from_state, to_state, reason) in enumerate(STEPS):
+            if n * len(STEPS) + fence >= total:
+                break
             seq += 1
             created = start + timedelta(milliseconds=3 * seq)
             details = {"provider_request_id": f"req-{attempt_id}"} if fence == 2 else {}
@@ -66,7 +70,7 @@ def _prepare(ctx: Any, events: int) -> dict[str, Any]:
     tenant = Tenant.objects.create(slug=TENANT, name="Audited")
     policy_publish(tenant=tenant, tools={"send_email": ["email:send"]}, actor=Actor.system("bench"))
     head = ChainHead.objects.get(tenant=tenant)
-    attempts = events // 3
+    attempts = -(-events // len(STEPS))
     start = datetime.now(UTC) - timedelta(milliseconds=3 * events + 60_000)
     with psycopg.connect(ctx.dbs.url_of(ctx.dbs.main), autocommit=True) as conn:
         first = reserve_ids(conn, "ledger_attempt", attempts)
@@ -85,7 +89,7 @@ def _prepare(ctx: Any, events: int) -> dict[str, Any]:
             conn,
             "ledger_attemptevent",
             EVENT_COLUMNS,
-            _event_rows(tenant.pk, first, attempts, head.seq, head.hash, start, last),
+            _event_rows(tenant.pk, first, events, head.seq, head.hash, start, last),
         )
         conn.execute("UPDATE ledger_chainhead SET seq = %s, hash = %s WHERE tenant_id = %s", [*last, tenant.pk])
     return {"events": loaded["rows"], "load": loaded}

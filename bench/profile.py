@@ -34,12 +34,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = {"env": dict(os.environ), "tenants": _prepare_tenants(run_id), "run": run_id}
         call = _ledgerdash_agent(cfg, 0)
         for i in range(50):
-            call(i)
+            call(i, False)
         from django.db import connection
         from django.test.utils import CaptureQueriesContext
 
         with CaptureQueriesContext(connection) as captured:
-            call(10_000_000)
+            call(10_000_000, False)
         say(f"one call sends {len(captured.captured_queries)} statements:")
         for query in captured.captured_queries:
             say(f"  {query['sql'][:150]}")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         with profiler:
             for i in range(args.calls):
-                call(100 + i)
+                call(100 + i, False)
         elapsed = time.perf_counter() - began
         say(f"\n{args.calls} calls in {elapsed:.2f}s: {elapsed / args.calls * 1000:.2f} ms per call")
         say(profiler.output_text(unicode=False, color=False, show_all=False))

@@ -42,7 +42,7 @@ from typing import Any
 from django.db import transaction
 
 from ledgerdash.ledger import crashpoints, transitions
-from ledgerdash.ledger.authority import current_policy, scope_string
+from ledgerdash.ledger.authority import authority_of, scope_string
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
     AttemptFailed,
@@ -170,7 +170,7 @@ def record_intent(
     requested = parse_scope(credential_scope)
     normalized, args_hash = normalize_args(args)
     found = resolve_tenant(tenant)
-    policy = current_policy(found.pk)
+    policy = authority_of(found.pk, tool_name).policy
     if policy is None:
         raise NoPolicy(NoPolicy.MESSAGE.format(tenant=found.slug))
     allowed = policy.scopes_for(tool_name)
