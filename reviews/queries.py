@@ -70,6 +70,19 @@ def members_who_can(tenant_ids: Iterable[int], role: Role | str = Role.OPERATOR)
     )
 
 
+def member_names_who_can(tenant_ids: Iterable[int], role: Role | str = Role.OPERATOR) -> list[tuple[int, str]]:
+    """(user id, username) of the active members of these tenants holding at
+    least ``role``, each once, by username: the choices of an owner picker
+    (a list page draws one for every request, so no model instances)."""
+    ranked = [r for r in Role if ROLE_RANK[r] >= ROLE_RANK[Role(role)]]
+    return list(
+        Membership.objects.filter(tenant_id__in=list(tenant_ids), role__in=ranked, user__is_active=True)
+        .order_by("user__username", "user_id")
+        .values_list("user_id", "user__username")
+        .distinct()
+    )
+
+
 def known_tools(tenant_ids: Iterable[int]) -> list[str]:
     """Tool names any policy version of these tenants ever allowed (filter suggestions)."""
     names: set[str] = set()
