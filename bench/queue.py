@@ -282,6 +282,23 @@ def _python_load(url: str, cookie: str, seconds: float, connections: int) -> dic
     }
 
 
+def _settle(ctx: Any) -> None:
+    """Wait until the server has finished what the previous run left in
+    flight (wrk stops sending at its deadline, but an admin page takes the
+    best part of a second), so no run pays for another's tail."""
+    deadline = time.monotonic() + 10
+    with psycopg.connect(ctx.dbs.url_of(ctx.dbs.main), autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state = 'active' AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            ).fetchone()
+            if row is not None and row[0] == 0:
+                break
+            time.sleep(0.05)
+    time.sleep(0.3)
+
+
 def _check_page(url: str, cookie: str, marker: str) -> None:
     request = urllib.request.Request(url, headers={"Cookie": cookie})
     with urllib.request.urlopen(request, timeout=60) as response:
@@ -318,6 +335,7 @@ def run(ctx: Any) -> dict[str, Any]:
             for view, urls in pages.items():
                 order = ("ours", "admin") if round_no % 2 == 0 else ("admin", "ours")
                 for who in order:
+                    _settle(ctx)
                     url = base + urls[who]
                     if wrk:
                         sample = _wrk(wrk, url, cookies[who], seconds, connections)
