@@ -320,8 +320,7 @@ def _insert_with_event(attempt: Attempt, event: _Event, now: datetime) -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id'))", [Attempt._meta.db_table])
         (attempt.pk,) = cursor.fetchone()  # the event's content names the attempt
-    fields = [f for f in Attempt._meta.concrete_fields]
-    assignments = [_prepared(f.name, f.pre_save(attempt, True), connection) for f in fields]
+    assignments = [_prepared(f.name, f.pre_save(attempt, True), connection) for f in Attempt._meta.concrete_fields]
     columns, placeholders = ", ".join(column for column, _ in assignments), ", ".join(["%s"] * len(assignments))
     # Table and column names come from the model; every value is a parameter.
     change = (
