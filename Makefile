@@ -17,10 +17,19 @@ run: venv
 test: venv
 	@./scripts/test.sh
 
+## Benchmarks beside the peers, on PostgreSQL (BENCH_DATABASE_URL, default the local
+## server; scratch databases ledgerdash_bench*): under 15 minutes; bench-quick is the
+## smoke run (under 2). Figures print as a table and land in bench/results/.
+bench: venv
+	$(PY) -m bench
+
+bench-quick: venv
+	$(PY) -m bench --quick
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy ledgerdash reviews
+	$(VENV)/bin/mypy ledgerdash reviews bench
 
 clean:
 	rm -rf $(VENV) var staticfiles test-artifacts

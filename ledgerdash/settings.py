@@ -100,6 +100,13 @@ def _database(url: str) -> dict[str, object]:
     elif engine == "django.db.backends.postgresql":
         config["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
         config["CONN_HEALTH_CHECKS"] = True
+        # Server-side binding lets psycopg prepare the statements a process
+        # sends again and again (every transition's compare-and-set and event
+        # append) after their fifth use, so the server stops re-planning them.
+        # Turn it off behind a pooler in transaction mode (PgBouncer before
+        # 1.21), which cannot keep prepared statements.
+        if env_bool("DATABASE_SERVER_SIDE_BINDING", True):
+            config["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
     else:
         raise ImproperlyConfigured(f"DATABASE_URL uses {engine}; ledgerdash supports sqlite:/// and postgres:// URLs.")
     return config

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, ChainHead, DrillRun, Policy, State, Tenant
@@ -65,6 +67,19 @@ def members_who_can(tenant_ids: Iterable[int], role: Role | str = Role.OPERATOR)
         Membership.objects.filter(tenant_id__in=list(tenant_ids), role__in=ranked, user__is_active=True)
         .select_related("user", "tenant")
         .order_by("user__username", "tenant__slug")
+    )
+
+
+def member_names_who_can(tenant_ids: Iterable[int], role: Role | str = Role.OPERATOR) -> list[tuple[int, str]]:
+    """(user id, username) of the active members of these tenants holding at
+    least ``role``, each once, by username: the choices of an owner picker
+    (a list page draws one for every request, so no model instances)."""
+    ranked = [r for r in Role if ROLE_RANK[r] >= ROLE_RANK[Role(role)]]
+    return list(
+        Membership.objects.filter(tenant_id__in=list(tenant_ids), role__in=ranked, user__is_active=True)
+        .order_by("user__username", "user_id")
+        .values_list("user_id", "user__username")
+        .distinct()
     )
 
 
@@ -224,11 +239,7 @@ def list_page(user: Any, query: ListQuery, *, now: datetime | None = None) -> Pa
     if cursor is not None:
         base = _beyond(base, cursor, ascending=ascending)
     limit = query.page_size + 1
-    keys: list[list[tuple[datetime, int]]] = [
-        list(base.filter(tenant_id=tenant_id).order_by(*order).values_list("created_at", "id")[:limit])
-        for tenant_id in tenant_ids
-    ]
-    merged = list(heapq.merge(*keys, reverse=not ascending))[:limit]
+    merged = _keyset_reads(base, tenant_ids, order, limit)
     more = len(merged) > query.page_size
     merged = merged[: query.page_size]
     by_id = Attempt.objects.select_related("tenant", "owner").in_bulk([pk for _, pk in merged])
@@ -245,6 +256,37 @@ def list_page(user: Any, query: ListQuery, *, now: datetime | None = None) -> Pa
             page.next_cursor = last if more else None
             page.prev_cursor = first if cursor is not None else None
     return page
+
+
+def _keyset_reads(
+    base: QuerySet[Attempt], tenant_ids: tuple[int, ...], order: list[str], limit: int
+) -> list[tuple[datetime, int]]:
+    """The (created_at, id) of the first ``limit`` rows of ``base`` in
+    ``order``, read tenant by tenant (each an index range scan that stops
+    after ``limit`` rows), merged.
+
+    On PostgreSQL that is one statement: the per-tenant read, compiled once,
+    runs as a LATERAL subquery for each tenant id and the server merges the
+    results (a Merge Append of index scans). Elsewhere, one query a tenant.
+    """
+    descending = order[0].startswith("-")
+    if connection.vendor == "postgresql":
+        per_tenant = base.filter(tenant_id=RawSQL("tenants.id", ())).order_by(*order)
+        sql, params = per_tenant.values_list("created_at", "id")[:limit].query.sql_with_params()
+        direction = "DESC" if descending else "ASC"
+        # The ORM compiled the inner query; every value is a parameter.
+        merged_sql = (
+            f"SELECT page.* FROM unnest(%s::bigint[]) AS tenants (id) CROSS JOIN LATERAL ({sql}) AS page "  # noqa: S608
+            f"ORDER BY 1 {direction}, 2 {direction} LIMIT %s"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(merged_sql, [list(tenant_ids), *params, limit])
+            return [(created_at, pk) for created_at, pk in cursor.fetchall()]
+    keys: list[list[tuple[datetime, int]]] = [
+        list(base.filter(tenant_id=tenant_id).order_by(*order).values_list("created_at", "id")[:limit])
+        for tenant_id in tenant_ids
+    ]
+    return list(heapq.merge(*keys, reverse=descending))[:limit]
 
 
 # --- one attempt ------------------------------------------------------------------

@@ -205,10 +205,7 @@ def _actions(user: Any, attempt: Attempt, children: list[Attempt]) -> Actions:
 
 
 def _owner_choices(tenant_ids: set[int] | list[int]) -> list[tuple[int, str]]:
-    seen: dict[int, str] = {}
-    for membership in queries.members_who_can(tenant_ids, Role.OPERATOR):
-        seen.setdefault(membership.user_id, membership.user.get_username())
-    return sorted(seen.items(), key=lambda item: item[1])
+    return queries.member_names_who_can(tenant_ids, Role.OPERATOR)
 
 
 def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:

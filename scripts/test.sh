@@ -12,7 +12,7 @@ echo "== ruff"
 $BIN/ruff check .
 $BIN/ruff format --check .
 echo "== mypy"
-$BIN/mypy ledgerdash reviews
+$BIN/mypy ledgerdash reviews bench
 
 echo "== pytest on SQLite"
 env -u DATABASE_URL $BIN/pytest -m "not postgres" "$@"

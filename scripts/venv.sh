@@ -51,7 +51,7 @@ fi
 
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet -e '.[dev]'
+    "$VENV/bin/python" -m pip install --quiet -e '.[dev,bench]'
     # Guard against a resolver that fell back to an older Django.
     "$VENV/bin/python" -c 'import django, sys; sys.exit(0 if django.VERSION >= (6, 0) else "Django %s installed; ledgerdash needs 6.0 or newer" % django.get_version())'
     touch "$STAMP"

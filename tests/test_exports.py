@@ -244,8 +244,9 @@ def test_csv_cells_that_would_be_formulas_are_neutralized(tenant_a: Tenant, oper
         assert "'" + payload in cells  # the task id and the comment, quoted
         assert payload not in cells
         assert f"'{payload}-{PAYLOADS.index(payload)}" in cells  # the idempotency key
-    args_cells = [c for c in cells if c.startswith('{"note":')]
+    args_cells = [c for c in cells if c.startswith("{") and '"note"' in c]
     assert len(args_cells) == len(PAYLOADS) * 2  # one JSON cell per event row: it starts with a brace
+    assert all(json.loads(c)["note"] == CONTROL for c in args_cells)
     for payload in [*PAYLOADS, *CONTROL]:
         assert exports.neutralize(payload) == "'" + payload
     assert exports.neutralize("plain text") == "plain text"

@@ -359,3 +359,95 @@ def test_a_comment_is_an_event(tenant_a: Any, operator_a: Any) -> None:
     attempt = record(tenant_a)
     event = transitions.attempt_comment(attempt_id=attempt.pk, actor=Actor.user(operator_a), text="looking")
     assert (event.kind, event.reason, event.actor_user_id) == ("comment", "looking", operator_a.pk)
+
+
+# --- PostgreSQL, outside a transaction: a change and its event in one statement -------
+
+
+def _assert_chain_intact(tenant: Any) -> None:
+    from ledgerdash.ledger import chain
+    from ledgerdash.ledger.models import ChainHead
+
+    prev = chain.GENESIS
+    events = list(AttemptEvent.objects.filter(tenant=tenant).order_by("seq"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    for event in events:
+        assert event.content_hash == chain.content_hash(chain.event_content(event))
+        assert event.prev_hash == prev
+        assert event.hash == chain.link(prev, event.content_hash)
+        prev = event.hash
+    head = ChainHead.objects.get(tenant=tenant)
+    assert (head.seq, head.hash) == (len(events), prev)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_agents_of_one_tenant_keep_its_chain_whole(tenant_a: Any) -> None:
+    import threading
+
+    from django.db import connection
+
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def agent(n: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(5):
+                attempt = recording.record_intent(
+                    tenant="acme",
+                    task_id=f"task-{n}",
+                    tool_name="send_email",
+                    idempotency_key=f"k-{n}-{i}",
+                    args={"n": n, "i": i},
+                    actor=Actor.agent(f"agent-{n}"),
+                ).attempt
+                attempt = recording.mark_dispatched(attempt, actor=Actor.agent(f"agent-{n}"))
+                recording.confirm(attempt, provider_request_id=f"req-{n}-{i}", actor=Actor.agent(f"agent-{n}"))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=agent, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert Attempt.objects.filter(state=S.OUTCOME_CONFIRMED).count() == 40
+    for attempt in Attempt.objects.all():
+        assert [(e.from_state, e.to_state, e.fence) for e in events_of(attempt)] == [
+            ("", S.INTENT_RECORDED, 0),
+            (S.INTENT_RECORDED, S.DISPATCHED, 1),
+            (S.DISPATCHED, S.OUTCOME_CONFIRMED, 2),
+        ]
+        assert attempt.fence == 2
+    _assert_chain_intact(tenant_a)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_tenants_first_event_creates_its_chain_head(make_user: Any) -> None:
+    from ledgerdash.ledger.models import ChainHead, Policy, Tenant
+
+    tenant = Tenant.objects.create(slug="fresh", name="Fresh")
+    # A policy written directly, without the event policy_publish records.
+    Policy.objects.create(tenant=tenant, version=1, tools=TOOLS_V1)
+    assert not ChainHead.objects.filter(tenant=tenant).exists()
+    attempt = record(tenant, "first")
+    assert [e.seq for e in events_of(attempt)] == [1]
+    _assert_chain_intact(tenant)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_compare_and_set_writes_neither_change_nor_event(tenant_a: Any) -> None:
+    attempt = record(tenant_a)
+    stale = Attempt.objects.get(pk=attempt.pk)
+    recording.mark_dispatched(attempt, actor=AGENT)
+    before = ledger_snapshot()
+    with pytest.raises(ClaimLost):
+        recording.mark_dispatched(stale, actor=AGENT)
+    assert ledger_snapshot() == before
+    _assert_chain_intact(tenant_a)

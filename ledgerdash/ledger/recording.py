@@ -40,7 +40,7 @@ from django.db import transaction
 
 from ledgerdash import toolcalls
 from ledgerdash.ledger import transitions
-from ledgerdash.ledger.authority import current_policy, scope_string
+from ledgerdash.ledger.authority import authority_of, scope_string
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
     AttemptBlocked,
@@ -190,7 +190,7 @@ def record_intent(
     requested = parse_scope(credential_scope)
     normalized, args_hash = normalize_args(args)
     found = resolve_tenant(tenant)
-    policy = current_policy(found.pk)
+    policy = authority_of(found.pk, tool_name).policy
     if policy is None:
         raise NoPolicy(NoPolicy.MESSAGE.format(tenant=found.slug))
     allowed = policy.scopes_for(tool_name)
@@ -216,13 +216,13 @@ def record_intent(
         policy_version=policy.version,
         scopes=scopes,
     )
+    # Most keys are new: try to record the intent first, and only when the
+    # key already has an attempt (recorded earlier, or a moment ago by a
+    # concurrent caller) read its chain to match against it.
+    created = transitions.attempt_create_intent(new=new, actor=actor)
+    if created is not None:
+        return Recorded(created, True)
     existing = _match(found.pk, key, args_hash, tool_name)
-    if existing is None:
-        created = transitions.attempt_create_intent(new=new, actor=actor)
-        if created is not None:
-            return Recorded(created, True)
-        # A concurrent caller recorded the key first; match against theirs.
-        existing = _match(found.pk, key, args_hash, tool_name)
     if existing is not None and existing.args_hash == args_hash and existing.tool_name == tool_name:
         return Recorded(existing, False)
     return _record_conflict(new, actor)

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Field
 from django.utils import timezone
 
 from ledgerdash.ledger import chain
-from ledgerdash.ledger.authority import current_policy, scope_string, standing_of
+from ledgerdash.ledger.authority import current_policy, dispatch_standing, scope_string, standing_of
 from ledgerdash.ledger.errors import (
     ApprovalRefused,
     AttemptNotFound,
@@ -148,8 +148,13 @@ def append_events(events: list[_Event], *, now: datetime | None = None) -> list[
     the chain-head lock (one per tenant) is held for as short a time as
     possible and always taken after attempt locks (no lock-order deadlocks).
     """
-    assert transaction.get_connection().in_atomic_block, "events are appended inside the change's transaction"
+    connection = transaction.get_connection()
+    assert connection.in_atomic_block, "events are appended inside the change's transaction"
     now = now or timezone.now()
+    if len(events) == 1 and connection.vendor == "postgresql":
+        row = _append_one_postgres(events[0], now)
+        if row is not None:
+            return [row]
     rows: list[AttemptEvent] = []
     for tenant_id in sorted({e.tenant_id for e in events}):
         head, _ = ChainHead.objects.select_for_update().get_or_create(
@@ -158,29 +163,179 @@ def append_events(events: list[_Event], *, now: datetime | None = None) -> list[
         seq, prev = head.seq, head.hash
         for event in (e for e in events if e.tenant_id == tenant_id):
             seq += 1
-            row = AttemptEvent(
-                tenant_id=tenant_id,
-                seq=seq,
-                attempt_id=event.attempt_id,
-                kind=event.kind,
-                actor_kind=event.actor.kind,
-                actor_user_id=event.actor.user_id,
-                actor_label=event.actor.label,
-                from_state=event.from_state,
-                to_state=event.to_state,
-                fence=event.fence,
-                reason=_clean_text(event.reason),
-                details=event.details,
-                created_at=now,
-                prev_hash=prev,
-            )
-            row.content_hash = chain.content_hash(chain.event_content(row))
+            row = _event_row(event, now)
+            row.seq, row.prev_hash = seq, prev
             row.hash = this_hash = chain.link(prev, row.content_hash)
             rows.append(row)
             prev = this_hash
         ChainHead.objects.filter(pk=tenant_id).update(seq=seq, hash=prev)
     AttemptEvent.objects.bulk_create(rows)
     return rows
+
+
+def _event_row(event: _Event, now: datetime) -> AttemptEvent:
+    row = AttemptEvent(
+        tenant_id=event.tenant_id,
+        attempt_id=event.attempt_id,
+        kind=event.kind,
+        actor_kind=event.actor.kind,
+        actor_user_id=event.actor.user_id,
+        actor_label=event.actor.label,
+        from_state=event.from_state,
+        to_state=event.to_state,
+        fence=event.fence,
+        reason=_clean_text(event.reason),
+        details=event.details,
+        created_at=now,
+    )
+    row.content_hash = chain.content_hash(chain.event_content(row))
+    return row
+
+
+# --- PostgreSQL: a change and its event in one statement -----------------------------
+#
+# The chain link is computed by the server (chain.link in SQL: sha256 of the
+# two digests' bytes) while it holds the chain head's lock, so appending an
+# event is one statement. Outside a transaction, the attempt's compare-and-set
+# (or insert) goes into the same statement: the change and its event commit
+# together, in one round trip, and the tenant's chain head stays locked only
+# while the server executes and commits it, with no client work in between.
+
+#: Lock the tenant's chain head (FOR UPDATE waits for, then reads, the latest
+#: committed head), link the event to it, move the head, insert the event.
+#: ``{guard}`` makes all of it conditional on the change having happened.
+_APPEND_TAIL = """
+head AS (
+    SELECT seq, hash FROM {head} WHERE tenant_id = %s{guard} FOR UPDATE
+), link AS (
+    SELECT seq + 1 AS seq, hash AS prev_hash,
+           encode(sha256(decode(hash, 'hex') || decode(%s, 'hex')), 'hex') AS hash
+    FROM head
+), head_moved AS (
+    UPDATE {head} SET seq = link.seq, hash = link.hash FROM link WHERE {head}.tenant_id = %s
+)
+INSERT INTO {event} (
+    tenant_id, seq, attempt_id, kind, actor_kind, actor_user_id, actor_label, from_state, to_state,
+    fence, reason, details, created_at, content_hash, prev_hash, hash
+)
+SELECT %s::bigint, link.seq, %s::bigint, %s::varchar, %s::varchar, %s::integer, %s::varchar, %s::varchar,
+       %s::varchar, %s::bigint, %s::text, %s::jsonb, %s::timestamptz, %s::varchar, link.prev_hash, link.hash
+FROM {source}
+RETURNING id, seq, prev_hash, hash
+"""
+
+
+def _append_sql(change: str = "") -> str:
+    """The append statement; with ``change`` (a data-modifying statement that
+    RETURNS the attempt's id), that change first, and the event only if it
+    changed a row. If it did and the tenant has no chain head, the event's
+    seq is NULL and the whole statement fails: never a change without its event."""
+    tables = {"head": ChainHead._meta.db_table, "event": AttemptEvent._meta.db_table}
+    if not change:
+        return "WITH " + _APPEND_TAIL.format(guard="", source="link", **tables)
+    tail = _APPEND_TAIL.format(
+        guard=" AND EXISTS (SELECT FROM changed)", source="changed LEFT JOIN link ON true", **tables
+    )
+    return f"WITH changed AS (\n{change}\n), {tail}"
+
+
+def _append_params(row: AttemptEvent, connection: Any) -> list[Any]:
+    details = AttemptEvent._meta.get_field("details").get_db_prep_value(row.details, connection)
+    return [
+        row.tenant_id,
+        row.content_hash,
+        row.tenant_id,
+        row.tenant_id,
+        row.attempt_id,
+        row.kind,
+        row.actor_kind,
+        row.actor_user_id,
+        row.actor_label,
+        row.from_state,
+        row.to_state,
+        row.fence,
+        row.reason,
+        details,
+        row.created_at,
+        row.content_hash,
+    ]
+
+
+def _execute_append(sql: str, params: list[Any], row: AttemptEvent) -> AttemptEvent | None:
+    """Run an append statement; the event row as written, or None if none was."""
+    connection = transaction.get_connection()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        returned = cursor.fetchone()
+    if returned is None:
+        return None
+    row.pk, row.seq, row.prev_hash, row.hash = returned
+    row._state.adding = False
+    row._state.db = connection.alias
+    return row
+
+
+def _append_one_postgres(event: _Event, now: datetime) -> AttemptEvent | None:
+    """Append one event in one statement; None if the tenant has no chain
+    head yet (nothing was written: the general path creates it)."""
+    row = _event_row(event, now)
+    return _execute_append(_append_sql(), _append_params(row, transaction.get_connection()), row)
+
+
+def _one_statement() -> bool:
+    """Whether a change and its event can be one autocommitted statement:
+    on PostgreSQL, when no transaction is open (inside one, the caller's
+    other statements must commit with it)."""
+    connection = transaction.get_connection()
+    return connection.vendor == "postgresql" and not connection.in_atomic_block
+
+
+def _prepared(name: str, value: Any, connection: Any) -> tuple[str, Any]:
+    """The quoted column of an Attempt field and ``value`` as the ORM would send it."""
+    model_field = Attempt._meta.get_field(name)
+    assert isinstance(model_field, Field)
+    return connection.ops.quote_name(model_field.column), model_field.get_db_prep_save(value, connection)
+
+
+def _cas_with_event(attempt: Attempt, values: dict[str, Any], event: _Event, now: datetime) -> bool:
+    """Compare-and-set ``attempt`` on (id, state, fence), bump its fence, write
+    ``values`` and append ``event``, in one statement. False if the row had
+    moved on (nothing was written)."""
+    connection = transaction.get_connection()
+    assignments = [_prepared(name, value, connection) for name, value in values.items()]
+    sets = ", ".join(f"{column} = %s" for column, _ in assignments)
+    # Table and column names come from the model; every value is a parameter.
+    table = Attempt._meta.db_table
+    change = f"UPDATE {table} SET fence = fence + 1, {sets} WHERE id = %s AND state = %s AND fence = %s RETURNING id"  # noqa: S608
+    row = _event_row(event, now)
+    params = [value for _, value in assignments] + [attempt.pk, attempt.state, attempt.fence]
+    return _execute_append(_append_sql(change), params + _append_params(row, connection), row) is not None
+
+
+def _insert_with_event(attempt: Attempt, event: _Event, now: datetime) -> bool:
+    """Insert a root attempt and append its event in one statement. False when
+    the key already has a root (ON CONFLICT on the partial unique index:
+    nothing was written)."""
+    connection = transaction.get_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id'))", [Attempt._meta.db_table])
+        (attempt.pk,) = cursor.fetchone()  # the event's content names the attempt
+    assignments = [_prepared(f.name, f.pre_save(attempt, True), connection) for f in Attempt._meta.concrete_fields]
+    columns, placeholders = ", ".join(column for column, _ in assignments), ", ".join(["%s"] * len(assignments))
+    # Table and column names come from the model; every value is a parameter.
+    change = (
+        f"INSERT INTO {Attempt._meta.db_table} ({columns}) VALUES ({placeholders}) "  # noqa: S608
+        "ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING RETURNING id"
+    )
+    event.attempt_id = attempt.pk
+    row = _event_row(event, now)
+    params = [value for _, value in assignments]
+    if _execute_append(_append_sql(change), params + _append_params(row, connection), row) is None:
+        attempt.pk = None
+        return False
+    attempt._state.adding = False
+    attempt._state.db = connection.alias
+    return True
 
 
 def event_record(
@@ -266,53 +421,56 @@ def _move(
         details["owner_assigned"] = {"user_id": owner_id, "by": source}
     if to_state not in (S.INTENT_RECORDED, S.DISPATCHED, S.UNKNOWN, S.FAILED_RETRYABLE):
         values.setdefault("next_check_at", None)
+    event = _Event(
+        attempt.tenant_id,
+        attempt.pk,
+        "transition",
+        actor,
+        from_state=attempt.state,
+        to_state=to_state,
+        fence=attempt.fence + 1,
+        reason=reason,
+        details=details,
+    )
+    if _one_statement() and not extra_events:
+        try:
+            if not _cas_with_event(attempt, values, event, now):
+                _raise_stale(attempt, stale_error)
+            return _moved(attempt, values)
+        except IntegrityError:
+            if ChainHead.objects.filter(tenant_id=attempt.tenant_id).exists():
+                raise
+            # The tenant's first event: the path below creates its chain head.
     with transaction.atomic():
         changed = Attempt.objects.filter(pk=attempt.pk, state=attempt.state, fence=attempt.fence).update(
             fence=F("fence") + 1, **values
         )
         if changed != 1:
-            current = Attempt.objects.filter(pk=attempt.pk).values_list("state", "fence").first()
-            if current is None:
-                raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=attempt.pk))
-            state, current_fence = current
-            raise stale_error(
-                stale_error.MESSAGE.format(
-                    attempt_id=attempt.pk, current=current_fence, given=attempt.fence, state=state
-                )
-            )
-        from_state = attempt.state
-        new_fence = attempt.fence + 1
-        for key, value in values.items():
-            setattr(attempt, key, value)
-        attempt.fence = new_fence
-        events = [
-            _Event(
-                attempt.tenant_id,
-                attempt.pk,
-                "transition",
-                actor,
-                from_state=from_state,
-                to_state=to_state,
-                fence=new_fence,
-                reason=reason,
-                details=details,
-            ),
-            *(extra_events or []),
-        ]
-        append_events(events, now=now)
+            _raise_stale(attempt, stale_error)
+        append_events([event, *(extra_events or [])], now=now)
+    return _moved(attempt, values)
+
+
+def _moved(attempt: Attempt, values: dict[str, Any]) -> Attempt:
+    """The caller's copy of ``attempt`` as the compare-and-set left the row."""
+    for key, value in values.items():
+        setattr(attempt, key, value)
+    attempt.fence += 1
     return attempt
+
+
+def _raise_stale(attempt: Attempt, stale_error: type[StaleFence]) -> None:
+    current = Attempt.objects.filter(pk=attempt.pk).values_list("state", "fence").first()
+    if current is None:
+        raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=attempt.pk))
+    state, current_fence = current
+    raise stale_error(
+        stale_error.MESSAGE.format(attempt_id=attempt.pk, current=current_fence, given=attempt.fence, state=state)
+    )
 
 
 def _lease(seconds: int, now: datetime) -> datetime:
     return now + timedelta(seconds=seconds)
-
-
-def dispatch_lease(tool_name: str) -> timedelta:
-    """How long a dispatch of ``tool_name`` may go unanswered before it is UNKNOWN."""
-    from ledgerdash.ledger.models import Tool
-
-    seconds = Tool.objects.filter(name=tool_name).values_list("dispatch_lease_seconds", flat=True).first()
-    return timedelta(seconds=seconds or settings.LEDGER_DISPATCH_LEASE_SECONDS)
 
 
 # --- creation ----------------------------------------------------------------
@@ -361,38 +519,44 @@ def attempt_create_intent(*, new: NewAttempt, actor: Actor) -> Attempt | None:
         created_at=now,
         updated_at=now,
     )
-    with transaction.atomic():
+    event = _Event(
+        new.tenant_id,
+        None,
+        "transition",
+        actor,
+        to_state=S.INTENT_RECORDED,
+        fence=0,
+        reason="intent recorded",
+        details={
+            "task_id": new.task_id,
+            "tool_name": new.tool_name,
+            "idempotency_key": new.idempotency_key,
+            "args_hash": new.args_hash,
+            "policy_version": new.policy_version,
+            "credential_scope": attempt.credential_scope,
+        },
+    )
+    if _one_statement():
         try:
-            with transaction.atomic():
-                attempt.save(force_insert=True)
+            return attempt if _insert_with_event(attempt, event, now) else None
         except IntegrityError:
-            if Attempt.objects.filter(
-                tenant_id=new.tenant_id, idempotency_key=new.idempotency_key, parent__isnull=True
-            ).exists():
-                return None
-            raise
-        append_events(
-            [
-                _Event(
-                    new.tenant_id,
-                    attempt.pk,
-                    "transition",
-                    actor,
-                    to_state=S.INTENT_RECORDED,
-                    fence=0,
-                    reason="intent recorded",
-                    details={
-                        "task_id": new.task_id,
-                        "tool_name": new.tool_name,
-                        "idempotency_key": new.idempotency_key,
-                        "args_hash": new.args_hash,
-                        "policy_version": new.policy_version,
-                        "credential_scope": attempt.credential_scope,
-                    },
-                )
-            ],
-            now=now,
-        )
+            if ChainHead.objects.filter(tenant_id=new.tenant_id).exists():
+                raise
+            # The tenant's first event: the path below creates its chain head.
+            attempt.pk, attempt._state.adding = None, True
+    # The insert is the transaction's first statement, so a duplicate key
+    # rolls back the whole (still empty) transaction: no savepoint needed.
+    try:
+        with transaction.atomic():
+            attempt.save(force_insert=True)
+            event.attempt_id = attempt.pk
+            append_events([event], now=now)
+    except IntegrityError:
+        if Attempt.objects.filter(
+            tenant_id=new.tenant_id, idempotency_key=new.idempotency_key, parent__isnull=True
+        ).exists():
+            return None
+        raise
     return attempt
 
 
@@ -500,11 +664,13 @@ def attempt_dispatch(
     concurrent claimer loses with :class:`ClaimLost`.
     """
     _check_move(attempt, S.DISPATCHED, actor)
-    standing = standing_of(attempt)
+    standing, lease_seconds = dispatch_standing(attempt)
     if not standing.unchanged:
         raise AuthorizationChanged(
             AuthorizationChanged.MESSAGE.format(attempt_id=attempt.pk, changes="; ".join(standing.changes))
         )
+    if lease is None:
+        lease = timedelta(seconds=lease_seconds or settings.LEDGER_DISPATCH_LEASE_SECONDS)
     now = timezone.now()
     return _move(
         attempt,
@@ -516,7 +682,7 @@ def attempt_dispatch(
             "dispatch_fence": attempt.fence + 1,
             "dispatch_count": attempt.dispatch_count + 1,
             "check_count": 0,
-            "next_check_at": now + (lease if lease is not None else dispatch_lease(attempt.tool_name)),
+            "next_check_at": now + lease,
             "first_dispatched_at": attempt.first_dispatched_at or now,
         },
         details={"provider_key": attempt.provider_key, "dispatch": attempt.dispatch_count + 1},

@@ -1,0 +1,148 @@
+"""Run the benchmarks: ``python -m bench [--quick] [--only NAME,...]``.
+
+Needs PostgreSQL (``BENCH_DATABASE_URL``, default
+postgres://postgres@127.0.0.1:5432/ledgerdash_bench). The run creates its
+own scratch databases (that name, plus ``_tpl`` and ``_dbos``) and drops
+them at the end. It prints a table per benchmark, the verdict on every
+target, and writes everything to bench/results/<time>.json (and
+bench/results/latest.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, Databases, Target, say, setup_django
+
+BENCHMARKS = ("recording", "queue", "reconciler", "export")
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/ledgerdash_bench"
+
+
+@dataclass
+class Context:
+    dbs: Databases
+    quick: bool
+    results_dir: Path
+
+
+def machine_facts(dbs: Databases) -> dict[str, Any]:
+    memory_gib = math.nan
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    memory_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    return {
+        "host": platform.node(),
+        "nproc": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_at_start": [round(x, 2) for x in load],
+        "postgresql": dbs.server_facts(),
+    }
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Target):
+        return value.as_dict()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return str(value)
+
+
+def _clean(value: Any) -> Any:
+    """NaN is not JSON: write null instead."""
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, Target):
+        return _clean(value.as_dict())
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, short rounds (under 2 minutes)")
+    parser.add_argument(
+        "--only", default=",".join(BENCHMARKS), help=f"comma-separated subset of {','.join(BENCHMARKS)}"
+    )
+    parser.add_argument("--json", type=Path, help="where to write the results (default: bench/results/<time>.json)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch databases (to look at them)")
+    args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = set(chosen) - set(BENCHMARKS)
+    if unknown:
+        parser.error(f"unknown benchmarks: {', '.join(sorted(unknown))}")
+
+    dbs = Databases(os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
+    results_dir = ROOT / "bench" / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    report: dict[str, Any] = {
+        "mode": "quick" if args.quick else "full",
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine_facts(dbs),
+        "benchmarks": {},
+    }
+    pg = report["machine"]["postgresql"]
+    say(
+        f"ledgerdash benchmarks ({report['mode']}) on {report['machine']['nproc']} cores, "
+        f"{report['machine']['memory_gib']} GiB, PostgreSQL {pg['server_version']}, "
+        f"synchronous_commit={pg['synchronous_commit']}, load {report['machine']['load_average_at_start']}"
+    )
+    say(f"preparing scratch databases {dbs.main}, {dbs.template}, {dbs.dbos}")
+    dbs.prepare_template()
+    setup_django(dbs.url_of(dbs.main))
+    ctx = Context(dbs=dbs, quick=args.quick, results_dir=results_dir)
+    targets: list[Target] = []
+    try:
+        for name in chosen:
+            say(f"\n=== {name}")
+            began = time.monotonic()
+            module = __import__(f"bench.{name}", fromlist=["run"])
+            result = module.run(ctx)
+            result["seconds"] = round(time.monotonic() - began, 1)
+            report["benchmarks"][name] = result
+            say(result.get("explain_text", ""))
+            say(result["table"])
+            for target in result.get("targets", []):
+                say(target.line())
+                targets.append(target)
+            for note in result.get("notes", []):
+                say(f"note: {note}")
+    finally:
+        if not args.keep:
+            dbs.drop_all()
+    report["seconds"] = round(time.monotonic() - started, 1)
+    report["targets"] = targets
+    say("\n=== targets")
+    for target in targets:
+        say(target.line())
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = args.json or results_dir / f"{stamp}-{report['mode']}.json"
+    text = json.dumps(_clean(report), indent=2, default=_json_default)
+    out.write_text(text + "\n", encoding="utf-8")
+    (results_dir / f"latest-{report['mode']}.json").write_text(text + "\n", encoding="utf-8")
+    say(f"\nwrote {out} in {report['seconds']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
