@@ -383,3 +383,30 @@ def test_exporting_every_tenant_needs_the_operator_role_in_each(
     assert refused.status_code == 403
     assert AttemptEvent.objects.filter(kind="export").count() == 0
     assert client.get(EXPORT_CSV, {"tenant": "acme"}).status_code == 200
+
+
+@pytest.mark.postgres
+def test_the_server_formatted_export_is_the_same_file(
+    work: dict[str, Attempt], tenant_a: Tenant, operator_a: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A full CSV export on PostgreSQL is formatted by the server; cell for
+    cell it must be what the Python path writes, formula payloads included."""
+    for n, payload in enumerate(PAYLOADS):
+        attempt = record(tenant_a, f"{payload}-{n}", task_id=payload, args={"to": payload, "note": CONTROL})
+        transitions.attempt_comment(attempt_id=attempt.pk, actor=transitions.Actor.user(operator_a), text=payload)
+    head = ChainHead.objects.get(tenant=tenant_a).seq
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "slow").mkdir()
+    fast = export_cli(tmp_path / "fast", "--tenant", "acme")
+    monkeypatch.setattr(exports, "_server_formats", lambda request: False)
+    slow = export_cli(tmp_path / "slow", "--tenant", "acme")
+
+    def events(path: Path) -> list[list[str]]:
+        with path.open(encoding="utf-8", newline="") as handle:
+            rows = list(csv.reader(handle))
+        seq = rows[0].index("event_seq")
+        return [row for row in rows[1:] if row[0] == "event" and int(row[seq]) <= head]
+
+    assert len(events(fast)) == head
+    assert events(fast) == events(slow)
+    assert verify_file(fast).returncode == 0
