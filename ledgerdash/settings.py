@@ -14,7 +14,7 @@ from django.utils.csp import CSP
 from ledgerdash.env import env_bool, env_int, env_list, env_str, local_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("LEDGERDASH_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR = Path(env_str("LEDGERDASH_VAR_DIR") or BASE_DIR / "var")
 
 DEBUG = env_bool("DEBUG", False)
 

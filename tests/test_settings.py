@@ -88,3 +88,18 @@ def test_the_database_check_names_tenants_whose_default_owner_cannot_act(tenant_
     assert default_owners_are_members() == []
     Tenant.objects.filter(slug="acme").update(default_owner=None)
     assert [w.id for w in default_owners_are_members()] == ["ledgerdash.W001"]
+
+
+@pytest.mark.parametrize(("value", "expected"), [("", ROOT / "var"), ("/srv/ledgerdash", "/srv/ledgerdash")])
+def test_an_empty_var_dir_means_the_default(value: str, expected: object) -> None:
+    """A variable copied empty from .env.example is unset, not the current directory."""
+    result = subprocess.run(
+        [PYTHON, "-c", "from django.conf import settings; print(settings.VAR_DIR)"],
+        cwd=ROOT,
+        env={**PRODUCTION, "DJANGO_SETTINGS_MODULE": "ledgerdash.settings", "LEDGERDASH_VAR_DIR": value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(expected)
