@@ -173,7 +173,11 @@ def _summarize(
         )
         targets.append(Target("export", "rate vs COPY", share, 0.5, ">=", "x"))
         if figures["export"]["rows"] != figures["copy"]["rows"]:
-            notes.append(f"the export wrote {figures['export']['rows']} rows, COPY {figures['copy']['rows']}")
+            notes.append(
+                f"the export wrote {figures['export']['rows']} rows, COPY {figures['copy']['rows']}: the export"
+                " adds an opening 'export' record and a closing 'head' record, and every export appends its"
+                " own audit event to the chain, which later runs of both include"
+            )
     text = table(["exporter", "rows", "rows/s", "seconds", "peak RSS MB", "output MB"], rows)
     return {
         "events": prepared["events"],
