@@ -2,7 +2,8 @@
 
 Runs the recording benchmark's ledgerdash agent in this process under
 pyinstrument (``pip install -e '.[bench]'``) against a scratch database,
-and prints where the time goes, plus the SQL statements one call sends.
+and prints where the time goes, the SQL statements one call sends and the
+WAL one call writes.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  {query['sql'][:150]}")
         kinds = Counter(q["sql"].split()[0] for q in captured.captured_queries)
         say(f"  by kind: {dict(kinds)}")
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_wal_insert_lsn()")
+            (start_lsn,) = cursor.fetchone()
+            for i in range(200):
+                call(20_000_000 + i, False)
+            cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [start_lsn])
+            (wal_bytes,) = cursor.fetchone()
+        say(f"  WAL written per call: {float(wal_bytes) / 200:,.0f} bytes (200 calls)")
 
         from pyinstrument import Profiler
 
