@@ -88,7 +88,7 @@ def _database(url: str) -> dict[str, object]:
         name = Path(str(config["NAME"]))
         if str(name) != ":memory:":
             name.parent.mkdir(parents=True, exist_ok=True)
-        config["OPTIONS"] = {
+        defaults: dict[str, object] = {
             # Every ledger transaction writes; taking the write lock up front
             # avoids "database is locked" upgrades between concurrent writers.
             "transaction_mode": "IMMEDIATE",
@@ -105,10 +105,13 @@ def _database(url: str) -> dict[str, object]:
         # append) after their fifth use, so the server stops re-planning them.
         # Turn it off behind a pooler in transaction mode (PgBouncer before
         # 1.21), which cannot keep prepared statements.
-        if env_bool("DATABASE_SERVER_SIDE_BINDING", True):
-            config["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
+        binding = env_bool("DATABASE_SERVER_SIDE_BINDING", True)
+        defaults = {"server_side_binding": True, "prepare_threshold": 5} if binding else {}
     else:
         raise ImproperlyConfigured(f"DATABASE_URL uses {engine}; ledgerdash supports sqlite:/// and postgres:// URLs.")
+    # Options given in the URL (``?sslmode=require``) are kept, over these defaults.
+    given = config.get("OPTIONS")
+    config["OPTIONS"] = {**defaults, **(given if isinstance(given, dict) else {})}
     return config
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -103,3 +104,19 @@ def test_an_empty_var_dir_means_the_default(value: str, expected: object) -> Non
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(expected)
+
+
+@pytest.mark.parametrize(
+    ("url", "kept", "added"),
+    [
+        ("postgres://u@db.example.com/ledger?sslmode=require", {"sslmode": "require"}, "server_side_binding"),
+        ("sqlite:///{tmp}/db.sqlite3?timeout=5", {"timeout": 5}, "init_command"),
+    ],
+)
+def test_options_in_the_database_url_are_kept(url: str, kept: dict[str, object], added: str, tmp_path: Path) -> None:
+    from ledgerdash import settings
+
+    options = settings._database(url.format(tmp=tmp_path))["OPTIONS"]
+    assert isinstance(options, dict)
+    assert kept.items() <= options.items()
+    assert added in options
