@@ -56,14 +56,6 @@ def machine_facts(dbs: Databases) -> dict[str, Any]:
     }
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Target):
-        return value.as_dict()
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return str(value)
-
-
 def _clean(value: Any) -> Any:
     """NaN is not JSON: write null instead."""
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
@@ -137,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         say(target.line())
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.json or results_dir / f"{stamp}-{report['mode']}.json"
-    text = json.dumps(_clean(report), indent=2, default=_json_default)
+    text = json.dumps(_clean(report), indent=2, default=str)
     out.write_text(text + "\n", encoding="utf-8")
     (results_dir / f"latest-{report['mode']}.json").write_text(text + "\n", encoding="utf-8")
     say(f"\nwrote {out} in {report['seconds']:.0f}s")

@@ -146,7 +146,7 @@ def _pages(prepared: dict[str, Any]) -> dict[str, dict[str, str]]:
     }
 
 
-def _explain(prepared: dict[str, Any], pages: dict[str, dict[str, str]], cookies: dict[str, str]) -> str:
+def _explain(prepared: dict[str, Any], pages: dict[str, dict[str, str]]) -> str:
     """EXPLAIN ANALYZE of the dashboard's keyset read for each view (one of
     its per-tenant reads), and of the admin's slowest query for each."""
     from django.db import connection
@@ -320,7 +320,7 @@ def run(ctx: Any) -> dict[str, Any]:
     pages = _pages(prepared)
     cookies = {"ours": _session_cookie(prepared["operator"]), "admin": _session_cookie(prepared["admin"])}
     run_manage(["collectstatic", "--noinput", "-v", "0"], ctx.dbs.url_of(ctx.dbs.main))
-    explain_text = _explain(prepared, pages, cookies)
+    explain_text = _explain(prepared, pages)
     wrk = find_wrk()
     generator = "wrk" if wrk else "python (wrk unavailable)"
     say(f"  load generator: {generator}; {rounds} rounds x {len(pages)} views x 2, {seconds:.0f}s each")

@@ -73,7 +73,6 @@ ENV_URL = "LEDGERDASH_URL"
 ENV_TOKEN = "LEDGERDASH_TOKEN"  # noqa: S105 - the variable's name, not a token
 ENV_AGENT = "LEDGERDASH_AGENT"
 API_PATH = "/api/v1"
-CONFIRMED = "OUTCOME_CONFIRMED"
 
 
 # --- errors: one class per code the ledger answers with -------------------------------

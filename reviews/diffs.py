@@ -15,14 +15,6 @@ class Change:
     before: str
     after: str
 
-    @property
-    def added(self) -> bool:
-        return self.before == "" and self.after != ""
-
-    @property
-    def removed(self) -> bool:
-        return self.after == "" and self.before != ""
-
 
 @dataclass(frozen=True)
 class Diff:

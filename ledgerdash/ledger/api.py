@@ -67,7 +67,7 @@ from ledgerdash.ledger.errors import (
     TenantInactive,
     TokenError,
 )
-from ledgerdash.ledger.models import ApiToken, Attempt, AttemptEvent, State, TokenScope
+from ledgerdash.ledger.models import OWNED_STATES, ApiToken, Attempt, AttemptEvent, State, TokenScope
 from ledgerdash.ledger.tokens import token_authenticate, token_touch
 from ledgerdash.ledger.transitions import Actor
 
@@ -538,7 +538,7 @@ def list_attempts(
     if idempotency_key is not None:
         attempts = attempts.filter(idempotency_key=recording.validate_key(idempotency_key))
     if needs_attention:
-        attempts = attempts.filter(state__in=[State.UNKNOWN, State.MANUAL_REVIEW])
+        attempts = attempts.filter(state__in=OWNED_STATES)
     if before is not None:
         attempts = attempts.filter(pk__lt=before)
     rows = list(attempts.order_by("-id")[: limit + 1])

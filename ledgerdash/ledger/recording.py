@@ -27,7 +27,6 @@ such as the HTTP API.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator
@@ -87,7 +86,6 @@ __all__ = [
     "tool",
 ]
 
-log = logging.getLogger("ledgerdash.recording")
 
 MAX_KEY = 255
 MAX_NAME = 255

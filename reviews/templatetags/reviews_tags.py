@@ -42,14 +42,6 @@ def age(value: datetime | None, now: datetime | None = None) -> str:
 
 
 @register.filter
-def get(mapping: Any, key: Any) -> Any:
-    try:
-        return mapping[key]
-    except (KeyError, IndexError, TypeError):
-        return None
-
-
-@register.filter
 def pretty_json(value: Any) -> str:
     """Indented JSON text; autoescaped by the template like any string."""
     from reviews.diffs import as_json

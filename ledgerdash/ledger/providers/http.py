@@ -94,12 +94,16 @@ class HttpConfig:
             parts = urllib.parse.urlsplit(sample)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(f"{name} must be an http(s) URL, not {url!r}")
-        for name in ("request_id_path", "result_ref_path", "lookup_request_id_path", "lookup_payload_hash_path"):
+        for name in (
+            "request_id_path",
+            "result_ref_path",
+            "lookup_request_id_path",
+            "lookup_payload_hash_path",
+            "lookup_payload_path",
+        ):
             path = getattr(self, name)
             if path:
                 jmespath.compile(path)
-        if self.lookup_payload_path:
-            jmespath.compile(self.lookup_payload_path)
         for value in self.headers.values():
             string.Template(value).get_identifiers()
         if min(self.connect_timeout, self.timeout, self.lookup_timeout) <= 0:
