@@ -291,20 +291,20 @@ class Reconciler:
         if tool is None or not tool.adapter.can_dispatch:
             return self._escalate(attempt, f"{said}, and no adapter can send {attempt.tool_name} again", details)
         if attempt.state == S.UNKNOWN:
-            if not tool.idempotent:
+            if not tool.adapter.idempotent:
                 return self._escalate(
                     attempt,
                     f"{said}, but {attempt.tool_name} is not idempotent: the first request may still land, "
                     "so a person decides",
                     details,
                 )
-            if tool.key_retention is not None and attempt.first_dispatched_at is not None:
-                expires = attempt.first_dispatched_at + tool.key_retention
+            if tool.adapter.key_retention is not None and attempt.first_dispatched_at is not None:
+                expires = attempt.first_dispatched_at + tool.adapter.key_retention
                 if expires <= timezone.now():
                     return self._escalate(
                         attempt,
                         f"{said}, but the key was first sent {attempt.first_dispatched_at:%Y-%m-%d %H:%M:%S} UTC, "
-                        f"past the provider's key retention ({tool.key_retention}): not found proves nothing "
+                        f"past the provider's key retention ({tool.adapter.key_retention}): not found proves nothing "
                         "and a retry could repeat the effect",
                         details,
                     )
@@ -331,9 +331,7 @@ class Reconciler:
 
     def _dispatch(self, attempt: Attempt, tool: ToolProfile, why: str, details: dict[str, Any] | None = None) -> str:
         try:
-            attempt = transitions.attempt_dispatch(
-                attempt=attempt, actor=self.actor, fence=attempt.fence, reason=why, lease=tool.dispatch_lease
-            )
+            attempt = transitions.attempt_dispatch(attempt=attempt, actor=self.actor, fence=attempt.fence, reason=why)
         except AuthorizationChanged as exc:
             if attempt.state == S.INTENT_RECORDED:
                 attempt = transitions.attempt_abandon(

@@ -654,9 +654,7 @@ def attempt_create_linked(
 # --- the agent's moves ----------------------------------------------------------
 
 
-def attempt_dispatch(
-    *, attempt: Attempt, actor: Actor, fence: int | None = None, reason: str = "", lease: timedelta | None = None
-) -> Attempt:
+def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None, reason: str = "") -> Attempt:
     """Claim the attempt for dispatch, committed BEFORE the request leaves.
 
     Re-checks the tenant's current authority first. The returned attempt's
@@ -669,8 +667,7 @@ def attempt_dispatch(
         raise AuthorizationChanged(
             AuthorizationChanged.MESSAGE.format(attempt_id=attempt.pk, changes="; ".join(standing.changes))
         )
-    if lease is None:
-        lease = timedelta(seconds=lease_seconds or settings.LEDGER_DISPATCH_LEASE_SECONDS)
+    lease = timedelta(seconds=lease_seconds or settings.LEDGER_DISPATCH_LEASE_SECONDS)
     now = timezone.now()
     return _move(
         attempt,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.conf import settings
 from django.utils.module_loading import import_string
 
 from ledgerdash.ledger.models import Tool
@@ -15,20 +14,17 @@ from ledgerdash.ledger.providers.http import HttpAdapter
 
 @dataclass(frozen=True)
 class ToolProfile:
-    """A tool's adapter and the numbers the recovery rules use."""
+    """A tool's adapter (which answers whether it is idempotent and how long
+    its provider keeps keys) and the numbers the recovery rules use."""
 
     name: str
     adapter: ProviderAdapter
-    idempotent: bool
-    key_retention: timedelta | None
-    dispatch_lease: timedelta
     backoff_base: float
     max_checks: int
     max_dispatches: int
 
 
 def build_adapter(tool: Tool) -> ProviderAdapter:
-    retention = timedelta(seconds=tool.key_retention_seconds) if tool.key_retention_seconds else None
     if tool.adapter == Tool.Adapter.HTTP:
         adapter: ProviderAdapter = HttpAdapter.from_config(tool.name, tool.config)
     elif tool.adapter == Tool.Adapter.PYTHON:
@@ -43,7 +39,7 @@ def build_adapter(tool: Tool) -> ProviderAdapter:
     else:
         raise ValueError(f"unknown adapter kind {tool.adapter!r}")
     adapter.idempotent = tool.idempotent
-    adapter.key_retention = retention
+    adapter.key_retention = timedelta(seconds=tool.key_retention_seconds) if tool.key_retention_seconds else None
     return adapter
 
 
@@ -51,9 +47,6 @@ def profile(tool: Tool) -> ToolProfile:
     return ToolProfile(
         name=tool.name,
         adapter=build_adapter(tool),
-        idempotent=tool.idempotent,
-        key_retention=timedelta(seconds=tool.key_retention_seconds) if tool.key_retention_seconds else None,
-        dispatch_lease=timedelta(seconds=tool.dispatch_lease_seconds or settings.LEDGER_DISPATCH_LEASE_SECONDS),
         backoff_base=tool.backoff_base_seconds,
         max_checks=tool.max_checks,
         max_dispatches=tool.max_dispatches,
