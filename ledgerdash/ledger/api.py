@@ -64,7 +64,6 @@ from ledgerdash.ledger.errors import (
     LedgerError,
     RetryPending,
     StaleFence,
-    TenantInactive,
     TokenError,
 )
 from ledgerdash.ledger.models import OWNED_STATES, ApiToken, Attempt, AttemptEvent, State, TokenScope
@@ -228,6 +227,10 @@ class StrictJsonParser(Parser):
 # --- authentication ------------------------------------------------------------------
 
 
+#: What a request without a usable Authorization header is told.
+MISSING_TOKEN = "send the API token as `Authorization: Bearer <token>`"  # noqa: S105 - a message
+
+
 class BearerToken(HttpBearer):
     """``Authorization: Bearer <token>``, and nothing else: a session cookie
     never authenticates an API request (so CSRF cannot apply to one)."""
@@ -239,7 +242,7 @@ class BearerToken(HttpBearer):
     def __call__(self, request: HttpRequest) -> ApiToken:
         scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not credentials.strip():
-            raise ApiError("missing_token", "send the API token as `Authorization: Bearer <token>`")
+            raise ApiError("missing_token", MISSING_TOKEN)
         return self.authenticate(request, credentials.strip())
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken:
@@ -248,8 +251,7 @@ class BearerToken(HttpBearer):
             raise InsufficientScope(
                 InsufficientScope.MESSAGE.format(prefix=found.prefix, scope=self.scope, scopes=found.scopes)
             )
-        if not found.tenant.is_active:
-            raise TenantInactive(TenantInactive.MESSAGE.format(tenant=found.tenant.slug))
+        recording.resolve_tenant(found.tenant)  # refuses an inactive tenant
         token_touch(found)
         return found
 
@@ -609,12 +611,13 @@ def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     if isinstance(exc.__cause__, ApiError):
         return _api_error(request, exc.__cause__)
     if exc.status_code == 401:
-        return error_response(401, "missing_token", "send the API token as `Authorization: Bearer <token>`")
+        return error_response(401, "missing_token", MISSING_TOKEN)
     code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
     return error_response(exc.status_code, code, str(exc))
 
 
-def _not_found(request: HttpRequest, exc: Exception) -> HttpResponse:
+def _no_endpoint(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    """A path (or an exception handler's Http404) the API does not serve."""
     return error_response(404, "not_found", f"no API endpoint at {request.path}")
 
 
@@ -643,7 +646,7 @@ for _exc, _handler in (
     (ApiError, _api_error),
     (NinjaValidationError, _validation_error),
     (HttpError, _http_error),
-    (Http404, _not_found),
+    (Http404, _no_endpoint),
     (RequestDataTooBig, _too_large),
     (SuspiciousOperation, _suspicious),
     (OperationalError, _unavailable),
@@ -692,7 +695,7 @@ def _guard(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         try:
             response = view(request, *args, **kwargs)
         except Http404:
-            return error_response(404, "not_found", f"no API endpoint at {request.path}")
+            return _no_endpoint(request)
         if response.status_code == 405 and not response.get("Content-Type", "").startswith(JSON_TYPE):
             allow = response.get("Allow", "")
             return error_response(
@@ -705,10 +708,6 @@ def _guard(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
 
     guarded.csrf_exempt = True  # type: ignore[attr-defined]
     return guarded
-
-
-def _no_endpoint(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-    return error_response(404, "not_found", f"no API endpoint at {request.path}")
 
 
 def urls() -> tuple[list[URLPattern | URLResolver], str, str]:
