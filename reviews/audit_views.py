@@ -19,16 +19,15 @@ from django.contrib.staticfiles import finders
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
 from django.http.response import HttpResponseBase
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
 from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun
-from reviews import diffs, exports, queries
+from reviews import diffs, drills, exports, queries
 from reviews.forms import ListForm
 from reviews.models import Role
-from reviews.permissions import can
 from reviews.views import _actor, _attempt_for_user, _form_errors, _tenants_or_403
 
 CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "ndjson": "application/x-ndjson; charset=utf-8"}
@@ -51,7 +50,8 @@ def _export_request(request: HttpRequest, fmt: str) -> exports.ExportRequest | H
         return HttpResponseBadRequest(f"not exported: {_form_errors(form)}", content_type="text/plain")
     query = dataclasses.replace(form.list_query(), after=None, before=None)
     selected = [t for t in tenants if t.pk in query.tenant_ids]
-    short = [t.slug for t in selected if not can(request.user, t.pk, Role.OPERATOR)]
+    operating = set(queries.tenant_ids_for(request.user, Role.OPERATOR))
+    short = [t.slug for t in selected if t.pk not in operating]
     if short:
         raise PermissionDenied(f"exporting needs the operator role in {', '.join(short)}; choose a tenant")
     filters = form.active_filters()
@@ -113,7 +113,7 @@ def _report_context(request: HttpRequest, attempt: Attempt, *, incident: bool) -
     subjects = chain if incident else [attempt]
     timeline = list(queries.events_of_chain(subjects))
     drill = _drill_case(attempt)
-    status = next((s for s in queries.chain_status(request.user) if s.tenant.pk == attempt.tenant_id), None)
+    (status,) = queries.chain_status(request.user, tenants=[attempt.tenant])
     return {
         "attempt": attempt,
         "incident": incident,
@@ -199,18 +199,12 @@ def incident_report_pdf(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _drill(request: HttpRequest, pk: int, *, pdf: bool) -> HttpResponse:
-    run = get_object_or_404(queries.drill_runs_for(request.user), pk=pk)
-    cases = run.report.get("cases", [])
-    visible = set(
-        queries.attempts_for(request.user)
-        .filter(pk__in=[a["id"] for c in cases for a in c.get("attempts", [])])
-        .values_list("pk", flat=True)
-    )
+    run, cases, visible = drills.run_for_user(request, pk)
     context = {
         "run": run,
         "cases": cases,
         "visible": visible,
-        "chain_status": next((s for s in queries.chain_status(request.user) if s.tenant.pk == run.tenant_id), None),
+        "chain_status": queries.chain_status(request.user, tenants=[run.tenant])[0],
         "generated_at": timezone.now(),
     }
     if pdf:

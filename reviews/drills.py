@@ -27,14 +27,21 @@ def drill_list(request: HttpRequest) -> HttpResponse:
     return render(request, "reviews/drill_list.html", {"page": page, "runs": page.object_list})
 
 
+def run_for_user(request: HttpRequest, pk: int) -> tuple[DrillRun, list[dict[str, Any]], set[int]]:
+    """The drill run if it belongs to one of the user's tenants (else 404),
+    its cases, and which of their attempts the user may open."""
+    run: DrillRun = get_object_or_404(DrillRun.objects.filter(tenant__in=queries.tenants_for(request.user)), pk=pk)
+    cases: list[dict[str, Any]] = run.report.get("cases", [])
+    attempt_ids = {a["id"] for case in cases for a in case.get("attempts", [])}
+    visible = set(queries.attempts_for(request.user).filter(pk__in=attempt_ids).values_list("pk", flat=True))
+    return run, cases, visible
+
+
 @login_required
 @require_safe
 def drill_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    run: DrillRun = get_object_or_404(DrillRun.objects.filter(tenant__in=queries.tenants_for(request.user)), pk=pk)
-    cases: list[dict[str, Any]] = run.report.get("cases", [])
+    run, cases, visible = run_for_user(request, pk)
     failed = [case for case in cases if not case.get("ok")]
-    attempt_ids = {a["id"] for case in cases for a in case.get("attempts", [])}
-    visible = set(queries.attempts_for(request.user).filter(pk__in=attempt_ids).values_list("pk", flat=True))
     return render(
         request,
         "reviews/drill_detail.html",

@@ -48,9 +48,10 @@ def attempts_for(user: Any) -> QuerySet[Attempt]:
 COUNT_CAP = 999
 
 
-def queue_counts(user: Any) -> dict[str, int]:
-    """How much is waiting in each queue, up to ``COUNT_CAP + 1`` (shown as "999+")."""
-    tenant_ids = tenant_ids_for(user)
+def queue_counts(user: Any, *, tenant_ids: Iterable[int] | None = None) -> dict[str, int]:
+    """How much is waiting in each queue, up to ``COUNT_CAP + 1`` (shown as "999+").
+    ``tenant_ids``: the user's tenants, when the caller has read them already."""
+    tenant_ids = list(tenant_ids) if tenant_ids is not None else tenant_ids_for(user)
     counts = {}
     for state in (State.UNKNOWN, State.MANUAL_REVIEW):
         # The tenant ids as constants and a LIMIT: at most COUNT_CAP + 1
@@ -58,16 +59,6 @@ def queue_counts(user: Any) -> dict[str, int]:
         waiting = Attempt.objects.filter(tenant_id__in=tenant_ids, state=state).order_by().values("id")[: COUNT_CAP + 1]
         counts[state.value] = waiting.count()
     return counts
-
-
-def members_who_can(tenant_ids: Iterable[int], role: Role | str = Role.OPERATOR) -> list[Membership]:
-    """Active members of these tenants holding at least ``role``: who work can be assigned to."""
-    ranked = [r for r in Role if ROLE_RANK[r] >= ROLE_RANK[Role(role)]]
-    return list(
-        Membership.objects.filter(tenant_id__in=list(tenant_ids), role__in=ranked, user__is_active=True)
-        .select_related("user", "tenant")
-        .order_by("user__username", "tenant__slug")
-    )
 
 
 def member_names_who_can(tenant_ids: Iterable[int], role: Role | str = Role.OPERATOR) -> list[tuple[int, str]]:
@@ -217,17 +208,20 @@ def _beyond(qs: QuerySet[Attempt], cursor: Cursor, *, ascending: bool) -> QueryS
     )
 
 
-def list_page(user: Any, query: ListQuery, *, now: datetime | None = None) -> Page:
+def list_page(
+    user: Any, query: ListQuery, *, now: datetime | None = None, allowed: Iterable[int] | None = None
+) -> Page:
     """One page of attempts, by keyset on (created_at, id).
 
     Each of the user's tenants is read on its own, so every read is a range
     scan of one tenant's index that stops after a page; the pages are then
     merged. (One query over several tenants would have to sort all their
-    matching rows before it could return the first page.)
+    matching rows before it could return the first page.) ``allowed``: the
+    user's tenants, when the caller has read them already.
     """
     now = now or timezone.now()
-    allowed = set(tenant_ids_for(user))
-    tenant_ids = tuple(t for t in query.tenant_ids if t in allowed)
+    visible = set(allowed if allowed is not None else tenant_ids_for(user))
+    tenant_ids = tuple(t for t in query.tenant_ids if t in visible)
     if not tenant_ids:
         return Page(rows=[])
     base = _filtered(query, user, now)
@@ -306,10 +300,11 @@ def events_of(attempt: Attempt) -> QuerySet[AttemptEvent]:
     return AttemptEvent.objects.filter(attempt=attempt).select_related("actor_user").order_by("seq")
 
 
-def drill_runs_for(user: Any) -> QuerySet[DrillRun]:
-    """Crash-drill runs of the user's tenants, newest first."""
+def drill_runs_for(user: Any, *, tenant_ids: Iterable[int] | None = None) -> QuerySet[DrillRun]:
+    """Crash-drill runs of the user's tenants (``tenant_ids``, when the caller
+    has read them already), newest first."""
     return (
-        DrillRun.objects.filter(tenant_id__in=tenant_ids_for(user))
+        DrillRun.objects.filter(tenant_id__in=list(tenant_ids) if tenant_ids is not None else tenant_ids_for(user))
         .select_related("tenant")
         .defer("report")
         .order_by("-started_at", "-id")
@@ -344,8 +339,10 @@ class ChainStatus:
         return max(0, self.head_seq - self.check.verified_seq) if self.check is not None else self.head_seq
 
 
-def chain_status(user: Any) -> list[ChainStatus]:
-    tenants = Tenant.objects.filter(pk__in=tenant_ids_for(user)).order_by("slug")
+def chain_status(user: Any, *, tenants: list[Tenant] | None = None) -> list[ChainStatus]:
+    """The user's tenants' chains (``tenants``, by slug, when the caller has read them already)."""
+    if tenants is None:
+        tenants = list(Tenant.objects.filter(pk__in=tenant_ids_for(user)).order_by("slug"))
     heads = dict(ChainHead.objects.filter(tenant__in=tenants).values_list("tenant_id", "seq"))
     checks = {c.tenant_id: c for c in ChainCheck.objects.filter(tenant__in=tenants)}
     return [ChainStatus(t, heads.get(t.pk, 0), checks.get(t.pk)) for t in tenants]

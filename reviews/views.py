@@ -47,7 +47,7 @@ from reviews.forms import (
     VerifyForm,
 )
 from reviews.models import Role
-from reviews.permissions import can, may_act_as
+from reviews.permissions import can, may_act_as, role_in
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -117,12 +117,13 @@ def _form_errors(form: Form) -> str:
 @login_required
 @require_safe
 def home(request: HtmxHttpRequest) -> HttpResponse:
-    _tenants_or_403(request)
-    counts = queries.queue_counts(request.user)
+    tenants = _tenants_or_403(request)
+    tenant_ids = [t.pk for t in tenants]
+    counts = queries.queue_counts(request.user, tenant_ids=tenant_ids)
     context: dict[str, Any] = {"counts": counts}
     if not _partial(request):
-        context["latest_drills"] = list(queries.drill_runs_for(request.user)[:3])
-        context["chains"] = queries.chain_status(request.user)
+        context["latest_drills"] = list(queries.drill_runs_for(request.user, tenant_ids=tenant_ids)[:3])
+        context["chains"] = queries.chain_status(request.user, tenants=tenants)
     return _render(request, "reviews/home.html", "counts", context)
 
 
@@ -143,9 +144,10 @@ def attempt_list(request: HtmxHttpRequest, queue: str = "") -> HttpResponse:
     form = ListForm(request.GET, tenants=tenants, queue_state=state)
     form.is_valid()  # invalid values are reported and left out
     query = form.list_query()
-    page = queries.list_page(request.user, query)
+    tenant_ids = [t.pk for t in tenants]
+    page = queries.list_page(request.user, query, allowed=tenant_ids)
     operator_tenants = set(queries.tenant_ids_for(request.user, Role.OPERATOR))
-    owners = _owner_choices(operator_tenants)
+    owners = queries.member_names_who_can(operator_tenants)
     context = {
         "form": form,
         "query": query,
@@ -156,8 +158,8 @@ def attempt_list(request: HtmxHttpRequest, queue: str = "") -> HttpResponse:
         "title": _list_title(state),
         "operator_tenants": operator_tenants,
         "bulk_owners": owners,
-        "tools": queries.known_tools(t.pk for t in tenants),
-        "counts": queries.queue_counts(request.user),
+        "tools": queries.known_tools(tenant_ids),
+        "counts": queries.queue_counts(request.user, tenant_ids=tenant_ids),
     }
     return _render(request, "reviews/attempt_list.html", "results", context)
 
@@ -184,8 +186,9 @@ def _awaiting_approval(attempt: Attempt) -> bool:
 
 
 def _actions(user: Any, attempt: Attempt, children: list[Attempt]) -> Actions:
-    operate = can(user, attempt.tenant_id, Role.OPERATOR)
-    approve = can(user, attempt.tenant_id, Role.APPROVER)
+    membership = role_in(user, attempt.tenant_id)
+    operate = membership is not None and membership.can(Role.OPERATOR)
+    approve = membership is not None and membership.can(Role.APPROVER)
     review = attempt.state == State.MANUAL_REVIEW
     awaiting = _awaiting_approval(attempt)
     pending_child = any(c.state in (State.MANUAL_REVIEW, State.INTENT_RECORDED, State.DISPATCHED) for c in children)
@@ -202,10 +205,6 @@ def _actions(user: Any, attempt: Attempt, children: list[Attempt]) -> Actions:
         request_retry=operate and review and not awaiting and not pending_child,
         decide_retry=approve and awaiting,
     )
-
-
-def _owner_choices(tenant_ids: set[int] | list[int]) -> list[tuple[int, str]]:
-    return queries.member_names_who_can(tenant_ids, Role.OPERATOR)
 
 
 def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
@@ -227,7 +226,7 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
             "self_requested": attempt.requested_by_id == request.user.pk,
         }
     fence = {"fence": attempt.fence}
-    owners = _owner_choices([attempt.tenant_id])
+    owners = queries.member_names_who_can([attempt.tenant_id])
     return {
         "attempt": attempt,
         "args_json": diffs.as_json(attempt.args),
@@ -332,7 +331,7 @@ def attempt_claim(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def attempt_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     attempt = _attempt_for_user(request, pk)
-    form = AssignForm(request.POST, owners=_owner_choices([attempt.tenant_id]))
+    form = AssignForm(request.POST, owners=queries.member_names_who_can([attempt.tenant_id]))
 
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
         owner = get_user_model().objects.get(pk=data["owner"])
@@ -463,14 +462,11 @@ class PlanRow:
     skip: str = ""
 
 
-def _bulk_plan(request: HttpRequest, ids: list[int], owner_id: int) -> list[PlanRow]:
+def _bulk_plan(request: HttpRequest, ids: list[int], owner: Any, operator_tenants: set[int]) -> list[PlanRow]:
     attempts = queries.attempts_for(request.user).in_bulk(ids)
     if len(attempts) != len(ids):
         raise Http404("no such attempt")
-    operator_tenants = set(queries.tenant_ids_for(request.user, Role.OPERATOR))
-    owner_tenants = {
-        m.tenant_id for m in queries.members_who_can(operator_tenants, Role.OPERATOR) if m.user_id == owner_id
-    }
+    owner_tenants = operator_tenants & set(queries.tenant_ids_for(owner, Role.OPERATOR))
     plan = []
     for pk in ids:
         attempt = attempts[pk]
@@ -478,7 +474,7 @@ def _bulk_plan(request: HttpRequest, ids: list[int], owner_id: int) -> list[Plan
             raise PermissionDenied(f"assigning #{pk} needs the operator role in tenant {attempt.tenant.slug}")
         if attempt.tenant_id not in owner_tenants:
             plan.append(PlanRow(attempt, f"not an operator of {attempt.tenant.slug}"))
-        elif attempt.owner_id == owner_id:
+        elif attempt.owner_id == owner.pk:
             plan.append(PlanRow(attempt, "already theirs"))
         else:
             plan.append(PlanRow(attempt))
@@ -491,10 +487,10 @@ def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
     """GET previews exactly which attempts an assignment will touch (and
     which it will skip, and why); POST applies that preview, all or nothing,
     refusing if any owner changed since."""
-    operator_tenants = queries.tenant_ids_for(request.user, Role.OPERATOR)
+    operator_tenants = set(queries.tenant_ids_for(request.user, Role.OPERATOR))
     if not operator_tenants:
         raise PermissionDenied("assigning work needs the operator role")
-    owners = _owner_choices(operator_tenants)
+    owners = queries.member_names_who_can(operator_tenants)
     form = BulkAssignForm(request.POST if request.method == "POST" else request.GET, owners=owners)
     context: dict[str, Any] = {"form": form, "plan": [], "done": False, "next": _safe_next(request)}
     if not form.is_valid():
@@ -502,7 +498,7 @@ def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
     data = form.cleaned_data
     owner = get_user_model().objects.get(pk=data["owner"])
     context["owner"] = owner
-    plan = _bulk_plan(request, data["ids"], owner.pk)
+    plan = _bulk_plan(request, data["ids"], owner, operator_tenants)
     context["plan"] = plan
     if request.method == "POST":
         touch = [row.attempt.pk for row in plan if not row.skip]
@@ -516,7 +512,7 @@ def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
             )
         except LedgerError as exc:
             messages.error(request, str(exc))
-            context["plan"] = _bulk_plan(request, data["ids"], owner.pk)
+            context["plan"] = _bulk_plan(request, data["ids"], owner, operator_tenants)
         else:
             messages.success(request, f"Assigned {len(touch)} attempt(s) to {owner.get_username()}.")
             if not _partial(request):
