@@ -414,24 +414,26 @@ def stream(request: ExportRequest) -> Iterator[str]:
             },
         }
     )
+    server_formats = _server_formats(request)
     complete = False
     try:
         for tenant in request.tenants:
             head = heads.get(tenant.pk)
             head_seq, head_hash = (head.seq, head.hash) if head else (0, chain.GENESIS)
             tally = counts[tenant.pk]
-            if _server_formats(request):
+            if server_formats:
                 yield writer.take()
                 yield from _formatted_chain_text(tenant, head_seq, tally)
-            for row in () if _server_formats(request) else _chain_rows(request, tenant, head_seq, now):
-                if row.get("included", True):
-                    writer.add(_event_record(row, tenant))
-                    tally.events += 1
-                else:
-                    writer.add(_link_record(row, tenant))
-                    tally.links += 1
-                if writer.buffer.tell() > FLUSH_BYTES:
-                    yield writer.take()
+            else:
+                for row in _chain_rows(request, tenant, head_seq, now):
+                    if row.get("included", True):
+                        writer.add(_event_record(row, tenant))
+                        tally.events += 1
+                    else:
+                        writer.add(_link_record(row, tenant))
+                        tally.links += 1
+                    if writer.buffer.tell() > FLUSH_BYTES:
+                        yield writer.take()
             writer.add(
                 {
                     "record": "head",
