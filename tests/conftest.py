@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.test import Client
 
 from ledgerdash.ledger import recording
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
@@ -137,6 +138,26 @@ def outsider_b(make_user: Any, tenant_b: Tenant) -> Any:
 
 AGENT = Actor.agent("agent-test")
 RECONCILER = Actor.reconciler("reconciler-test")
+
+
+@pytest.fixture
+def stuck(tenant_a: Tenant, tenant_b: Tenant) -> dict[str, Attempt]:
+    """Work spread over two tenants: two queues' worth in A, one in B, one done."""
+    from tests.factories import attempt_in  # factories import this module
+
+    return {
+        "a_unknown": attempt_in(State.UNKNOWN, tenant_a, key="a-unknown"),
+        "a_review": attempt_in(State.MANUAL_REVIEW, tenant_a, key="a-review"),
+        "a_done": attempt_in(State.OUTCOME_CONFIRMED, tenant_a, key="a-done"),
+        "b_unknown": attempt_in(State.UNKNOWN, tenant_b, key="b-unknown"),
+    }
+
+
+def as_user(user: Any) -> Client:
+    """A test client logged in as ``user``."""
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 def record(tenant: Tenant, key: str = "invoice:7:send", **overrides: Any) -> Attempt:

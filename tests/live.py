@@ -26,7 +26,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_http(url: str, *, timeout: float = 180.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_for_http(url: str, *, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -44,9 +44,10 @@ def wait_for_http(url: str, *, timeout: float = 180.0, proc: subprocess.Popen[by
 
 @contextlib.contextmanager
 def running(
-    cmd: list[str], *, env: dict[str, str] | None = None, url: str | None = None
+    cmd: list[str], *, env: dict[str, str] | None = None, url: str | None = None, timeout: float = 60.0
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``cmd`` in its own process group until the block ends.
+    """Run ``cmd`` in its own process group until the block ends (once
+    ``url`` answers, when given, within ``timeout`` seconds).
 
     The child gets the project's real settings module unless ``env`` names
     one: the test run's own (tests.settings) is not what a user runs.
@@ -63,7 +64,7 @@ def running(
     )
     try:
         if url:
-            wait_for_http(url, proc=proc)
+            wait_for_http(url, timeout=timeout, proc=proc)
         yield proc
     finally:
         with contextlib.suppress(ProcessLookupError):

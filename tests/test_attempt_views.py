@@ -18,17 +18,11 @@ from ledgerdash.ledger import transitions
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.transitions import Actor
-from tests.conftest import TOOLS_V1, ledger_snapshot, member, record
+from tests.conftest import TOOLS_V1, as_user, ledger_snapshot, member, record
 from tests.factories import attempt_in, linked_retry
 
 S = State
 HTMX = {"HX-Request": "true"}
-
-
-def as_user(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def url(name: str, attempt: Attempt) -> str:

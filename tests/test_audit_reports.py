@@ -17,16 +17,10 @@ from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun, State, Ten
 from ledgerdash.ledger.transitions import Actor
 from reviews.permissions import may_act_as
 from tests import tamper
-from tests.conftest import ledger_snapshot, record
+from tests.conftest import as_user, ledger_snapshot, record
 from tests.factories import attempt_in, linked_retry
 
 HOME = reverse("reviews:home")
-
-
-def as_user(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

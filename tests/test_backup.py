@@ -14,10 +14,10 @@ from typing import Any
 import psycopg
 import pytest
 from django.core.management import call_command
-from django.db import connection
 
 from ledgerdash.ledger.drill.runner import database_url
 from ledgerdash.ledger.models import AttemptEvent, ChainHead, State, Tenant
+from tests import tamper
 from tests.factories import attempt_in
 from tests.live import PYTHON, ROOT
 from tests.tamper import _triggers
@@ -204,10 +204,7 @@ def test_postgres_restore_of_a_tampered_ledger_fails_loudly(
 ) -> None:
     fill(tenant_a, tenant_b)
     victim = AttemptEvent.objects.filter(tenant=tenant_a).order_by("seq")[5]
-    with connection.cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")
-        cursor.execute("DELETE FROM ledger_attemptevent WHERE id = %s", [victim.pk])
-        cursor.execute("SET session_replication_role = DEFAULT")
+    tamper.delete(victim.pk)
     backup = tmp_path / "ledger.dump"
     call_command("backup_ledger", "--out", str(backup))
     result = manage("restore_ledger", str(backup), url=scratch_databases())

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.test import Client
 from django.urls import reverse
 
 from ledgerdash.ledger import transitions
@@ -13,18 +12,12 @@ from ledgerdash.ledger.errors import AttemptNotFound, OwnershipError
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.transitions import Actor
 from reviews.models import Membership
-from tests.conftest import ledger_snapshot
+from tests.conftest import as_user, ledger_snapshot
 from tests.factories import attempt_in
 
 S = State
 HTMX = {"HX-Request": "true"}
 BULK = reverse("reviews:bulk_assign")
-
-
-def as_user(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

@@ -10,13 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from ledgerdash.ledger.models import DrillRun, Tenant
-from tests.conftest import record
-
-
-def as_user(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
+from tests.conftest import as_user, record
 
 
 def stored_run(tenant: Tenant, *, ok: bool) -> DrillRun:

@@ -12,35 +12,17 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.test import Client
 from django.urls import reverse
 
 from ledgerdash.ledger import transitions
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, State, Tenant
 from reviews import exports
 from tests import tamper
-from tests.conftest import AGENT, ledger_snapshot, record
-from tests.factories import attempt_in
+from tests.conftest import AGENT, as_user, ledger_snapshot, record
 from tests.live import PYTHON, ROOT
 
 S = State
 VERIFY = str(ROOT / "scripts" / "verify_export.py")
-
-
-def as_user(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def work(tenant_a: Tenant, tenant_b: Tenant) -> dict[str, Attempt]:
-    return {
-        "a_unknown": attempt_in(S.UNKNOWN, tenant_a, key="a-unknown"),
-        "a_review": attempt_in(S.MANUAL_REVIEW, tenant_a, key="a-review"),
-        "a_done": attempt_in(S.OUTCOME_CONFIRMED, tenant_a, key="a-done"),
-        "b_unknown": attempt_in(S.UNKNOWN, tenant_b, key="b-unknown"),
-    }
 
 
 def export_cli(tmp_path: Path, *args: str, fmt: str = "csv") -> Path:
@@ -65,7 +47,7 @@ def verify_file(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("fmt", ["csv", "ndjson"])
 def test_a_full_export_is_every_event_up_to_the_head_and_verifies_offline(
-    work: dict[str, Attempt], tenant_a: Tenant, tmp_path: Path, fmt: str
+    stuck: dict[str, Attempt], tenant_a: Tenant, tmp_path: Path, fmt: str
 ) -> None:
     head = ChainHead.objects.get(tenant=tenant_a)
     path = export_cli(tmp_path, "--tenant", "acme", fmt=fmt)
@@ -81,7 +63,7 @@ def test_a_full_export_is_every_event_up_to_the_head_and_verifies_offline(
     assert f"acme: VERIFIED seq 1..{head.seq}, complete and unmodified up to head {head.hash}" in result.stdout
 
 
-def test_the_csv_columns_are_the_documented_ones(work: dict[str, Attempt], tmp_path: Path) -> None:
+def test_the_csv_columns_are_the_documented_ones(stuck: dict[str, Attempt], tmp_path: Path) -> None:
     path = export_cli(tmp_path, "--tenant", "acme")
     header = path.read_text(encoding="utf-8").splitlines()[0].split(",")
     assert tuple(header) == exports.COLUMNS
@@ -90,8 +72,8 @@ def test_the_csv_columns_are_the_documented_ones(work: dict[str, Attempt], tmp_p
         assert f"`{column}`" in readme, f"README does not document the {column} column"
 
 
-def test_each_event_row_carries_its_attempt_and_the_decision(work: dict[str, Attempt], tmp_path: Path) -> None:
-    attempt = work["a_review"]
+def test_each_event_row_carries_its_attempt_and_the_decision(stuck: dict[str, Attempt], tmp_path: Path) -> None:
+    attempt = stuck["a_review"]
     rows = [r for r in rows_of(export_cli(tmp_path, "--tenant", "acme")) if r["attempt_id"] == str(attempt.pk)]
     assert len(rows) == AttemptEvent.objects.filter(attempt=attempt).count()
     for row in rows:
@@ -119,25 +101,25 @@ def _attempt_ids(rows: list[dict[str, Any]]) -> set[int]:
 
 
 def test_the_command_takes_the_queues_filters(
-    work: dict[str, Attempt], tenant_a: Tenant, operator_a: Any, tmp_path: Path
+    stuck: dict[str, Attempt], tenant_a: Tenant, operator_a: Any, tmp_path: Path
 ) -> None:
     def ids(*args: str) -> set[int]:
         return _attempt_ids(rows_of(export_cli(tmp_path, "--tenant", "acme", *args)))
 
-    assert ids("--state", "UNKNOWN") == {work["a_unknown"].pk}
+    assert ids("--state", "UNKNOWN") == {stuck["a_unknown"].pk}
     assert ids("--tool", "charge_card") == set()
     other = record(tenant_a, "a-charge", tool_name="charge_card", args={"amount": 5})
     assert ids("--tool", "charge_card") == {other.pk}
     transitions.attempt_assign(
-        attempt_id=work["a_done"].pk, owner=operator_a, actor=AGENT, reason="t", expected_owner_id=None
+        attempt_id=stuck["a_done"].pk, owner=operator_a, actor=AGENT, reason="t", expected_owner_id=None
     )
-    assert ids("--owner", "operator-a") == {work["a_done"].pk}
+    assert ids("--owner", "operator-a") == {stuck["a_done"].pk}
     assert ids("--owner", "unassigned") == {other.pk}
-    created = work["a_review"].created_at.isoformat()
-    assert ids("--since", created, "--until", work["a_done"].created_at.isoformat()) == {work["a_review"].pk}
+    created = stuck["a_review"].created_at.isoformat()
+    assert ids("--since", created, "--until", stuck["a_done"].created_at.isoformat()) == {stuck["a_review"].pk}
 
 
-def test_a_filtered_export_says_so_and_proves_what_it_can(work: dict[str, Attempt], tmp_path: Path) -> None:
+def test_a_filtered_export_says_so_and_proves_what_it_can(stuck: dict[str, Attempt], tmp_path: Path) -> None:
     path = export_cli(tmp_path, "--tenant", "acme", "--state", "MANUAL_REVIEW")
     rows = rows_of(path)
     assert json.loads(rows[0]["details"])["scope"] == "filtered"
@@ -147,20 +129,20 @@ def test_a_filtered_export_says_so_and_proves_what_it_can(work: dict[str, Attemp
 
 
 def test_a_filtered_export_with_links_walks_to_the_head(
-    work: dict[str, Attempt], tenant_a: Tenant, tmp_path: Path
+    stuck: dict[str, Attempt], tenant_a: Tenant, tmp_path: Path
 ) -> None:
     path = export_cli(tmp_path, "--tenant", "acme", "--state", "MANUAL_REVIEW", "--links")
     rows = rows_of(path)
     links = [r for r in rows if r["record"] == "link"]
     assert links
     assert all(r["reason"] == "" and r["attempt_id"] == "" for r in links)  # only seq and hashes
-    assert _attempt_ids(rows) == {work["a_review"].pk}
+    assert _attempt_ids(rows) == {stuck["a_review"].pk}
     result = verify_file(path)
     assert result.returncode == 0, result.stdout
     assert "acme: VERIFIED" in result.stdout
 
 
-def test_unknown_tenants_users_and_times_are_errors(work: dict[str, Attempt], tmp_path: Path) -> None:
+def test_unknown_tenants_users_and_times_are_errors(stuck: dict[str, Attempt], tmp_path: Path) -> None:
     from django.core.management import CommandError
 
     for args, message in [
@@ -175,7 +157,7 @@ def test_unknown_tenants_users_and_times_are_errors(work: dict[str, Attempt], tm
 # --- tamper evidence in the file ----------------------------------------------------------
 
 
-def test_an_edited_export_file_fails_offline_with_the_row_named(work: dict[str, Attempt], tmp_path: Path) -> None:
+def test_an_edited_export_file_fails_offline_with_the_row_named(stuck: dict[str, Attempt], tmp_path: Path) -> None:
     path = export_cli(tmp_path, "--tenant", "acme")
     rows = rows_of(path)
     victim = next(r for r in rows if r["record"] == "event" and r["reason"] == "timeout")
@@ -186,7 +168,7 @@ def test_an_edited_export_file_fails_offline_with_the_row_named(work: dict[str, 
     assert f"acme seq {victim['event_seq']} (event id {victim['event_id']}): edited" in result.stdout
 
 
-def test_a_row_dropped_from_the_file_fails_offline(work: dict[str, Attempt], tmp_path: Path) -> None:
+def test_a_row_dropped_from_the_file_fails_offline(stuck: dict[str, Attempt], tmp_path: Path) -> None:
     path = export_cli(tmp_path, "--tenant", "acme", fmt="ndjson")
     lines = path.read_text(encoding="utf-8").splitlines()
     del lines[3]
@@ -196,7 +178,7 @@ def test_a_row_dropped_from_the_file_fails_offline(work: dict[str, Attempt], tmp
     assert "missing before it" in result.stdout
 
 
-def test_a_cut_short_file_fails_offline(work: dict[str, Attempt], tmp_path: Path) -> None:
+def test_a_cut_short_file_fails_offline(stuck: dict[str, Attempt], tmp_path: Path) -> None:
     path = export_cli(tmp_path, "--tenant", "acme", fmt="ndjson")
     lines = path.read_text(encoding="utf-8").splitlines()
     path.write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
@@ -205,8 +187,8 @@ def test_a_cut_short_file_fails_offline(work: dict[str, Attempt], tmp_path: Path
     assert "no head row: the file was cut short" in result.stdout
 
 
-def test_an_export_of_a_tampered_ledger_fails_offline(work: dict[str, Attempt], tmp_path: Path) -> None:
-    victim = AttemptEvent.objects.filter(attempt=work["a_done"]).order_by("seq").last()
+def test_an_export_of_a_tampered_ledger_fails_offline(stuck: dict[str, Attempt], tmp_path: Path) -> None:
+    victim = AttemptEvent.objects.filter(attempt=stuck["a_done"]).order_by("seq").last()
     assert victim is not None
     tamper.edit(victim.pk, reason="never happened")
     result = verify_file(export_cli(tmp_path, "--tenant", "acme"))
@@ -214,7 +196,7 @@ def test_an_export_of_a_tampered_ledger_fails_offline(work: dict[str, Attempt], 
     assert f"acme seq {victim.seq} (event id {victim.pk}): edited" in result.stdout
 
 
-def test_a_kept_head_is_checked(work: dict[str, Attempt], tenant_a: Tenant, tmp_path: Path) -> None:
+def test_a_kept_head_is_checked(stuck: dict[str, Attempt], tenant_a: Tenant, tmp_path: Path) -> None:
     head = ChainHead.objects.get(tenant=tenant_a)
     path = export_cli(tmp_path, "--tenant", "acme")
     assert verify_file(path, "--known-head", f"acme:{head.seq}:{head.hash}").returncode == 0
@@ -265,7 +247,7 @@ def test_ndjson_keeps_values_as_they_are(tenant_a: Tenant, tmp_path: Path) -> No
 
 
 def test_exporting_is_recorded_in_each_exported_tenants_chain(
-    work: dict[str, Attempt], tenant_a: Tenant, tmp_path: Path
+    stuck: dict[str, Attempt], tenant_a: Tenant, tmp_path: Path
 ) -> None:
     head_before = ChainHead.objects.get(tenant=tenant_a)
     export_cli(tmp_path, "--tenant", "acme", "--state", "UNKNOWN")
@@ -275,12 +257,12 @@ def test_exporting_is_recorded_in_each_exported_tenants_chain(
     assert event.seq == head_before.seq + 1  # the next link after the head the file carries
     assert event.actor_label.startswith("manage.py export_audit")
     assert event.details["filters"] == {"tenant": "acme", "state": "UNKNOWN"}
-    assert event.details["rows"] == AttemptEvent.objects.filter(attempt=work["a_unknown"]).count()
+    assert event.details["rows"] == AttemptEvent.objects.filter(attempt=stuck["a_unknown"]).count()
     assert event.details["complete"] is True
     assert (event.details["head_seq"], event.details["head_hash"]) == (head_before.seq, head_before.hash)
 
 
-def test_the_export_reads_in_chunks(work: dict[str, Attempt], tmp_path: Path, monkeypatch: Any) -> None:
+def test_the_export_reads_in_chunks(stuck: dict[str, Attempt], tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setattr(exports, "CHUNK", 2)
     result = verify_file(export_cli(tmp_path, "--tenant", "acme"))
     assert result.returncode == 0, result.stdout
@@ -297,20 +279,20 @@ def _download(response: Any) -> list[dict[str, Any]]:
 
 
 def test_operators_download_their_queue_with_its_filters(
-    work: dict[str, Attempt], operator_a: Any, tenant_a: Tenant
+    stuck: dict[str, Attempt], operator_a: Any, tenant_a: Tenant
 ) -> None:
     response = as_user(operator_a).get(EXPORT_CSV, {"queue": "unknown", "tenant": "acme", "after": "1-1"})
     assert response.status_code == 200
     assert response["Content-Type"] == "text/csv; charset=utf-8"
     assert response["Content-Disposition"].startswith('attachment; filename="ledgerdash-audit-acme-')
     rows = _download(response)
-    assert _attempt_ids(rows) == {work["a_unknown"].pk}  # the whole selection, not one page
+    assert _attempt_ids(rows) == {stuck["a_unknown"].pk}  # the whole selection, not one page
     event = AttemptEvent.objects.filter(tenant=tenant_a, kind="export").get()
     assert event.actor_user_id == operator_a.pk
     assert event.details["filters"] == {"tenant": "acme", "state": "UNKNOWN"}
 
 
-def test_the_ndjson_download(work: dict[str, Attempt], operator_a: Any) -> None:
+def test_the_ndjson_download(stuck: dict[str, Attempt], operator_a: Any) -> None:
     response = as_user(operator_a).get(reverse("reviews:export", args=["ndjson"]))
     assert response["Content-Type"] == "application/x-ndjson; charset=utf-8"
     lines = [json.loads(line) for line in b"".join(response.streaming_content).decode().splitlines()]
@@ -322,7 +304,7 @@ def test_the_export_refuses_posts(operator_a: Any) -> None:
     assert as_user(operator_a).post(EXPORT_CSV).status_code == 405
 
 
-def test_another_tenant_in_the_filter_is_404_and_exports_nothing(work: dict[str, Attempt], outsider_b: Any) -> None:
+def test_another_tenant_in_the_filter_is_404_and_exports_nothing(stuck: dict[str, Attempt], outsider_b: Any) -> None:
     before = ledger_snapshot()
     response = as_user(outsider_b).get(EXPORT_CSV, {"tenant": "acme"})
     assert response.status_code == 404
@@ -330,13 +312,13 @@ def test_another_tenant_in_the_filter_is_404_and_exports_nothing(work: dict[str,
     assert ledger_snapshot() == before
 
 
-def test_viewers_may_not_export(work: dict[str, Attempt], viewer_a: Any) -> None:
+def test_viewers_may_not_export(stuck: dict[str, Attempt], viewer_a: Any) -> None:
     before = ledger_snapshot()
     assert as_user(viewer_a).get(EXPORT_CSV).status_code == 403
     assert ledger_snapshot() == before
 
 
-def test_a_bad_filter_is_refused_rather_than_widened(work: dict[str, Attempt], operator_a: Any) -> None:
+def test_a_bad_filter_is_refused_rather_than_widened(stuck: dict[str, Attempt], operator_a: Any) -> None:
     response = as_user(operator_a).get(EXPORT_CSV, {"owner": "everyone"})
     assert response.status_code == 400
     assert b"not exported" in response.content
@@ -348,18 +330,18 @@ def test_an_unknown_format_or_queue_is_404(operator_a: Any) -> None:
     assert client.get(EXPORT_CSV, {"queue": "everything"}).status_code == 404
 
 
-def test_the_list_pages_link_to_exports_of_what_they_show(work: dict[str, Attempt], operator_a: Any) -> None:
+def test_the_list_pages_link_to_exports_of_what_they_show(stuck: dict[str, Attempt], operator_a: Any) -> None:
     page = as_user(operator_a).get(reverse("reviews:queue", args=["unknown"]), {"tool": "send_email"}).content
     assert b'href="/export.csv?tool=send_email&amp;queue=unknown"' in page
     assert b'href="/export.ndjson?tool=send_email&amp;queue=unknown"' in page
 
 
-def test_viewers_get_no_export_links(work: dict[str, Attempt], viewer_a: Any) -> None:
+def test_viewers_get_no_export_links(stuck: dict[str, Attempt], viewer_a: Any) -> None:
     assert b"/export.csv" not in as_user(viewer_a).get(reverse("reviews:search")).content
 
 
 def test_an_abandoned_download_is_recorded_as_incomplete(
-    work: dict[str, Attempt], operator_a: Any, tenant_a: Tenant, monkeypatch: Any
+    stuck: dict[str, Attempt], operator_a: Any, tenant_a: Tenant, monkeypatch: Any
 ) -> None:
     monkeypatch.setattr(exports, "FLUSH_BYTES", 1)
     chunks = exports.stream(
@@ -373,7 +355,7 @@ def test_an_abandoned_download_is_recorded_as_incomplete(
 
 
 def test_exporting_every_tenant_needs_the_operator_role_in_each(
-    work: dict[str, Attempt], operator_a: Any, tenant_b: Tenant
+    stuck: dict[str, Attempt], operator_a: Any, tenant_b: Tenant
 ) -> None:
     from reviews.models import Membership
 
@@ -387,7 +369,7 @@ def test_exporting_every_tenant_needs_the_operator_role_in_each(
 
 @pytest.mark.postgres
 def test_the_server_formatted_export_is_the_same_file(
-    work: dict[str, Attempt], tenant_a: Tenant, operator_a: Any, tmp_path: Path, monkeypatch: Any
+    stuck: dict[str, Attempt], tenant_a: Tenant, operator_a: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
     """A full CSV export on PostgreSQL is formatted by the server; cell for
     cell it must be what the Python path writes, formula payloads included."""

@@ -6,17 +6,16 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from ledgerdash.ledger.models import Attempt, State, Tenant
+from tests.conftest import as_user
 from tests.factories import attempt_in
 
 
 def _membership_reads(user: Any, url: str) -> int:
-    client = Client()
-    client.force_login(user)
+    client = as_user(user)
     with CaptureQueriesContext(connection) as captured:
         assert client.get(url).status_code == 200
     return sum('"reviews_membership"' in q["sql"] for q in captured.captured_queries)

@@ -15,7 +15,7 @@ from ledgerdash.ledger import recording, transitions
 from ledgerdash.ledger.models import Attempt, State, Tenant
 from reviews import queries
 from reviews.queries import Cursor, ListQuery
-from tests.conftest import AGENT, ledger_snapshot, record
+from tests.conftest import AGENT, as_user, ledger_snapshot, record
 from tests.factories import attempt_in
 
 S = State
@@ -23,22 +23,6 @@ HTMX = {"HX-Request": "true"}
 UNKNOWN_QUEUE = reverse("reviews:queue", args=["unknown"])
 REVIEW_QUEUE = reverse("reviews:queue", args=["review"])
 SEARCH = reverse("reviews:search")
-
-
-def as_user(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def stuck(tenant_a: Tenant, tenant_b: Tenant) -> dict[str, Attempt]:
-    return {
-        "a_unknown": attempt_in(S.UNKNOWN, tenant_a, key="a-unknown"),
-        "a_review": attempt_in(S.MANUAL_REVIEW, tenant_a, key="a-review"),
-        "a_done": attempt_in(S.OUTCOME_CONFIRMED, tenant_a, key="a-done"),
-        "b_unknown": attempt_in(S.UNKNOWN, tenant_b, key="b-unknown"),
-    }
 
 
 # --- every list view: method, scope, role, partial, page -------------------------------

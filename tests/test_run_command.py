@@ -18,8 +18,12 @@ pytestmark = pytest.mark.skipif(
 def test_the_run_command_serves_the_app_with_demo_data(tmp_path: Path) -> None:
     port = free_port()
     env = {"LEDGERDASH_VAR_DIR": str(tmp_path), "DEBUG": "true", "DATABASE_URL": ""}
+    # The run command migrates and runs a crash drill for its demo data before it serves.
     with running(
-        [str(ROOT / "scripts" / "run.sh"), "127.0.0.1", str(port)], env=env, url=f"http://127.0.0.1:{port}/login/"
+        [str(ROOT / "scripts" / "run.sh"), "127.0.0.1", str(port)],
+        env=env,
+        url=f"http://127.0.0.1:{port}/login/",
+        timeout=180,
     ):
         browser = Browser(f"http://127.0.0.1:{port}")
         status, _, _ = browser.get("/")
