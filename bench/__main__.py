@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             result = module.run(ctx)
             result["seconds"] = round(time.monotonic() - began, 1)
             report["benchmarks"][name] = result
-            say(result.get("explain_text", ""))
+            if "explain" in result:
+                say(f"query plans (EXPLAIN ANALYZE):\n{result['explain']}\n")
             say(result["table"])
             for target in result.get("targets", []):
                 say(target.line())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -219,6 +220,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    """Stop a process started in its own session, and its children: SIGTERM,
+    then SIGKILL if it has not exited within ``timeout`` seconds."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def say(text: str = "") -> None:

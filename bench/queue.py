@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -44,6 +43,7 @@ from bench.common import (
     ratio,
     run_manage,
     say,
+    stop_group,
     table,
 )
 from bench.loader import ATTEMPT_COLUMNS, bulk_load, reserve_ids
@@ -195,19 +195,8 @@ def _gunicorn(ctx: Any) -> subprocess.Popen[bytes]:
             if proc.poll() is not None:
                 raise RuntimeError("gunicorn exited before it served") from None
             time.sleep(0.2)
-    _stop(proc)
+    stop_group(proc)
     raise RuntimeError("gunicorn did not answer within 60s")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def find_wrk() -> str | None:
@@ -216,12 +205,11 @@ def find_wrk() -> str | None:
     if found or os.geteuid() != 0 or not shutil.which("apt-get"):
         return found
     say("  installing wrk (apt-get install wrk)")
-    for command in (["apt-get", "install", "-y", "-qq", "wrk"], ["apt-get", "update", "-qq"]):
-        subprocess.run(command, capture_output=True, check=False, timeout=300)
-        if shutil.which("wrk"):
-            break
-    if not shutil.which("wrk"):
-        subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], capture_output=True, check=False, timeout=300)
+    install = ["apt-get", "install", "-y", "-qq", "wrk"]
+    subprocess.run(install, capture_output=True, check=False, timeout=300)
+    if not shutil.which("wrk"):  # the package lists may be stale or missing
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, check=False, timeout=300)
+        subprocess.run(install, capture_output=True, check=False, timeout=300)
     return shutil.which("wrk")
 
 
@@ -344,7 +332,7 @@ def run(ctx: Any) -> dict[str, Any]:
                     samples[(view, who)].append(sample)
             say(f"  round {round_no + 1}/{rounds} done")
     finally:
-        _stop(server)
+        stop_group(server)
     return _summarize(samples, pages, prepared, explain_text, generator, rounds, seconds)
 
 
@@ -393,7 +381,6 @@ def _summarize(
         "seconds_per_run": seconds,
         "figures": figures,
         "explain": explain_text,
-        "explain_text": "query plans (EXPLAIN ANALYZE):\n" + explain_text + "\n",
         "table": text,
         "targets": targets,
     }

@@ -15,11 +15,8 @@ decided more than once, or by more than one worker.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import signal
 import sqlite3
 import subprocess
 import tempfile
@@ -31,7 +28,19 @@ from typing import Any
 
 import psycopg
 
-from bench.common import PYTHON, ROOT, SANDBOX_PORT, Target, django_env, median, percentile, ratio, say, table
+from bench.common import (
+    PYTHON,
+    ROOT,
+    SANDBOX_PORT,
+    Target,
+    django_env,
+    median,
+    percentile,
+    ratio,
+    say,
+    stop_group,
+    table,
+)
 from bench.loader import ATTEMPT_COLUMNS, bulk_load, reserve_ids
 
 TOOL = "bench_send"
@@ -88,16 +97,6 @@ def _start_sandbox(path: Path) -> subprocess.Popen[bytes]:
     )
     urllib.request.urlopen(request, timeout=5).close()
     return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def _prepare_ledger(ctx: Any, total: int) -> None:
@@ -243,7 +242,7 @@ def run(ctx: Any) -> dict[str, Any]:
                         f"{result['confirmed']}/{total} confirmed, double claims {result['double_claims']}"
                     )
         finally:
-            _stop(sandbox)
+            stop_group(sandbox)
     return _summarize(runs, total, batch)
 
 
