@@ -81,6 +81,8 @@ IDEMPOTENT_TOOL = "drill.send_email"
 NON_IDEMPOTENT_TOOL = "drill.charge_card"
 BASE_SCOPES = ["drill:send", "drill:notify"]
 NARROWED_SCOPES = ["drill:send"]
+#: The drill tenant's policy between cases: both tools, the base scopes.
+BASELINE_TOOLS = {IDEMPOTENT_TOOL: BASE_SCOPES, NON_IDEMPOTENT_TOOL: BASE_SCOPES}
 MAX_ROUNDS = 8
 ROUND_DEADLINE = 45.0
 JOB_TIMEOUT = 60.0
@@ -427,13 +429,12 @@ class Drill:
         self._baseline_policy()
 
     def _baseline_policy(self) -> None:
-        tools = {IDEMPOTENT_TOOL: BASE_SCOPES, NON_IDEMPOTENT_TOOL: BASE_SCOPES}
         policy = current_policy(self.tenant.pk)
         if policy is None or {k: sorted(v) for k, v in policy.tools.items()} != {
-            k: sorted(v) for k, v in tools.items()
+            k: sorted(v) for k, v in BASELINE_TOOLS.items()
         }:
             policy_publish(
-                tenant=self.tenant, tools=tools, actor=Actor.system("crashdrill"), note="crash drill baseline"
+                tenant=self.tenant, tools=BASELINE_TOOLS, actor=Actor.system("crashdrill"), note="crash drill baseline"
             )
 
     # running ----------------------------------------------------------------------------------
@@ -585,7 +586,7 @@ class Drill:
             ):
                 policy = policy_publish(
                     tenant=self.tenant,
-                    tools={planned.tool: NARROWED_SCOPES, **self._other_tools(planned.tool)},
+                    tools={**BASELINE_TOOLS, planned.tool: NARROWED_SCOPES},
                     actor=Actor.system("crashdrill"),
                     note="crash drill case E: scope narrowed while the attempt is UNKNOWN",
                 )
@@ -601,9 +602,6 @@ class Drill:
                     }
                 )
         return rounds
-
-    def _other_tools(self, tool: str) -> dict[str, list[str]]:
-        return {name: BASE_SCOPES for name in (IDEMPOTENT_TOOL, NON_IDEMPOTENT_TOOL) if name != tool}
 
     # evidence and assertions --------------------------------------------------------------------
 
