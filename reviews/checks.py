@@ -8,7 +8,7 @@ from django.core.checks import Tags, Warning, register
 from django.db import DatabaseError
 
 from ledgerdash.ledger.models import Tenant
-from reviews.models import Membership, Role
+from reviews.models import Membership, Role, roles_at_least
 
 
 @register(Tags.database)
@@ -19,9 +19,7 @@ def default_owners_are_members(app_configs: Any = None, **kwargs: Any) -> list[W
     try:
         tenants = list(Tenant.objects.filter(is_active=True).select_related("default_owner"))
         operators = set(
-            Membership.objects.filter(role__in=[Role.OPERATOR, Role.APPROVER, Role.ADMIN]).values_list(
-                "tenant_id", "user_id"
-            )
+            Membership.objects.filter(role__in=roles_at_least(Role.OPERATOR)).values_list("tenant_id", "user_id")
         )
     except DatabaseError:  # not migrated yet
         return []

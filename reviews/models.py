@@ -19,6 +19,11 @@ class Role(models.TextChoices):
 ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.APPROVER: 2, Role.ADMIN: 3}
 
 
+def roles_at_least(role: Role | str) -> list[Role]:
+    """``role`` and every role above it."""
+    return [r for r in Role if ROLE_RANK[r] >= ROLE_RANK[Role(role)]]
+
+
 class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")

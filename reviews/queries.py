@@ -15,7 +15,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, ChainHead, DrillRun, Policy, State, Tenant
-from reviews.models import ROLE_RANK, Membership, Role
+from reviews.models import Membership, Role, roles_at_least
 
 #: The queues people work, by the slug in their URL.
 QUEUES: dict[str, State] = {"unknown": State.UNKNOWN, "review": State.MANUAL_REVIEW}
@@ -33,7 +33,7 @@ def tenant_ids_for(user: Any, role: Role | str = Role.VIEWER) -> list[int]:
     """The tenants in which ``user`` holds at least ``role``."""
     if not user.is_authenticated or not user.is_active:
         return []
-    ranked = [r for r in Role if ROLE_RANK[r] >= ROLE_RANK[Role(role)]]
+    ranked = roles_at_least(role)
     return list(
         Membership.objects.filter(user=user, role__in=ranked).order_by("tenant_id").values_list("tenant_id", flat=True)
     )
@@ -65,7 +65,7 @@ def member_names_who_can(tenant_ids: Iterable[int], role: Role | str = Role.OPER
     """(user id, username) of the active members of these tenants holding at
     least ``role``, each once, by username: the choices of an owner picker
     (a list page draws one for every request, so no model instances)."""
-    ranked = [r for r in Role if ROLE_RANK[r] >= ROLE_RANK[Role(role)]]
+    ranked = roles_at_least(role)
     return list(
         Membership.objects.filter(tenant_id__in=list(tenant_ids), role__in=ranked, user__is_active=True)
         .order_by("user__username", "user_id")
@@ -294,10 +294,6 @@ def chain_of(attempt: Attempt) -> list[Attempt]:
         .select_related("owner", "requested_by", "approved_by")
         .order_by("created_at", "id")
     )
-
-
-def events_of(attempt: Attempt) -> QuerySet[AttemptEvent]:
-    return AttemptEvent.objects.filter(attempt=attempt).select_related("actor_user").order_by("seq")
 
 
 def drill_runs_for(user: Any, *, tenant_ids: Iterable[int] | None = None) -> QuerySet[DrillRun]:

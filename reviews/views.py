@@ -234,7 +234,7 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "parent": parent,
         "parent_diff": diffs.diff(parent, attempt) if parent is not None else None,
         "child_diffs": [diffs.diff(attempt, child) for child in children],
-        "events": list(queries.events_of(attempt)),
+        "events": list(queries.events_of_chain([attempt])),
         "actions": actions,
         "approval": approval,
         "owner_seen": attempt.owner_id or "",
