@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from ledgerdash.ledger import chain
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, Tenant
+from ledgerdash.ledger.queries import events_by_seq
 from ledgerdash.ledger.transitions import Actor, event_record
 from reviews.queries import ListQuery, attempt_filter
 
@@ -276,13 +277,7 @@ def _chain_rows(request: ExportRequest, tenant: Tenant, head_seq: int, now: date
             fields += ("included",)
         else:
             qs = qs.filter(condition & Q(attempt__isnull=False))
-    last = 0
-    while True:
-        chunk = list(qs.filter(seq__gt=last).order_by("seq").values(*fields)[:CHUNK])
-        if not chunk:
-            return
-        yield from chunk
-        last = chunk[-1]["seq"]
+    return events_by_seq(qs, fields, chunk=CHUNK)
 
 
 # --- a full CSV export on PostgreSQL: the server formats the cells ------------------------

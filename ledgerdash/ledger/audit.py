@@ -36,6 +36,7 @@ from django.utils import timezone
 
 from ledgerdash.ledger import chain
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, ChainHead, Tenant
+from ledgerdash.ledger.queries import events_by_seq
 
 CHUNK = 5000
 
@@ -78,14 +79,7 @@ class ChainResult:
 
 
 def _events(tenant_id: int) -> Iterator[dict[str, Any]]:
-    qs = AttemptEvent.objects.filter(tenant_id=tenant_id).order_by("seq")
-    last = 0
-    while True:
-        chunk = list(qs.filter(seq__gt=last).values(*_FIELDS)[:CHUNK])
-        if not chunk:
-            return
-        yield from chunk
-        last = chunk[-1]["seq"]
+    return events_by_seq(AttemptEvent.objects.filter(tenant_id=tenant_id), _FIELDS, chunk=CHUNK)
 
 
 def _name(tenant: Tenant, row: dict[str, Any]) -> str:
