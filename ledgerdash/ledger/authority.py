@@ -41,8 +41,7 @@ def standing_of(attempt: Attempt, *, original: Attempt | None = None) -> Standin
     With ``original`` (the attempt a linked retry re-tries), also refuse a
     scope wider than the original's and a tenant other than the original's.
     """
-    tenant = Tenant.objects.only("slug", "is_active").get(pk=attempt.tenant_id)
-    return _compare(attempt, tenant, current_policy(attempt.tenant_id), original)
+    return dispatch_standing(attempt, original=original)[0]
 
 
 @dataclass(frozen=True)
@@ -85,14 +84,13 @@ def authority_of(tenant_id: int, tool_name: str) -> Authority:
     return Authority(tenant, policy, lease)
 
 
-def dispatch_standing(attempt: Attempt) -> tuple[Standing, float | None]:
-    """:func:`standing_of` for a dispatch, plus the tool's dispatch lease in
-    seconds (None: the default), read in one query (it runs before every
-    dispatch)."""
+def dispatch_standing(attempt: Attempt, *, original: Attempt | None = None) -> tuple[Standing, float | None]:
+    """:func:`standing_of`, plus the tool's dispatch lease in seconds (None:
+    the default), read in one query (it runs before every dispatch)."""
     now = authority_of(attempt.tenant_id, attempt.tool_name)
     if now.tenant is None:
-        return standing_of(attempt), None  # raises as standing_of does for a missing tenant
-    return _compare(attempt, now.tenant, now.policy, None), now.lease_seconds
+        raise Tenant.DoesNotExist(f"tenant {attempt.tenant_id} of attempt #{attempt.pk} does not exist")
+    return _compare(attempt, now.tenant, now.policy, original), now.lease_seconds
 
 
 def _compare(attempt: Attempt, tenant: Tenant, policy: Policy | None, original: Attempt | None) -> Standing:
