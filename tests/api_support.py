@@ -43,19 +43,25 @@ class Api:
         self.client = client or Client()
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
-    def post(
+    def request(
         self,
+        method: str,
         path: str,
         body: Any = None,
         *,
         raw: bytes | str | None = None,
         content_type: str = "application/json",
         headers: dict[str, str] | None = None,
+        **extra: Any,
     ) -> Any:
+        """``method`` with ``body`` as JSON (or ``raw`` bytes as they are)."""
         data: bytes | str = raw if raw is not None else (b"" if body is None else json.dumps(body))
-        return self.client.post(
-            BASE + path, data=data, content_type=content_type, headers={**self.headers, **(headers or {})}
+        return getattr(self.client, method)(
+            BASE + path, data=data, content_type=content_type, headers={**self.headers, **(headers or {})}, **extra
         )
+
+    def post(self, path: str, body: Any = None, **options: Any) -> Any:
+        return self.request("post", path, body, **options)
 
     def get(self, path: str, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> Any:
         return self.client.get(BASE + path, params or {}, headers={**self.headers, **(headers or {})})

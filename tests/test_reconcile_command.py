@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
 
 from ledgerdash.ledger import recording
+from ledgerdash.ledger.drill.runner import database_url
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.transitions import Actor
 from tests.conftest import AGENT, ledger_snapshot, record
@@ -34,18 +34,13 @@ def test_once_prints_a_summary_line(tenant_a: Tenant, sandbox_tools: Sandbox, ca
     assert "errors=0" in out
 
 
-def _database_url() -> str:
-    db = connection.settings_dict
-    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-
-
 def _command(*args: str) -> list[str]:
     return [PYTHON, "manage.py", "reconcile", *args]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env.update({"DATABASE_URL": _database_url(), "DEBUG": "true", "LEDGERDASH_VAR_DIR": str(tmp_path)})
+    env.update({"DATABASE_URL": database_url(), "DEBUG": "true", "LEDGERDASH_VAR_DIR": str(tmp_path)})
     return env
 
 
