@@ -1,7 +1,7 @@
 """Peak memory of `manage.py export_audit` at growing ledger sizes (PostgreSQL).
 
-    .venv/bin/python bench/export_memory.py                       # 50,000 and 1,000,000 events
-    .venv/bin/python bench/export_memory.py --sizes 10000,200000 --format ndjson
+    .venv/bin/python -m bench.export_memory                       # 50,000 and 1,000,000 events
+    .venv/bin/python -m bench.export_memory --sizes 10000,200000 --format ndjson
 
 Creates a scratch database of its own (``--database``, default
 ``ledgerdash_bench_export``; dropped at the end unless ``--keep``), migrates
@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
+from bench.common import PYTHON, ROOT, django_env
+
 EVENTS_PER_ATTEMPT = 5
 
 ATTEMPTS = """
@@ -56,20 +56,6 @@ FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS s
 JOIN ledger_attempt a ON a.tenant_id = %(tenant)s
  AND a.idempotency_key = 'bench-' || ((s - %(first)s) / 5 + %(first_attempt)s)
 """
-
-
-def child_env(database_url: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "ledgerdash.settings",
-            "DATABASE_URL": database_url,
-            "DEBUG": "false",
-            "SECRET_KEY": "bench-only-" + "k" * 50,
-            "ALLOWED_HOSTS": "localhost",
-        }
-    )
-    return env
 
 
 def load(cursor: Any, tenant_id: int, want: int) -> None:
@@ -114,7 +100,7 @@ def measure_export(database_url: str, tenant: str, fmt: str, out: str) -> dict[s
     result = subprocess.run(
         [sys.executable, "-c", _PEAK, *command],
         cwd=ROOT,
-        env=child_env(database_url),
+        env=django_env(database_url),
         capture_output=True,
         text=True,
         check=False,
@@ -141,7 +127,7 @@ def main() -> int:
         admin.execute(f'DROP DATABASE IF EXISTS "{args.database}"')
         admin.execute(f'CREATE DATABASE "{args.database}"')
     try:
-        subprocess.run([PYTHON, "manage.py", "migrate", "-v0"], cwd=ROOT, env=child_env(url), check=True)
+        subprocess.run([PYTHON, "manage.py", "migrate", "-v0"], cwd=ROOT, env=django_env(url), check=True)
         with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cursor:
             cursor.execute(
                 "INSERT INTO ledger_tenant (slug, name, is_active, created_at) "

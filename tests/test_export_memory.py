@@ -8,24 +8,17 @@ same bulk loader (placeholder hashes: see the bench's docstring).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.db import connection
 
+from bench import export_memory
 from ledgerdash.ledger.drill.runner import database_url
 from ledgerdash.ledger.models import Tenant
-from tests.live import ROOT
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-_spec = importlib.util.spec_from_file_location("export_memory", ROOT / "bench" / "export_memory.py")
-assert _spec is not None
-assert _spec.loader is not None
-bench: Any = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
 
 #: Allowance for allocator noise between two runs of the same process.
 SLACK_MIB = 8.0
@@ -36,11 +29,11 @@ def test_the_exports_peak_memory_does_not_grow_with_the_ledger(tmp_path: Path) -
     peaks = {}
     for size in (10_000, 50_000):
         with connection.cursor() as cursor:
-            bench.load(cursor, tenant.pk, size)
+            export_memory.load(cursor, tenant.pk, size)
         out = tmp_path / f"export-{size}.csv"
-        measured = bench.measure_export(database_url(), "bench", "csv", str(out))
+        measured = export_memory.measure_export(database_url(), "bench", "csv", str(out))
         rows = out.read_text(encoding="utf-8").count("\n")
-        assert rows >= size - bench.EVENTS_PER_ATTEMPT  # every event was written (loads come in fives)
+        assert rows >= size - export_memory.EVENTS_PER_ATTEMPT  # every event was written (loads come in fives)
         peaks[size] = measured["peak_rss_mib"]
     print(f"peak RSS of the exporting process: {peaks}")
     assert peaks[50_000] <= peaks[10_000] + SLACK_MIB, peaks
