@@ -12,10 +12,13 @@ would be skipped for want of PostgreSQL fails instead.
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import connection
 from django.test import Client
 
 from ledgerdash.ledger import recording
@@ -151,6 +154,26 @@ def stuck(tenant_a: Tenant, tenant_b: Tenant) -> dict[str, Attempt]:
         "a_done": attempt_in(State.OUTCOME_CONFIRMED, tenant_a, key="a-done"),
         "b_unknown": attempt_in(State.UNKNOWN, tenant_b, key="b-unknown"),
     }
+
+
+def together(work: Callable[[Any], None], items: Sequence[Any]) -> None:
+    """Call ``work(item)`` for each item in a thread of its own, all released
+    at once by a barrier, and wait for them; each thread closes its own
+    database connection. What ``work`` raises is its own to catch and record."""
+    barrier = threading.Barrier(len(items))
+
+    def run(item: Any) -> None:
+        try:
+            barrier.wait()
+            work(item)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(item,)) for item in items]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def as_user(user: Any) -> Client:

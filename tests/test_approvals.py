@@ -1,17 +1,15 @@
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from ledgerdash.ledger import recording, transitions
 from ledgerdash.ledger.errors import ApprovalRefused, IdempotencyConflict, IllegalTransition, SelfApproval, StaleFence
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.transitions import Actor
-from tests.conftest import AGENT, RECONCILER, TOOLS_V1, ledger_snapshot, record
+from tests.conftest import AGENT, RECONCILER, TOOLS_V1, ledger_snapshot, record, together
 from tests.factories import attempt_in
 
 S = State
@@ -198,24 +196,16 @@ def test_twenty_parallel_approvals_yield_one(tenant_a: Tenant, operator_a: Any, 
     original = under_review(tenant_a, lookup="not_found")
     retry = transitions.retry_request(attempt_id=original.pk, actor=Actor.user(operator_a), reason="resend")
     approvers = [member(make_user, f"approver-{n}", tenant_a, "approver") for n in range(20)]
-    barrier = threading.Barrier(20)
     outcomes: list[str] = []
 
     def worker(user: Any) -> None:
         try:
-            barrier.wait()
             approve(retry, user)
             outcomes.append("approved")
         except Exception as exc:
             outcomes.append(type(exc).__name__)
-        finally:
-            connection.close()
 
-    threads = [threading.Thread(target=worker, args=(u,)) for u in approvers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    together(worker, approvers)
     assert outcomes.count("approved") == 1
     assert outcomes.count("IllegalTransition") == 19
     assert AttemptEvent.objects.filter(attempt=retry, to_state=S.INTENT_RECORDED).count() == 1

@@ -18,7 +18,7 @@ from ledgerdash.ledger import transitions
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.transitions import Actor
-from tests.conftest import TOOLS_V1, as_user, ledger_snapshot, member, record
+from tests.conftest import TOOLS_V1, as_user, ledger_snapshot, member, record, together
 from tests.factories import attempt_in, linked_retry
 
 S = State
@@ -445,30 +445,18 @@ def test_a_retry_request_names_the_new_linked_attempt(tenant_a: Tenant, operator
 def test_twenty_approvers_deciding_at_once_through_the_page_make_one_approval(
     tenant_a: Tenant, operator_a: Any, make_user: Any
 ) -> None:
-    import threading
-
-    from django.db import connection
 
     from tests.conftest import member
 
     retry = linked_retry(tenant_a, operator_a)
     clients = [as_user(member(make_user, f"approver-{n}", tenant_a, "approver")) for n in range(20)]
-    barrier = threading.Barrier(len(clients))
     pages: list[str] = []
 
     def decide(client: Client) -> None:
-        try:
-            barrier.wait()
-            response = client.post(url("approve", retry), {"comment": "ok", "fence": retry.fence}, follow=True)
-            pages.append(response.content.decode())
-        finally:
-            connection.close()
+        response = client.post(url("approve", retry), {"comment": "ok", "fence": retry.fence}, follow=True)
+        pages.append(response.content.decode())
 
-    threads = [threading.Thread(target=decide, args=(client,)) for client in clients]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    together(decide, clients)
     assert len(pages) == 20
     assert sum(f"Retry #{retry.pk} approved" in page for page in pages) == 1
     assert sum("changed since you loaded it" in page for page in pages) == 19

@@ -3,26 +3,22 @@ dispatching and confirming at once leave one unbroken chain."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from ledgerdash.ledger import audit, recording
 from ledgerdash.ledger.models import AttemptEvent, Tenant
 from ledgerdash.ledger.transitions import Actor
+from tests.conftest import together
 
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_eight_concurrent_agents_leave_one_unbroken_chain(tenant_a: Tenant) -> None:
     errors: list[BaseException] = []
-    barrier = threading.Barrier(8)
 
     def agent(n: int) -> None:
         actor = Actor.agent(f"agent-{n}")
         try:
-            barrier.wait()
             for i in range(25):
                 attempt = recording.record_intent(
                     tenant="acme",
@@ -36,14 +32,8 @@ def test_eight_concurrent_agents_leave_one_unbroken_chain(tenant_a: Tenant) -> N
                 recording.confirm(attempt, provider_request_id=f"r-{n}-{i}", actor=actor)
         except BaseException as exc:
             errors.append(exc)
-        finally:
-            connection.close()
 
-    threads = [threading.Thread(target=agent, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    together(agent, range(8))
     assert errors == []
     (result,) = audit.verify([tenant_a], save=False)
     assert result.ok, result

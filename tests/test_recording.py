@@ -1,11 +1,9 @@
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from ledgerdash.ledger import recording
 from ledgerdash.ledger.canonical import normalize_args
@@ -27,7 +25,7 @@ from ledgerdash.ledger.errors import (
 )
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.transitions import Actor
-from tests.conftest import AGENT, events_of, ledger_snapshot, record
+from tests.conftest import AGENT, events_of, ledger_snapshot, record, together
 
 S = State
 
@@ -342,13 +340,11 @@ def test_positional_arguments_are_recorded_by_name(tenant_a: Tenant) -> None:
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_twenty_threads_recording_one_key_make_one_attempt(tenant_a: Tenant) -> None:
-    barrier = threading.Barrier(20)
     results: list[tuple[int, bool]] = []
     errors: list[BaseException] = []
 
     def worker(n: int) -> None:
         try:
-            barrier.wait()
             recorded = recording.record_intent(
                 tenant="acme",
                 task_id=f"task-{n}",
@@ -360,14 +356,8 @@ def test_twenty_threads_recording_one_key_make_one_attempt(tenant_a: Tenant) -> 
             results.append((recorded.attempt.pk, recorded.created))
         except BaseException as exc:
             errors.append(exc)
-        finally:
-            connection.close()
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    together(worker, range(20))
     assert errors == []
     assert len(results) == 20
     assert len({pk for pk, _ in results}) == 1
@@ -380,25 +370,19 @@ def test_twenty_threads_recording_one_key_make_one_attempt(tenant_a: Tenant) -> 
 @pytest.mark.django_db(transaction=True)
 def test_twenty_threads_dispatching_one_attempt_one_wins(tenant_a: Tenant) -> None:
     attempt = record(tenant_a)
-    barrier = threading.Barrier(20)
+    # Every worker holds the attempt as it was before anyone dispatched it.
+    copies = [Attempt.objects.get(pk=attempt.pk) for _ in range(20)]
     outcomes: list[str] = []
 
-    def worker(n: int) -> None:
+    def worker(numbered: tuple[int, Attempt]) -> None:
+        n, copy = numbered
         try:
-            copy = Attempt.objects.get(pk=attempt.pk)
-            barrier.wait()
             recording.mark_dispatched(copy, actor=Actor.agent(f"w{n}"))
             outcomes.append("won")
         except Exception as exc:
             outcomes.append(type(exc).__name__)
-        finally:
-            connection.close()
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(20)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    together(worker, list(enumerate(copies)))
     assert outcomes.count("won") == 1
     assert outcomes.count("ClaimLost") == 19
     assert AttemptEvent.objects.filter(attempt=attempt, to_state=S.DISPATCHED).count() == 1

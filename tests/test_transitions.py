@@ -19,7 +19,7 @@ from ledgerdash.ledger.errors import (
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.transitions import LEGAL_MOVES, Actor
-from tests.conftest import AGENT, RECONCILER, TOOLS_V1, events_of, ledger_snapshot, record
+from tests.conftest import AGENT, RECONCILER, TOOLS_V1, events_of, ledger_snapshot, record, together
 from tests.factories import attempt_in
 
 S = State
@@ -383,16 +383,10 @@ def _assert_chain_intact(tenant: Any) -> None:
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_agents_of_one_tenant_keep_its_chain_whole(tenant_a: Any) -> None:
-    import threading
-
-    from django.db import connection
-
-    barrier = threading.Barrier(8)
     errors: list[BaseException] = []
 
     def agent(n: int) -> None:
         try:
-            barrier.wait()
             for i in range(5):
                 attempt = recording.record_intent(
                     tenant="acme",
@@ -406,14 +400,8 @@ def test_concurrent_agents_of_one_tenant_keep_its_chain_whole(tenant_a: Any) -> 
                 recording.confirm(attempt, provider_request_id=f"req-{n}-{i}", actor=Actor.agent(f"agent-{n}"))
         except BaseException as exc:
             errors.append(exc)
-        finally:
-            connection.close()
 
-    threads = [threading.Thread(target=agent, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    together(agent, range(8))
     assert errors == []
     assert Attempt.objects.filter(state=S.OUTCOME_CONFIRMED).count() == 40
     for attempt in Attempt.objects.all():
