@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ledgerdash.ledger import recording, transitions
+from ledgerdash.ledger import audit, recording, transitions
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
     ClaimLost,
@@ -383,27 +383,33 @@ def _assert_chain_intact(tenant: Any) -> None:
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_agents_of_one_tenant_keep_its_chain_whole(tenant_a: Any) -> None:
+    """Eight agents of one tenant recording, dispatching and confirming at
+    once: every attempt has its three moves, and the tenant has one unbroken
+    chain, by this module's own walk and by verify_audit's."""
     errors: list[BaseException] = []
+    agents, calls = 8, 25
 
     def agent(n: int) -> None:
+        actor = Actor.agent(f"agent-{n}")
         try:
-            for i in range(5):
+            for i in range(calls):
                 attempt = recording.record_intent(
                     tenant="acme",
                     task_id=f"task-{n}",
                     tool_name="send_email",
                     idempotency_key=f"k-{n}-{i}",
                     args={"n": n, "i": i},
-                    actor=Actor.agent(f"agent-{n}"),
+                    actor=actor,
                 ).attempt
-                attempt = recording.mark_dispatched(attempt, actor=Actor.agent(f"agent-{n}"))
-                recording.confirm(attempt, provider_request_id=f"req-{n}-{i}", actor=Actor.agent(f"agent-{n}"))
+                attempt = recording.mark_dispatched(attempt, actor=actor)
+                recording.confirm(attempt, provider_request_id=f"req-{n}-{i}", actor=actor)
         except BaseException as exc:
             errors.append(exc)
 
-    together(agent, range(8))
+    together(agent, range(agents))
     assert errors == []
-    assert Attempt.objects.filter(state=S.OUTCOME_CONFIRMED).count() == 40
+    assert Attempt.objects.filter(state=S.OUTCOME_CONFIRMED).count() == agents * calls
+    assert AttemptEvent.objects.filter(tenant=tenant_a, attempt__isnull=False).count() == agents * calls * 3
     for attempt in Attempt.objects.all():
         assert [(e.from_state, e.to_state, e.fence) for e in events_of(attempt)] == [
             ("", S.INTENT_RECORDED, 0),
@@ -412,6 +418,10 @@ def test_concurrent_agents_of_one_tenant_keep_its_chain_whole(tenant_a: Any) -> 
         ]
         assert attempt.fence == 2
     _assert_chain_intact(tenant_a)
+    (result,) = audit.verify([tenant_a], save=False)
+    assert result.ok, result
+    seqs = list(AttemptEvent.objects.filter(tenant=tenant_a).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
 
 
 @pytest.mark.postgres
