@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.client import HTTPException
 from typing import Any
 
@@ -304,6 +305,14 @@ class AttemptSuperseded(AttemptBlocked):
     code = "attempt_superseded"
 
 
+class ResultUnavailable(AttemptBlocked):
+    """The key's attempt is confirmed, but the ledger holds no result it can
+    replay (recovery confirmed it by a lookup that returned nothing, or a
+    person verified it). The effect happened: do not call the tool again."""
+
+    code = "result_unavailable"
+
+
 class ServerError(ApiError):
     code = "internal_error"
 
@@ -358,6 +367,8 @@ class Attempt:
     parent_id: int | None = None
     args: dict[str, Any] | None = None
     result: Any = None
+    #: ``tool`` or ``lookup`` when ``result`` can be replayed; empty when none was recorded.
+    result_source: str = ""
     events: list[dict[str, Any]] | None = None
     data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -545,6 +556,20 @@ class LedgerClient:
         )
         return Attempt.from_json(data)
 
+    def heartbeat(self, attempt_id: int, *, fence: int) -> Attempt:
+        """The dispatched work is still running: extend the lease (the tool
+        wrapper does this on its own while a tool runs). Safe to repeat."""
+        _, data = self._request("POST", f"/attempts/{attempt_id}/heartbeat", {"fence": fence}, retry_if_sent=True)
+        return Attempt.from_json(data)
+
+    def abandon(self, attempt_id: int, *, fence: int = 0, reason: str = "") -> Attempt:
+        """Give up an intent that was never sent (after a re-run with other
+        arguments recorded a linked attempt, this lets it be approved)."""
+        _, data = self._request(
+            "POST", f"/attempts/{attempt_id}/abandon", {"fence": fence, "reason": reason}, retry_if_sent=True
+        )
+        return Attempt.from_json(data)
+
     def record_request_id(self, attempt_id: int, request_id: str, *, fence: int) -> Attempt:
         _, data = self._request(
             "POST",
@@ -670,17 +695,42 @@ class _OverHttp:
     def refuse_unless_dispatchable(self, attempt: Attempt) -> None:
         return None
 
+    def replay(self, attempt: Attempt) -> Any:
+        if attempt.result_source in ("tool", "lookup"):
+            return attempt.result
+        body = {"code": ResultUnavailable.code, "attempt_id": attempt.id, "state": attempt.state}
+        raise ResultUnavailable(
+            f"attempt {attempt.id} is confirmed ({attempt.data.get('last_note') or 'confirmed'}) but has no "
+            "recorded result to replay; the effect happened, do not call the tool again",
+            status=200,
+            body=body,
+        )
+
     def dispatch(self, attempt: Attempt) -> Attempt:
         try:
             return self.client.dispatch(attempt.id, fence=attempt.fence)
         except ClaimLost as exc:
             raise AttemptInFlight(str(exc), status=exc.status, body=exc.body) from None
 
+    def heartbeat_interval(self, attempt: Attempt) -> float:
+        try:
+            lease_end = datetime.fromisoformat(str(attempt.data["next_check_at"]))
+            started = datetime.fromisoformat(str(attempt.data["updated_at"]))
+        except (KeyError, ValueError):
+            return 0.0
+        return max(0.05, (lease_end - started).total_seconds() / 3)
+
+    def heartbeat(self, attempt: Attempt, fence: int) -> Attempt:
+        return self.client.heartbeat(attempt.id, fence=fence)
+
+    def heartbeat_done(self) -> None:
+        return None
+
     def record_request_id(self, attempt: Attempt, request_id: str, fence: int) -> Attempt:
         return self.client.record_request_id(attempt.id, request_id, fence=fence)
 
     def confirm(
-        self, attempt: Attempt, *, fence: int, provider_request_id: str, result_ref: str, result: Any
+        self, attempt: Attempt, *, fence: int, provider_request_id: str, result_ref: str, result: Any, storable: bool
     ) -> Attempt:
         return self.client.confirm(
             attempt.id, fence=fence, provider_request_id=provider_request_id, result_ref=result_ref, result=result

@@ -175,6 +175,18 @@ SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", SECURE_HSTS_SECONDS > 0)
 # --- the ledger -----------------------------------------------------------
 # A DISPATCHED attempt with no outcome after this long is UNKNOWN.
 LEDGER_DISPATCH_LEASE_SECONDS = env_int("LEDGER_DISPATCH_LEASE_SECONDS", 60, minimum=1)
+# The longest one request to a provider may take, for tools without a row of
+# their own in the Tool table (a tool's row sets its own). The dispatch lease
+# must exceed it: a request still in flight must never look lost.
+LEDGER_MAX_REQUEST_SECONDS = env_int("LEDGER_MAX_REQUEST_SECONDS", 30, minimum=1)
+if LEDGER_MAX_REQUEST_SECONDS >= LEDGER_DISPATCH_LEASE_SECONDS:
+    raise ImproperlyConfigured(
+        f"LEDGER_MAX_REQUEST_SECONDS ({LEDGER_MAX_REQUEST_SECONDS}) must be below "
+        f"LEDGER_DISPATCH_LEASE_SECONDS ({LEDGER_DISPATCH_LEASE_SECONDS})"
+    )
+# How long a reconciler's claim keeps other reconcilers off an attempt; a
+# reconciler that dies mid-batch leaves its claims for this long.
+LEDGER_RECONCILER_CLAIM_SECONDS = env_int("LEDGER_RECONCILER_CLAIM_SECONDS", 120, minimum=1)
 # An INTENT_RECORDED attempt nobody dispatched after this long is abandoned.
 LEDGER_INTENT_LEASE_SECONDS = env_int("LEDGER_INTENT_LEASE_SECONDS", 900, minimum=1)
 # Largest normalized arguments, in bytes of canonical JSON, and deepest nesting.

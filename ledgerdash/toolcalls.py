@@ -10,10 +10,16 @@ steps, in order, are the seed's safe order:
    is unknown, under review or in flight elsewhere refuses);
 3. claim the dispatch, committed before the request leaves;
 4. run the tool with a :class:`ToolCall` (its key, its arguments, and a way
-   to persist the provider's request id at once);
+   to persist the provider's request id at once), beating the attempt's
+   heartbeat while it runs, so work longer than the lease never looks lost;
 5. report the outcome: confirmed on a receipt, FAILED_RETRYABLE on
    :class:`NothingHappened`, FAILED on :class:`PermanentFailure`, UNKNOWN on
    anything else or on a return without a receipt.
+
+A re-run of a confirmed key replays its recorded result without calling
+the tool; when the ledger holds no result it can replay (the effect was
+confirmed by a lookup that returned nothing, or by a person), the replay
+says so with an error rather than returning an empty value.
 
 This module imports no Django: agents using the HTTP client do not need it.
 """
@@ -24,6 +30,7 @@ import functools
 import inspect
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -69,12 +76,27 @@ class Session[A: AttemptView](Protocol):
     def refuse_unless_dispatchable(self, attempt: A) -> None:
         """Raise the error that tells the agent why it must not call the tool now."""
 
+    def replay(self, attempt: A) -> Any:
+        """The confirmed attempt's recorded result; raises when there is none to replay."""
+
     def dispatch(self, attempt: A) -> A:
         """Claim the dispatch (committed before returning); raises when another worker holds it."""
 
+    def heartbeat_interval(self, attempt: A) -> float:
+        """Seconds between heartbeats for the dispatched ``attempt`` (a third of its lease)."""
+
+    def heartbeat(self, attempt: A, fence: int) -> Any:
+        """The dispatcher's work is still running: extend the lease."""
+
+    def heartbeat_done(self) -> None:
+        """Called in the heartbeat's own thread as it ends (to release what it held there)."""
+
     def record_request_id(self, attempt: A, request_id: str, fence: int) -> A: ...
 
-    def confirm(self, attempt: A, *, fence: int, provider_request_id: str, result_ref: str, result: Any) -> Any: ...
+    def confirm(
+        self, attempt: A, *, fence: int, provider_request_id: str, result_ref: str, result: Any, storable: bool
+    ) -> Any:
+        """Report a receipt; ``storable`` is False when the tool's value could not be kept for replay."""
 
     def fail(self, attempt: A, *, fence: int, reason: str, retryable: bool) -> Any: ...
 
@@ -121,6 +143,49 @@ class ToolCall:
             self.attempt = self.session.record_request_id(self.attempt, request_id, self.fence)
             self.request_id = request_id
 
+    def heartbeat(self) -> None:
+        """Say the work is still running (the wrapper also does this on its
+        own while the tool runs): the lease is extended, and the ledger
+        knows the request may still land."""
+        self.session.heartbeat(self.attempt, self.fence)
+
+
+class _Heartbeat:
+    """Beats ``call``'s heartbeat every ``interval`` seconds until stopped.
+    A beat that fails is logged and beating goes on (the next may succeed);
+    a dispatch superseded meanwhile stops it."""
+
+    def __init__(self, call: ToolCall, interval: float, on_stop: Callable[[], None] | None = None) -> None:
+        self.call = call
+        self.interval = interval
+        self.on_stop = on_stop
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"ledgerdash-heartbeat-{call.attempt.pk}", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        if self.interval > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            while not self.done.wait(self.interval):
+                try:
+                    self.call.heartbeat()
+                except Exception as exc:
+                    if getattr(exc, "code", "") in ("stale_fence", "claim_lost"):
+                        log.warning("attempt %s: heartbeat refused, stopping: %s", self.call.attempt.pk, exc)
+                        return
+                    log.warning("attempt %s: heartbeat failed: %s", self.call.attempt.pk, exc)
+        finally:
+            if self.on_stop is not None:
+                self.on_stop()
+
 
 def call_arguments(signature: inspect.Signature, bound: inspect.BoundArguments) -> dict[str, Any]:
     """The call's arguments by name (the first parameter, the ToolCall, left out;
@@ -157,7 +222,7 @@ def wrap[T](
         )
         if attempt.state == CONFIRMED:
             log.info("replaying confirmed attempt %s for key %s", attempt.pk, idempotency_key)
-            return attempt.result
+            return ledger.replay(attempt)
         ledger.refuse_unless_dispatchable(attempt)
         crashpoints.reached(crashpoints.AFTER_INTENT)
         call = ToolCall(ledger, ledger.dispatch(attempt))
@@ -180,7 +245,8 @@ def _best_effort(what: str, call: ToolCall, report: Callable[[], Any]) -> None:
 def _run[R](fn: Callable[..., R], call: ToolCall, bound: inspect.BoundArguments) -> R:
     ledger, attempt, fence = call.session, call.attempt, call.fence
     try:
-        value = fn(*bound.args, **bound.kwargs)
+        with _Heartbeat(call, ledger.heartbeat_interval(attempt), ledger.heartbeat_done):
+            value = fn(*bound.args, **bound.kwargs)
     except NothingHappened as exc:
         reason = str(exc) or "provider rejected the request before acting"
         _best_effort(
@@ -196,13 +262,24 @@ def _run[R](fn: Callable[..., R], call: ToolCall, bound: inspect.BoundArguments)
         _best_effort("unknown", call, lambda: ledger.mark_unknown(call.attempt, fence=fence, reason=reason))
         raise
     crashpoints.reached(crashpoints.AFTER_RESPONSE)
+    # The tool acted: from here on a failed report must not hide its value
+    # from the caller. An unreported outcome is found by the reconciler.
     if not (call.request_id or call.result_ref):
-        ledger.mark_unknown(call.attempt, fence=fence, reason=NO_RECEIPT)
+        _best_effort("unknown", call, lambda: ledger.mark_unknown(call.attempt, fence=fence, reason=NO_RECEIPT))
         return value
     stored, note = storable_json(value)
     if note:
         log.warning("attempt %s: %s", attempt.pk, note)
-    ledger.confirm(
-        call.attempt, fence=fence, provider_request_id=call.request_id, result_ref=call.result_ref, result=stored
+    _best_effort(
+        "confirmed",
+        call,
+        lambda: ledger.confirm(
+            call.attempt,
+            fence=fence,
+            provider_request_id=call.request_id,
+            result_ref=call.result_ref,
+            result=stored,
+            storable=not note,
+        ),
     )
     return value

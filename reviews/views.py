@@ -30,9 +30,10 @@ from ledgerdash.ledger import transitions
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import ApprovalRefused, LedgerError
 from ledgerdash.ledger.models import OWNED_STATES, Attempt, State, Tenant
-from ledgerdash.ledger.transitions import Actor, original_blocks, original_standing
+from ledgerdash.ledger.transitions import Actor, original_standing
 from reviews import diffs, queries
 from reviews.forms import (
+    AbandonForm,
     ApproveForm,
     AssignForm,
     BulkAssignForm,
@@ -177,6 +178,7 @@ class Actions:
     mark_failed: bool
     request_retry: bool
     decide_retry: bool
+    abandon: bool
 
 
 def _awaiting_approval(attempt: Attempt) -> bool:
@@ -204,6 +206,8 @@ def _actions(user: Any, attempt: Attempt, children: list[Attempt]) -> Actions:
         mark_failed=operate and review and not awaiting,
         request_retry=operate and review and not awaiting and not pending_child,
         decide_retry=approve and awaiting,
+        # Never sent: giving it up proves nothing happened (an approved retry included).
+        abandon=operate and attempt.state == State.INTENT_RECORDED,
     )
 
 
@@ -217,11 +221,12 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         # What the approval's re-check would find now. It runs again, under
         # locks, when the approver decides: this is a preview, not the check.
         denied = may_act_as(request.user, Role.APPROVER)(attempt.tenant_id)
+        standing = original_standing(parent)
         approval = {
             "original": parent,
-            "blocked": original_blocks(parent),
-            "risk": original_standing(parent),
-            "safe_because": _why_original_is_settled(parent),
+            "blocked": standing.blocked,
+            "risk": standing.risk,
+            "safe_because": standing.proof,
             "changes": ([denied] if denied else []) + list(standing_of(attempt, original=parent).changes),
             "self_requested": attempt.requested_by_id == request.user.pk,
         }
@@ -251,15 +256,9 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "retry_form": RetryRequestForm(auto_id="retry-%s"),
         "approve_form": ApproveForm(initial=fence, auto_id="approve-%s"),
         "reject_form": RejectForm(initial=fence, auto_id="reject-%s"),
+        "abandon_form": AbandonForm(initial=fence, auto_id="abandon-%s"),
+        "incidents": list(attempt.incidents.order_by("-opened_at")),
     }
-
-
-def _why_original_is_settled(original: Attempt) -> str:
-    """In words, why a retry cannot duplicate ``original`` (when
-    ``original_standing`` finds no risk)."""
-    if original.state == State.FAILED:
-        return "it failed: the provider did not act on it"
-    return "the provider's last lookup found nothing under its key"
 
 
 @login_required
@@ -413,6 +412,16 @@ def attempt_mark_failed(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         return Role.APPROVER if _awaiting_approval(attempt) else Role.OPERATOR
 
     return _act(request, pk, MarkFailedForm(request.POST), role, do)
+
+
+@login_required
+@require_POST
+def attempt_abandon(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
+        transitions.intent_abandon(attempt_id=attempt.pk, actor=actor, reason=data["reason"], fence_seen=data["fence"])
+        return f"#{attempt.pk} was given up before it was sent."
+
+    return _act(request, pk, AbandonForm(request.POST), Role.OPERATOR, do)
 
 
 @login_required

@@ -1,17 +1,40 @@
 """Attempts in each state, reached through the real transitions (never by
-writing ``state`` directly), so every fixture row has its true event history."""
+writing ``state`` directly), so every fixture row has its true event history.
+
+An attempt that went UNKNOWN (and everything after it) has its landing time
+moved into the past (time travel, not a state change), so by the time a
+test decides anything the request can no longer land: a lookup then is
+evidence, as it would be for a reconciler working after the lease."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
-from ledgerdash.ledger import recording, transitions
+from django.utils import timezone
+
+from ledgerdash.ledger import clock, recording, transitions
 from ledgerdash.ledger.models import Attempt, State, Tenant
 from tests.conftest import AGENT, RECONCILER, record
 
 
 def _allow_all(_tenant_id: int) -> str | None:
     return None
+
+
+@contextmanager
+def an_hour_ago() -> Iterator[None]:
+    with clock.frozen_at(timezone.now() - timedelta(hours=1)):
+        yield
+
+
+def landed_already(attempt: Attempt) -> Attempt:
+    """Move the time its request could still land into the past."""
+    attempt.lands_by = timezone.now() - timedelta(seconds=1)
+    Attempt.objects.filter(pk=attempt.pk).update(lands_by=attempt.lands_by)
+    return attempt
 
 
 def attempt_in(state: str, tenant: Tenant, *, key: str = "k-1", requester: Any = None, approver: Any = None) -> Attempt:
@@ -29,7 +52,7 @@ def attempt_in(state: str, tenant: Tenant, *, key: str = "k-1", requester: Any =
         return recording.fail_retryable(attempt, reason="rejected before acting", actor=AGENT)
     if state == State.FAILED:
         return recording.fail(attempt, reason="refused", actor=AGENT)
-    attempt = recording.mark_unknown(attempt, reason="timeout", actor=AGENT)
+    attempt = landed_already(recording.mark_unknown(attempt, reason="timeout", actor=AGENT))
     if state == State.UNKNOWN:
         return attempt
     attempt = transitions.attempt_escalate(
@@ -56,7 +79,7 @@ def linked_retry(tenant: Tenant, requester: Any, *, key: str = "k-1", lookup: st
     """A linked retry awaiting approval: its original went UNKNOWN, then to
     review with the provider's last lookup saying ``lookup``; ``requester``
     asked for the retry."""
-    original = attempt_in(State.UNKNOWN, tenant, key=key)
+    original = attempt_in(State.UNKNOWN, tenant, key=key)  # its request can no longer land
     original = transitions.attempt_escalate(
         attempt=original,
         actor=RECONCILER,

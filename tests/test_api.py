@@ -11,11 +11,11 @@ from django.utils import timezone
 
 from ledgerdash.ledger import api as ledger_api
 from ledgerdash.ledger import errors, recording, transitions
-from ledgerdash.ledger.models import ApiToken, Attempt, AttemptEvent, State, Tenant
+from ledgerdash.ledger.models import ApiToken, Attempt, AttemptEvent, Incident, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.transitions import Actor
 from tests.api_support import BASE, READ, WRITE, Api, intent, issue_token
-from tests.conftest import RECONCILER, ledger_snapshot
+from tests.conftest import RECONCILER, TOOLS_V1, ledger_snapshot
 
 S = State
 
@@ -154,14 +154,35 @@ def test_dispatch_says_why_the_tool_must_not_be_called(api_a: Api, setup: str, c
     assert ledger_snapshot() == snapshot
 
 
-def test_a_policy_change_since_the_intent_refuses_dispatch(api_a: Api, tenant_a: Tenant) -> None:
+def test_a_policy_change_since_the_intent_refuses_dispatch_and_puts_it_under_review(
+    api_a: Api, tenant_a: Tenant
+) -> None:
     attempt = api_a.record("k")
     policy_publish(tenant=tenant_a, tools={"open_ticket": ["tickets:write"]}, actor=Actor.system("tests"))
-    snapshot = ledger_snapshot()
     response = api_a.dispatch(attempt["id"])
     assert response.status_code == 403
-    assert response.json()["code"] == "authorization_changed"
-    assert ledger_snapshot() == snapshot
+    body = response.json()
+    assert body["code"] == "authorization_changed"
+    # The tool is not allowed at all now: no linked attempt can be
+    # authorized, so the never-sent original waits for a person.
+    assert (body["attempt_id"], body["original_id"], body["state"]) == (attempt["id"], attempt["id"], "MANUAL_REVIEW")
+    original = Attempt.objects.get(pk=attempt["id"])
+    assert (original.state, original.dispatch_count) == (State.MANUAL_REVIEW, 0)
+
+
+def test_a_scope_change_since_the_intent_names_the_linked_attempt_to_follow(api_a: Api, tenant_a: Tenant) -> None:
+    attempt = api_a.record("k")
+    policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "send_email": []}, actor=Actor.system("tests"))
+    body = api_a.dispatch(attempt["id"]).json()
+    linked = Attempt.objects.get(parent_id=attempt["id"])
+    assert (body["code"], body["attempt_id"], body["original_id"]) == (
+        "authorization_changed",
+        linked.pk,
+        attempt["id"],
+    )
+    # The agent's re-run with the same key and arguments is told it is under review.
+    again = api_a.record("k")
+    assert again["id"] == linked.pk
 
 
 # --- request id and outcome -------------------------------------------------------------
@@ -239,11 +260,20 @@ def test_repeating_a_report_that_landed_answers_200_and_writes_nothing(api_a: Ap
     assert again.status_code == 200
     assert again["Idempotent-Replayed"] == "true"
     assert ledger_snapshot() == snapshot
-    # ...but not a different outcome, nor other evidence.
-    assert api_a.outcome(attempt["id"], "failed", attempt["fence"], reason="x").status_code == 409
+
+
+def test_a_report_that_contradicts_the_recorded_one_is_kept_as_evidence_and_opens_an_incident(api_a: Api) -> None:
+    attempt = _dispatched(api_a)
+    api_a.outcome(attempt["id"], "confirmed", attempt["fence"], provider_request_id="req-1")
     other = api_a.outcome(attempt["id"], "confirmed", attempt["fence"], provider_request_id="req-2")
-    assert other.status_code == 409
-    assert ledger_snapshot() == snapshot
+    assert other.status_code == 200
+    assert other["Ledgerdash-Late-Report"] == "true"
+    assert other.json()["provider_request_id"] == "req-1"  # the attempt keeps what it had
+    kinds = list(AttemptEvent.objects.filter(attempt_id=attempt["id"]).order_by("seq").values_list("kind", flat=True))
+    assert kinds[-2:] == ["late_report", "incident"]
+    incident = Incident.objects.get(attempt_id=attempt["id"])
+    assert incident.kind == Incident.Kind.CONTRADICTION
+    assert "second receipt" in incident.summary
 
 
 def test_a_late_report_after_the_lease_expired_is_accepted_as_evidence(api_a: Api) -> None:
@@ -396,6 +426,8 @@ def test_the_openapi_document_is_generated_and_public(db: None) -> None:
     assert response.status_code == 200
     doc = response.json()
     assert set(doc["paths"]) == {
+        "/api/v1/attempts/{attempt_id}/heartbeat",
+        "/api/v1/attempts/{attempt_id}/abandon",
         f"{BASE}/attempts",
         f"{BASE}/attempts/{{attempt_id}}",
         f"{BASE}/attempts/{{attempt_id}}/dispatch",

@@ -72,10 +72,22 @@ def _refused(retry: Attempt, approver: Any, **extra: Any) -> ApprovalRefused:
     return caught.value
 
 
-def test_it_refuses_approval_when_the_policy_changed(retry: Attempt, approver_a: Any, tenant_a: Tenant) -> None:
-    policy_publish(tenant=tenant_a, tools=TOOLS_V1, actor=Actor.system("t"), note="v2")
+def test_it_refuses_approval_when_the_policy_changed_what_the_retry_may_do(
+    retry: Attempt, approver_a: Any, tenant_a: Tenant
+) -> None:
+    policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "send_email": []}, actor=Actor.system("t"), note="v2")
     refusal = _refused(retry, approver_a)
-    assert "policy is now v2 (attempt recorded under v1)" in str(refusal)
+    assert "scope email:send is not allowed for send_email by policy v2 (attempt recorded under v1)" in str(refusal)
+
+
+def test_a_new_policy_version_that_leaves_the_tool_alone_does_not_refuse_approval(
+    retry: Attempt, approver_a: Any, tenant_a: Tenant
+) -> None:
+    policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "new_tool": []}, actor=Actor.system("t"), note="v2")
+    approve(retry, approver_a)
+    event = AttemptEvent.objects.filter(attempt=retry).order_by("seq").last()
+    assert event is not None
+    assert (event.details["policy_version"], event.details["policy_version_now"]) == (1, 2)
 
 
 def test_it_refuses_approval_when_the_tool_is_no_longer_allowed(

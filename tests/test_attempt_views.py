@@ -122,10 +122,10 @@ def test_the_approver_sees_in_advance_what_the_check_would_refuse(
     tenant_a: Tenant, operator_a: Any, approver_a: Any
 ) -> None:
     retry = linked_retry(tenant_a, operator_a)
-    policy_publish(tenant=tenant_a, tools=TOOLS_V1, actor=Actor.system("t"), note="v2")
+    policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "send_email": []}, actor=Actor.system("t"), note="v2")
     page = as_user(approver_a).get(url("attempt", retry)).content.decode()
     assert "The approval check would refuse now" in page
-    assert "policy is now v2 (attempt recorded under v1)" in page
+    assert "scope email:send is not allowed for send_email by policy v2 (attempt recorded under v1)" in page
 
 
 # --- the action matrix: every POST view ----------------------------------------------
@@ -377,10 +377,13 @@ def test_it_refuses_approval_when_the_policy_changed_and_says_what_changed(
     tenant_a: Tenant, operator_a: Any, approver_a: Any
 ) -> None:
     retry = linked_retry(tenant_a, operator_a)
-    policy_publish(tenant=tenant_a, tools=TOOLS_V1, actor=Actor.system("t"), note="v2")
+    policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "send_email": []}, actor=Actor.system("t"), note="v2")
     response = as_user(approver_a).post(url("approve", retry), {"comment": "ok", "fence": retry.fence}, headers=HTMX)
     page = response.content.decode()
-    assert "Approval refused. What changed: policy is now v2 (attempt recorded under v1)" in page
+    assert (
+        "Approval refused. What changed: scope email:send is not allowed for send_email by policy v2 "
+        "(attempt recorded under v1)" in page
+    )
     # The refusal is in the ledger, and on the timeline with what changed.
     assert AttemptEvent.objects.filter(attempt=retry, kind="approval_refused").count() == 1
     assert '<li class="event event-approval_refused">' in page

@@ -173,7 +173,7 @@ def test_an_operator_claims_stuck_work_and_an_approver_settles_a_linked_retry(
     expect(diff).to_contain_text('"cfo@example.com"')
     expect(diff).to_contain_text("args hash")
     expect(page.locator(".approval")).to_contain_text(
-        "A retry cannot duplicate the original: it failed: the provider did not act on it"
+        f"A retry cannot duplicate the original: the provider refused the original #{retry.parent_id}: it did not act"
     )
     approver.shot("linked-retry-before-approval")
     page.get_by_label("Comment").first.fill("the cc was asked for by finance")
@@ -186,13 +186,15 @@ def test_an_operator_claims_stuck_work_and_an_approver_settles_a_linked_retry(
     # Another linked attempt: the policy changes while the approver reads it.
     page.goto(f"{approver.base_url}/attempts/{later.pk}/")
     expect(page.get_by_role("button", name="Approve retry")).to_be_visible()
-    policy_publish(tenant=tenant_a, tools=TOOLS_V1, actor=Actor.system("security"), note="rotate scopes")
+    policy_publish(
+        tenant=tenant_a, tools={**TOOLS_V1, "send_email": []}, actor=Actor.system("security"), note="rotate scopes"
+    )
     page.get_by_label("Comment").first.fill("looks right")
     page.get_by_role("button", name="Approve retry").click()
     expect(page.locator("#flash")).to_contain_text(
-        "Approval refused. What changed: policy is now v2 (attempt recorded under v1)"
+        "Approval refused. What changed: scope email:send is not allowed for send_email by policy v2"
     )
-    expect(page.locator(".event-approval_refused")).to_contain_text("policy is now v2")
+    expect(page.locator(".event-approval_refused")).to_contain_text("not allowed for send_email by policy v2")
     expect(page.locator("h1 .state")).to_have_text("MANUAL_REVIEW")
     approver.shot("linked-retry-refused-after-policy-change")
     assert Attempt.objects.get(pk=later.pk).state == S.MANUAL_REVIEW

@@ -28,7 +28,15 @@ S = State
 # --- typed errors -------------------------------------------------------------------------
 
 #: Ledger errors only people's decisions raise; the API never answers with them.
-NOT_FROM_THE_API = {"ownership", "approval_refused", "self_approval", "unknown_tenant", "ledger_error"}
+NOT_FROM_THE_API = {
+    "ownership",
+    "approval_refused",
+    "self_approval",
+    "unknown_tenant",
+    "ledger_error",
+    "incident",  # people's decisions on incidents are made in the dashboard
+    "inside_transaction",  # no API request runs inside a caller's transaction
+}
 
 
 def test_every_code_the_api_answers_with_has_a_client_exception() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 
 from ledgerdash.ledger import recording
 from ledgerdash.ledger.drill.runner import database_url
@@ -27,6 +28,7 @@ S = State
 def test_once_prints_a_summary_line(tenant_a: Tenant, sandbox_tools: Sandbox, capsys: Any) -> None:
     attempt = recording.mark_dispatched(record(tenant_a, unique_key()), actor=AGENT)
     recording.mark_unknown(attempt, reason="timeout", actor=AGENT)
+    Attempt.objects.filter(pk=attempt.pk).update(lands_by=timezone.now())  # it can no longer land
     call_command("reconcile", "--once", "--label", "cmd-test")
     out = capsys.readouterr().out
     assert out.startswith("reconcile pass: claimed=1 ")
@@ -113,6 +115,7 @@ def test_the_loop_stops_cleanly_on_sigterm(tenant_a: Tenant, sandbox_tools: Sand
     try:
         attempt = recording.mark_dispatched(record(tenant_a, unique_key()), actor=AGENT)
         recording.mark_unknown(attempt, reason="timeout", actor=AGENT)
+        Attempt.objects.filter(pk=attempt.pk).update(lands_by=timezone.now())  # it can no longer land
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             attempt.refresh_from_db()

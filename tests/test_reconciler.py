@@ -11,10 +11,11 @@ from django.utils import timezone
 
 from ledgerdash.ledger import recording, transitions
 from ledgerdash.ledger.canonical import normalize_args
-from ledgerdash.ledger.errors import OutcomeUnknown, StaleFence
+from ledgerdash.ledger.errors import NothingHappened, OutcomeUnknown, ResultUnavailable, StaleFence
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant, Tool
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.providers import registry
+from ledgerdash.ledger.providers.base import Dispatched, Lookup, LookupStatus, ProviderAdapter
 from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash.ledger.transitions import Actor
 from tests.conftest import AGENT, TOOLS_V1, ledger_snapshot, record
@@ -25,8 +26,10 @@ pytestmark = pytest.mark.usefixtures("sandbox_tools")
 
 
 def make_due(attempt: Attempt) -> None:
-    """Move the clock past the attempt's lease or back-off (time travel, not a state change)."""
-    Attempt.objects.filter(pk=attempt.pk).update(next_check_at=timezone.now() - timedelta(seconds=1))
+    """Move the clock past the attempt's lease or back-off, and with it past
+    the time its request could still land (time travel, not a state change)."""
+    past = timezone.now() - timedelta(seconds=1)
+    Attempt.objects.filter(pk=attempt.pk).update(next_check_at=past, lands_by=past)
 
 
 def reconcile() -> Any:
@@ -130,7 +133,7 @@ def test_facts_first_a_found_effect_is_confirmed_even_after_a_policy_change(tena
 
 def test_not_found_after_a_policy_change_gets_a_linked_attempt_for_review(tenant_a: Tenant, sandbox: Sandbox) -> None:
     attempt = dispatched_never_sent(tenant_a)
-    policy_publish(tenant=tenant_a, tools=TOOLS_V1, actor=Actor.system("t"), note="v2")
+    policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "send_email": []}, actor=Actor.system("t"), note="v2")
     make_due(attempt)
     summary = reconcile()
     attempt.refresh_from_db()
@@ -141,7 +144,7 @@ def test_not_found_after_a_policy_change_gets_a_linked_attempt_for_review(tenant
     assert linked.policy_version == 2
     assert linked.provider_key == attempt.provider_key
     assert set(linked.credential_scope.split()) <= set(attempt.credential_scope.split())
-    assert "policy is now v2" in attempt.last_note
+    assert "scope email:send is not allowed for send_email by policy v2" in attempt.last_note
     assert sandbox.count(attempt.provider_key) == 0  # nothing was sent under yesterday's authority
 
 
@@ -225,8 +228,39 @@ def test_a_lost_response_leaves_unknown_then_the_reconciler_confirms(tenant_a: T
     assert sandbox.count(attempt.provider_key) == 1
     with recording.task(tenant="acme", task_id="t"):
         replay = send(invoice=invoice, to="ap@example.com")
-    assert replay is None  # confirmed by lookup: nothing to replay, and nothing sent
+    # Confirmed by a lookup: the re-run gets what the provider answered, and nothing is sent.
+    assert attempt.result_source == "lookup"
+    assert replay["id"] == attempt.provider_request_id
+    assert replay["payload_hash"] == attempt.args_hash
     assert sandbox.count(attempt.provider_key) == 1
+
+
+class LookupWithoutAnswer(ProviderAdapter):
+    """A provider whose lookup says "found, this request id, this hash" and nothing more."""
+
+    def dispatch(self, *, key: str, args: dict[str, Any], on_request_id: Any = None) -> Dispatched:
+        raise NothingHappened("this adapter only looks up")
+
+    def lookup(self, *, key: str, args_hash: str) -> Lookup:
+        return Lookup(LookupStatus.FOUND, request_id=f"req-{key}", payload_hash=args_hash)
+
+
+def test_a_re_run_of_an_effect_confirmed_without_an_answer_says_so_instead_of_returning_nothing(
+    tenant_a: Tenant, sandbox: Sandbox
+) -> None:
+    Tool.objects.filter(name="open_ticket").update(
+        adapter=Tool.Adapter.PYTHON, config={"class": "tests.test_reconciler.LookupWithoutAnswer"}
+    )
+    attempt = recording.mark_dispatched(record(tenant_a, unique_key("t"), tool_name="open_ticket"), actor=AGENT)
+    make_due(attempt)
+    reconcile()
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.result_source, attempt.result) == (S.OUTCOME_CONFIRMED, "", None)
+    ticket = recording.tool("open_ticket", key=lambda _args: attempt.idempotency_key)(lambda call, **kw: "sent")
+    with recording.task(tenant="acme", task_id="t"), pytest.raises(ResultUnavailable) as caught:
+        ticket(**attempt.args)
+    assert caught.value.attempt.pk == attempt.pk
+    assert "the effect happened, do not call the tool again" in str(caught.value)
 
 
 def test_a_provider_tool_runs_end_to_end(tenant_a: Tenant, sandbox: Sandbox) -> None:

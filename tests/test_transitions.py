@@ -5,8 +5,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
 
-from ledgerdash.ledger import audit, recording, transitions
+from ledgerdash.ledger import audit, clock, recording, transitions
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
     ClaimLost,
@@ -14,9 +16,10 @@ from ledgerdash.ledger.errors import (
     MissingEvidence,
     OwnershipError,
     RequestIdConflict,
+    RetryPending,
     StaleFence,
 )
-from ledgerdash.ledger.models import Attempt, AttemptEvent, State
+from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tool
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.transitions import LEGAL_MOVES, Actor
 from tests.conftest import AGENT, RECONCILER, TOOLS_V1, events_of, ledger_snapshot, record, together
@@ -24,23 +27,26 @@ from tests.factories import attempt_in
 
 S = State
 
-# DESIGN.md's table, plus the three moves the transitions module documents.
+# DESIGN.md's table, plus the moves the transitions module documents.
 EXPECTED_MOVES = {
     (S.INTENT_RECORDED, S.DISPATCHED): {"agent", "reconciler"},
-    (S.INTENT_RECORDED, S.FAILED): {"reconciler"},
+    (S.INTENT_RECORDED, S.FAILED): {"agent", "reconciler", "user"},
+    (S.INTENT_RECORDED, S.MANUAL_REVIEW): {"agent", "reconciler"},
     (S.DISPATCHED, S.OUTCOME_CONFIRMED): {"agent", "reconciler"},
     (S.DISPATCHED, S.FAILED_RETRYABLE): {"agent", "reconciler"},
     (S.DISPATCHED, S.FAILED): {"agent", "reconciler"},
     (S.DISPATCHED, S.UNKNOWN): {"agent", "reconciler"},
     (S.FAILED_RETRYABLE, S.DISPATCHED): {"agent", "reconciler"},
-    (S.FAILED_RETRYABLE, S.MANUAL_REVIEW): {"reconciler"},
+    (S.FAILED_RETRYABLE, S.MANUAL_REVIEW): {"agent", "reconciler"},
+    (S.FAILED_RETRYABLE, S.OUTCOME_CONFIRMED): {"agent"},
+    (S.FAILED_RETRYABLE, S.FAILED): {"agent"},
     (S.UNKNOWN, S.OUTCOME_CONFIRMED): {"agent", "reconciler"},
     (S.UNKNOWN, S.FAILED): {"agent"},
     (S.UNKNOWN, S.DISPATCHED): {"reconciler"},
     (S.UNKNOWN, S.UNKNOWN): {"reconciler"},
     (S.UNKNOWN, S.MANUAL_REVIEW): {"reconciler"},
-    (S.MANUAL_REVIEW, S.OUTCOME_CONFIRMED): {"user"},
-    (S.MANUAL_REVIEW, S.FAILED): {"user"},
+    (S.MANUAL_REVIEW, S.OUTCOME_CONFIRMED): {"user", "agent"},
+    (S.MANUAL_REVIEW, S.FAILED): {"user", "agent"},
     (S.MANUAL_REVIEW, S.RECONCILED): {"user"},
     (S.MANUAL_REVIEW, S.INTENT_RECORDED): {"user"},
     (S.MANUAL_REVIEW, S.UNKNOWN): {"user"},
@@ -65,6 +71,17 @@ class Op:
     run: Callable[[Attempt, Any], Attempt]
     #: narrower than the table: the only state this function starts from
     only_from: str | None = None
+    #: the dispatcher's own report, sent with its dispatch fence: about an
+    #: attempt that moved on, it is recorded as evidence, never refused
+    dispatcher_report: bool = False
+
+
+def _after_backoff(attempt: Attempt, step: Callable[[], Attempt]) -> Attempt:
+    """Run ``step`` once a retryable failure's back-off has passed."""
+    if attempt.state == S.FAILED_RETRYABLE and attempt.next_check_at is not None:
+        with clock.frozen_at(attempt.next_check_at):
+            return step()
+    return step()
 
 
 USER = "user"
@@ -75,7 +92,9 @@ def _user_actor(users: Any) -> Actor:
 
 
 OPS: dict[str, Op] = {
-    "agent dispatches": Op(S.DISPATCHED, "agent", lambda a, u: recording.mark_dispatched(a, actor=AGENT)),
+    "agent dispatches": Op(
+        S.DISPATCHED, "agent", lambda a, u: _after_backoff(a, lambda: recording.mark_dispatched(a, actor=AGENT))
+    ),
     "reconciler dispatches": Op(
         S.DISPATCHED,
         "reconciler",
@@ -84,7 +103,10 @@ OPS: dict[str, Op] = {
     "agent confirms": Op(
         S.OUTCOME_CONFIRMED,
         "agent",
-        lambda a, u: recording.confirm(a, provider_request_id="req-9", fence=a.dispatch_fence or a.fence, actor=AGENT),
+        lambda a, u: recording.confirm(
+            a, provider_request_id=a.provider_request_id or "req-9", fence=a.dispatch_fence or a.fence, actor=AGENT
+        ),
+        dispatcher_report=True,
     ),
     "reconciler confirms": Op(
         S.OUTCOME_CONFIRMED,
@@ -94,7 +116,10 @@ OPS: dict[str, Op] = {
         ),
     ),
     "agent fails": Op(
-        S.FAILED, "agent", lambda a, u: recording.fail(a, reason="no", fence=a.dispatch_fence or a.fence, actor=AGENT)
+        S.FAILED,
+        "agent",
+        lambda a, u: recording.fail(a, reason="no", fence=a.dispatch_fence or a.fence, actor=AGENT),
+        dispatcher_report=True,
     ),
     "agent fails retryably": Op(
         S.FAILED_RETRYABLE, "agent", lambda a, u: recording.fail_retryable(a, reason="429", actor=AGENT)
@@ -133,9 +158,30 @@ OPS: dict[str, Op] = {
         S.FAILED,
         USER,
         lambda a, u: transitions.attempt_mark_failed(attempt_id=a.pk, actor=_user_actor(u), reason="never sent"),
+        only_from=S.MANUAL_REVIEW,
     ),
     "operator asks for a re-check": Op(
         S.UNKNOWN, USER, lambda a, u: transitions.attempt_recheck(attempt_id=a.pk, actor=_user_actor(u))
+    ),
+    "agent abandons its intent": Op(
+        S.FAILED,
+        "agent",
+        lambda a, u: recording.abandon(a, reason="re-ran with other arguments", actor=AGENT),
+        only_from=S.INTENT_RECORDED,
+    ),
+    "operator abandons an intent": Op(
+        S.FAILED,
+        USER,
+        lambda a, u: transitions.intent_abandon(attempt_id=a.pk, actor=_user_actor(u), reason="agent is gone"),
+        only_from=S.INTENT_RECORDED,
+    ),
+    "reconciler waits for the request to land": Op(
+        S.UNKNOWN,
+        "reconciler",
+        lambda a, u: transitions.attempt_wait_for_landing(
+            attempt=a, actor=RECONCILER, fence=a.fence, lookup={"status": "not_found"}
+        ),
+        only_from=S.UNKNOWN,
     ),
 }
 
@@ -153,6 +199,11 @@ def _expect_legal(state: str, op: Op) -> bool:
     return op.actor in LEGAL_MOVES.get((state, op.to), frozenset())
 
 
+#: States a dispatcher's report finds the attempt settled in: the report is
+#: evidence, not a move.
+SETTLED_FOR_REPORTS = (S.OUTCOME_CONFIRMED, S.FAILED, S.RECONCILED)
+
+
 @pytest.mark.parametrize("state", list(State))
 @pytest.mark.parametrize("op_name", list(OPS))
 def test_every_move_is_allowed_exactly_when_the_table_says(
@@ -161,7 +212,16 @@ def test_every_move_is_allowed_exactly_when_the_table_says(
     op = OPS[op_name]
     attempt = attempt_in(state, tenant_a, requester=users["operator"], approver=users["approver"])
     before_events = AttemptEvent.objects.count()
-    if _expect_legal(state, op):
+    if op.dispatcher_report and state in SETTLED_FOR_REPORTS and attempt.dispatch_fence is not None:
+        snapshot = ledger_snapshot()
+        op.run(attempt, users)
+        assert ledger_snapshot()[2] == snapshot[2]  # no state, fence or owner moved
+        new = list(AttemptEvent.objects.filter(seq__gt=0).order_by("seq"))[before_events:]
+        # recorded as evidence (and an incident when it contradicts the
+        # ledger), or nothing at all when it repeats what was recorded
+        assert {e.kind for e in new} <= {"late_report", "incident"}
+        assert bool(new) != (state == op.to)
+    elif _expect_legal(state, op):
         moved = op.run(attempt, users)
         moved.refresh_from_db()
         assert moved.state == op.to
@@ -192,12 +252,47 @@ def test_an_intent_is_recorded_with_its_event(tenant_a: Any) -> None:
 
 def test_dispatch_returns_a_fence_and_sets_the_lease(tenant_a: Any, settings: Any) -> None:
     settings.LEDGER_DISPATCH_LEASE_SECONDS = 30
+    settings.LEDGER_MAX_REQUEST_SECONDS = 10
     attempt = recording.mark_dispatched(record(tenant_a), actor=AGENT)
     assert attempt.fence == 1
     assert attempt.dispatch_fence == 1
     assert attempt.dispatch_count == 1
     assert attempt.next_check_at is not None
-    assert 29 <= (attempt.next_check_at - attempt.updated_at).total_seconds() <= 31
+    assert attempt.lands_by is not None
+    assert (attempt.next_check_at - attempt.updated_at).total_seconds() == 30
+    # The request may land until the maximum request time after it was sent.
+    assert (attempt.lands_by - attempt.updated_at).total_seconds() == 10
+
+
+def test_a_lease_never_ends_before_the_request_could_land(tenant_a: Any, settings: Any) -> None:
+    settings.LEDGER_DISPATCH_LEASE_SECONDS = 30
+    Tool.objects.create(name="send_email", config={"lookup_url": "http://127.0.0.1:9/x"}, max_request_seconds=40)
+    attempt = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    assert attempt.next_check_at is not None
+    assert attempt.lands_by is not None
+    assert attempt.next_check_at > attempt.lands_by
+    assert (attempt.lands_by - attempt.updated_at).total_seconds() == 40
+
+
+def test_a_tool_refuses_a_lease_that_does_not_exceed_its_request_time(db: None) -> None:
+    tool = Tool(
+        name="slow", config={"lookup_url": "http://127.0.0.1:9/x"}, dispatch_lease_seconds=5, max_request_seconds=5
+    )
+    with pytest.raises(ValidationError, match="must exceed the maximum request time"):
+        tool.full_clean()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        tool.save()
+
+
+def test_an_agent_cannot_resend_a_retryable_failure_during_its_back_off(tenant_a: Any) -> None:
+    failed = recording.fail_retryable(recording.mark_dispatched(record(tenant_a), actor=AGENT), reason="429")
+    assert failed.next_check_at is not None
+    snapshot = ledger_snapshot()
+    with pytest.raises(RetryPending):
+        transitions.attempt_dispatch(attempt=failed, actor=AGENT, fence=failed.fence)
+    assert ledger_snapshot() == snapshot
+    with clock.frozen_at(failed.next_check_at):
+        assert transitions.attempt_dispatch(attempt=failed, actor=AGENT, fence=failed.fence).state == S.DISPATCHED
 
 
 def test_the_fence_refuses_a_stale_worker(tenant_a: Any) -> None:
@@ -303,13 +398,38 @@ def test_an_owned_state_cannot_be_left_unowned(tenant_a: Any, operator_a: Any) -
         transitions.attempt_assign(attempt_id=unknown.pk, owner=None, actor=Actor.user(operator_a))
 
 
-def test_dispatch_rechecks_authority(tenant_a: Any) -> None:
+def test_a_policy_change_before_dispatch_links_a_reviewed_attempt_instead_of_killing_the_key(tenant_a: Any) -> None:
     attempt = record(tenant_a)
-    policy_publish(tenant=tenant_a, tools=TOOLS_V1, actor=Actor.system("t"), note="v2")
-    snapshot = ledger_snapshot()
-    with pytest.raises(AuthorizationChanged, match="policy is now v2"):
+    narrowed = {**TOOLS_V1, "send_email": []}
+    policy_publish(tenant=tenant_a, tools=narrowed, actor=Actor.system("t"), note="email may not send any more")
+    with pytest.raises(AuthorizationChanged) as caught:
         recording.mark_dispatched(attempt, actor=AGENT)
-    assert ledger_snapshot() == snapshot
+    original = Attempt.objects.get(pk=attempt.pk)
+    linked = Attempt.objects.get(parent=original)
+    # Not sent, and not left to die: the original is under review beside a
+    # linked attempt under the current policy, scope never wider.
+    assert original.state == S.MANUAL_REVIEW
+    assert original.dispatch_count == 0
+    assert original.owner_id is not None
+    assert linked.state == S.MANUAL_REVIEW
+    assert linked.policy_version == 2
+    assert linked.credential_scope == ""
+    assert caught.value.attempt == linked
+    assert caught.value.original == original
+    assert "email:send is not allowed for send_email by policy v2" in str(caught.value)
+    # The original was never sent, so approving the linked attempt needs no reason.
+    assert transitions.original_standing(original).proof == f"the original #{original.pk} was never sent"
+
+
+def test_a_policy_version_that_leaves_the_tool_as_it_was_does_not_stop_a_dispatch(tenant_a: Any) -> None:
+    attempt = record(tenant_a)
+    policy_publish(
+        tenant=tenant_a, tools={**TOOLS_V1, "new_tool": ["x:y"]}, actor=Actor.system("t"), note="adds a tool"
+    )
+    dispatched = recording.mark_dispatched(attempt, actor=AGENT)
+    assert dispatched.state == S.DISPATCHED
+    assert dispatched.policy_version == 1  # recorded under v1...
+    assert events_of(dispatched)[-1].details["policy_version"] == 2  # ...and re-checked under v2 when sent
 
 
 def test_two_dispatchers_one_claim(tenant_a: Any) -> None:

@@ -38,14 +38,14 @@ from ninja.security import HttpBearer
 from ledgerdash.ledger import recording
 from ledgerdash.ledger.api_schemas import (
     MAX_BIGINT,
+    AbandonIn,
     AttemptDetailOut,
     AttemptListOut,
     AttemptOut,
     ConfirmedIn,
     DispatchIn,
     ErrorOut,
-    FailedIn,
-    FailedRetryableIn,
+    HeartbeatIn,
     IntentIn,
     OutcomeIn,
     RequestIdIn,
@@ -55,6 +55,7 @@ from ledgerdash.ledger.errors import (
     ApprovalRefused,
     AttemptBlocked,
     AttemptNotFound,
+    AuthorizationChanged,
     ClaimLost,
     IdempotencyConflict,
     InsufficientScope,
@@ -63,10 +64,9 @@ from ledgerdash.ledger.errors import (
     InvalidInput,
     LedgerError,
     RetryPending,
-    StaleFence,
     TokenError,
 )
-from ledgerdash.ledger.models import OWNED_STATES, ApiToken, Attempt, AttemptEvent, State, TokenScope
+from ledgerdash.ledger.models import OWNED_STATES, ApiToken, Attempt, AttemptEvent, TokenScope
 from ledgerdash.ledger.tokens import token_authenticate, token_touch
 from ledgerdash.ledger.transitions import Actor
 
@@ -93,6 +93,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "tool_not_allowed": 403,
     "scope_not_allowed": 403,
     "authorization_changed": 403,
+    "inside_transaction": 500,
     "attempt_not_found": 404,
     # the attempt is not where the caller thinks: read it again, don't call the tool
     "illegal_transition": 409,
@@ -110,7 +111,10 @@ STATUS_BY_CODE: dict[str, int] = {
     "retry_pending": 409,
     "attempt_failed": 409,
     "attempt_superseded": 409,
+    "result_unavailable": 409,
+    "incident": 409,
     "ledger_error": 400,
+    "ledger_unavailable": 503,
 }
 
 #: Codes the API itself answers with (not ledger errors), and their statuses.
@@ -137,6 +141,7 @@ WRITE = TokenScope.WRITE.value
 JSON_TYPE = "application/json"
 AGENT_HEADER = "Ledgerdash-Agent"
 REPLAYED_HEADER = "Idempotent-Replayed"
+LATE_HEADER = "Ledgerdash-Late-Report"
 
 
 class ApiError(Exception):
@@ -326,12 +331,16 @@ def _attempt_data(attempt: Attempt, *, full: bool = True) -> dict[str, Any]:
         "result_ref": attempt.result_ref,
         "last_note": attempt.last_note,
         "next_check_at": attempt.next_check_at,
+        "lands_by": attempt.lands_by,
+        "last_lookup": attempt.last_lookup,
+        "last_lookup_at": attempt.last_lookup_at,
         "created_at": attempt.created_at,
         "updated_at": attempt.updated_at,
     }
     if full:
         data["args"] = attempt.args
         data["result"] = attempt.result
+        data["result_source"] = attempt.result_source
     return data
 
 
@@ -421,12 +430,7 @@ def record_request_id(request: HttpRequest, payload: RequestIdIn, attempt_id: in
     return _attempt_data(attempt)
 
 
-_OUTCOME_STATE = {
-    "confirmed": State.OUTCOME_CONFIRMED,
-    "failed": State.FAILED,
-    "failed_retryable": State.FAILED_RETRYABLE,
-    "unknown": State.UNKNOWN,
-}
+_OUTCOMES = ("confirmed", "failed", "failed_retryable", "unknown")
 
 
 def _storable_result(value: Any) -> Any:
@@ -439,21 +443,6 @@ def _storable_result(value: Any) -> Any:
     return normalized["result"]
 
 
-def _already_reported(attempt_id: int, payload: Any) -> Attempt | None:
-    """The attempt, if this very report already landed (a retry after a lost
-    answer): it is in the reported state, still from the dispatch that holds
-    ``fence``, with the same evidence. Reads only."""
-    attempt = Attempt.objects.get(pk=attempt_id)
-    if attempt.state != _OUTCOME_STATE[payload.outcome] or attempt.dispatch_fence != payload.fence:
-        return None
-    if isinstance(payload, ConfirmedIn) and (
-        (payload.provider_request_id and payload.provider_request_id != attempt.provider_request_id)
-        or (payload.result_ref and payload.result_ref != attempt.result_ref)
-    ):
-        return None
-    return attempt
-
-
 @api.post(
     "/attempts/{attempt_id}/outcome",
     auth=BearerToken(WRITE),
@@ -463,9 +452,10 @@ def _already_reported(attempt_id: int, payload: Any) -> Attempt | None:
     description=(
         "confirmed needs a receipt (provider_request_id or result_ref): a 200 from the provider is not proof. "
         "failed_retryable: the provider guarantees it did not act. unknown: you cannot tell (timeout, lost "
-        "answer). A late report (the lease already moved the attempt to UNKNOWN) is accepted as evidence. "
-        "Repeating a report that already landed answers 200 with Idempotent-Replayed: true; a stale fence or "
-        "an illegal move answers 409."
+        "answer). A late report (the lease already moved the attempt to UNKNOWN, a person is deciding it, or it "
+        "was settled) is never dropped: it is recorded as evidence (header Ledgerdash-Late-Report: true), and "
+        "raises an incident when it contradicts how the attempt was settled. Repeating a report that already "
+        "landed answers 200 with Idempotent-Replayed: true; a fence that is not yours answers 409."
     ),
 )
 def report_outcome(
@@ -473,30 +463,59 @@ def report_outcome(
 ) -> dict[str, Any]:
     _only_params(request)
     attempt = _attempt_for(request, attempt_id)
-    actor = _actor(request)
-    try:
-        if isinstance(payload, ConfirmedIn):
-            attempt = recording.confirm(
-                attempt,
-                provider_request_id=payload.provider_request_id,
-                result_ref=payload.result_ref,
-                result=_storable_result(payload.result),
-                fence=payload.fence,
-                actor=actor,
-            )
-        elif isinstance(payload, FailedIn):
-            attempt = recording.fail(attempt, reason=payload.reason, fence=payload.fence, actor=actor)
-        elif isinstance(payload, FailedRetryableIn):
-            attempt = recording.fail_retryable(attempt, reason=payload.reason, fence=payload.fence, actor=actor)
-        else:
-            attempt = recording.mark_unknown(attempt, reason=payload.reason, fence=payload.fence, actor=actor)
-    except StaleFence:
-        replayed = _already_reported(attempt.pk, payload)
-        if replayed is None:
-            raise
+    fields: dict[str, Any] = {"reason": getattr(payload, "reason", "")}
+    if isinstance(payload, ConfirmedIn):
+        fields = {
+            "provider_request_id": payload.provider_request_id,
+            "result_ref": payload.result_ref,
+            "result": _storable_result(payload.result),
+        }
+    report = recording.report_outcome(
+        attempt, outcome=payload.outcome, fence=payload.fence, actor=_actor(request), **fields
+    )
+    if report.replayed:
         response[REPLAYED_HEADER] = "true"
-        attempt = replayed
-    return _attempt_data(attempt)
+    if report.late:
+        response[LATE_HEADER] = "true"
+    return _attempt_data(report.attempt)
+
+
+@api.post(
+    "/attempts/{attempt_id}/heartbeat",
+    auth=BearerToken(WRITE),
+    response={200: AttemptOut, **WRITE_ERRORS},
+    operation_id="heartbeat",
+    summary="Say the dispatched work is still running",
+    description=(
+        "Send every third of the lease while the tool runs (the Python client does it on its own): the lease is "
+        "extended, and the ledger knows the request may still land (`lands_by`), so a provider's 'not found' is "
+        "not taken as proof meanwhile. Only the dispatcher (the dispatch fence) may beat; 409 stale_fence when "
+        "the attempt was dispatched again since."
+    ),
+)
+def heartbeat(request: HttpRequest, payload: HeartbeatIn, attempt_id: int = AttemptId) -> dict[str, Any]:
+    _only_params(request)
+    attempt = _attempt_for(request, attempt_id)
+    return _attempt_data(recording.heartbeat(attempt, fence=payload.fence, actor=_actor(request)))
+
+
+@api.post(
+    "/attempts/{attempt_id}/abandon",
+    auth=BearerToken(WRITE),
+    response={200: AttemptOut, **WRITE_ERRORS},
+    operation_id="abandon_intent",
+    summary="Give up an intent that was never sent",
+    description=(
+        "INTENT_RECORDED -> FAILED: nothing was sent, so nothing happened. For an agent that re-ran its task "
+        "with other arguments after a crash: its new call became a linked attempt awaiting approval "
+        "(idempotency_key_reused), which the open original would otherwise block. 409 illegal_transition when "
+        "the attempt was dispatched (use the outcome report instead), stale_fence when it moved since."
+    ),
+)
+def abandon_intent(request: HttpRequest, payload: AbandonIn, attempt_id: int = AttemptId) -> dict[str, Any]:
+    _only_params(request)
+    attempt = _attempt_for(request, attempt_id)
+    return _attempt_data(recording.abandon(attempt, reason=payload.reason, fence=payload.fence, actor=_actor(request)))
 
 
 @api.get(
@@ -566,8 +585,14 @@ def _ledger_error(request: HttpRequest, exc: LedgerError) -> HttpResponse:
         if isinstance(exc, RetryPending) and exc.attempt.next_check_at is not None:
             seconds = max(1, math.ceil((exc.attempt.next_check_at - timezone.now()).total_seconds()))
             extra["headers"] = {"Retry-After": str(seconds)}
+    if isinstance(exc, AuthorizationChanged) and exc.attempt is not None:
+        extra = {"attempt_id": exc.attempt.pk, "state": exc.attempt.state}
+        if exc.original is not None:
+            extra["original_id"] = exc.original.pk
     if isinstance(exc, ApprovalRefused):
         extra["changes"] = exc.changes
+    if exc.code == "ledger_unavailable":
+        extra["headers"] = {"Retry-After": "1"}
     if isinstance(exc, TokenError):
         log.info("API request refused: %s", exc.code)
     return error_response(status, exc.code, str(exc), **extra)
@@ -585,7 +610,7 @@ def _field_name(loc: tuple[Any, ...] | list[Any]) -> str:
         if source == "body" and parts and parts[0] == "payload":
             parts = parts[1:]
         # the outcome union adds the variant's tag; the caller knows which it sent
-        if source == "body" and parts and parts[0] in _OUTCOME_STATE:
+        if source == "body" and parts and parts[0] in _OUTCOMES:
             parts = parts[1:]
     return ".".join(parts) or "body"
 

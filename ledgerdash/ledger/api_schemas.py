@@ -57,6 +57,15 @@ class DispatchIn(StrictIn):
     )
 
 
+class HeartbeatIn(StrictIn):
+    fence: Fence
+
+
+class AbandonIn(StrictIn):
+    fence: Fence = Field(description="The fence you read when the intent was recorded (an intent's is 0).")
+    reason: str = Field("", max_length=MAX_REASON, description="Why it is given up, for the operators.")
+
+
 class RequestIdIn(StrictIn):
     fence: Fence
     provider_request_id: str = Field(min_length=1, max_length=MAX_REQUEST_ID)
@@ -131,13 +140,24 @@ class AttemptSummaryOut(BaseModel):
     result_ref: str
     last_note: str
     next_check_at: datetime | None
+    lands_by: datetime | None = Field(
+        description="Until when the last dispatch may still land at the provider (its dispatch or last heartbeat "
+        "plus the tool's maximum request time)."
+    )
+    last_lookup: str = Field(description="The provider's answer to the last lookup: found, not_found, unavailable.")
+    last_lookup_at: datetime | None
     created_at: datetime
     updated_at: datetime
 
 
 class AttemptOut(AttemptSummaryOut):
     args: dict[str, Any]
-    result: Any = None
+    result: Any = Field(None, description="The recorded result, replayed to a re-run of the same key.")
+    result_source: Literal["tool", "lookup", ""] = Field(
+        description="Where `result` came from: the tool's return value (`tool`), the provider's answer to a "
+        "lookup (`lookup`), or nothing that can be replayed (empty: the effect happened, but there is no "
+        "result to return; a re-run must not call the tool)."
+    )
 
 
 class AttemptDetailOut(AttemptOut):
@@ -160,7 +180,13 @@ class ErrorOut(BaseModel):
 
     code: str
     message: str
-    attempt_id: int | None = Field(None, description="The attempt the error is about (the linked one on a conflict).")
-    original_id: int | None = Field(None, description="On idempotency_key_reused: the attempt first recorded.")
+    attempt_id: int | None = Field(
+        None,
+        description="The attempt the error is about (the linked one on idempotency_key_reused and "
+        "authorization_changed).",
+    )
+    original_id: int | None = Field(
+        None, description="On idempotency_key_reused and authorization_changed: the attempt first recorded."
+    )
     state: str | None = None
     errors: list[FieldErrorOut] | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connection
 
 from ledgerdash.ledger.models import Attempt, Policy, Tenant, Tool
@@ -25,13 +26,23 @@ def current_policy(tenant_id: int) -> Policy | None:
 
 @dataclass(frozen=True)
 class Standing:
-    """What changed between an attempt's authority and the tenant's current one."""
+    """Whether an attempt is still authorized under the tenant's current
+    authority, and if not, what no longer holds.
+
+    What authorizes an attempt is its tenant being active, its tool being
+    allowed and its credential scope being within what the tool may use.
+    The policy's version number alone is not authority: a new version that
+    leaves this tool's permission and scopes as they were (it added another
+    tool, say) changes nothing this attempt relies on, so it does not count
+    as a change. Every dispatch and approval records the version it was
+    re-checked under.
+    """
 
     changes: tuple[str, ...]
     policy: Policy | None
 
     @property
-    def unchanged(self) -> bool:
+    def holds(self) -> bool:
         return not self.changes
 
 
@@ -45,52 +56,69 @@ def standing_of(attempt: Attempt, *, original: Attempt | None = None) -> Standin
 
 
 @dataclass(frozen=True)
+class Timing:
+    """How long a tool's dispatch may be in flight. ``max_request_seconds``
+    bounds one request (the adapter's timeout, and how long after it was sent
+    a request can still land); the lease always exceeds it."""
+
+    lease_seconds: float
+    max_request_seconds: float
+
+
+def timing(lease_seconds: float | None, max_request_seconds: float | None) -> Timing:
+    """A tool's timing from its row (None: the settings' defaults). A lease
+    that would not exceed the request time is stretched past it, so a
+    request still in flight never looks lost."""
+    max_request = float(max_request_seconds or settings.LEDGER_MAX_REQUEST_SECONDS)
+    lease = float(lease_seconds or settings.LEDGER_DISPATCH_LEASE_SECONDS)
+    return Timing(max(lease, max_request + max(1.0, max_request / 4)), max_request)
+
+
+@dataclass(frozen=True)
 class Authority:
-    """A tenant's standing now: itself, its current policy, and a tool's
-    dispatch lease in seconds (None: the default)."""
+    """A tenant's standing now: itself, its current policy, and a tool's timing."""
 
     tenant: Tenant | None
     policy: Policy | None
-    lease_seconds: float | None
+    timing: Timing
 
 
 #: One round trip for the questions every intent and every dispatch asks.
 #: Plain SQL (SQLite and PostgreSQL alike): on the hot path, compiling the
 #: equivalent ORM query cost more than running it.
 _AUTHORITY_SQL = """
-SELECT t.slug, t.is_active, p.id, p.version, p.tools,
-       (SELECT l.dispatch_lease_seconds FROM {tool} l WHERE l.name = %s)
+SELECT t.slug, t.is_active, p.id, p.version, p.tools, l.dispatch_lease_seconds, l.max_request_seconds
 FROM {tenant} t
+LEFT JOIN {tool} l ON l.name = %s
 LEFT JOIN {policy} p ON p.tenant_id = t.id AND p.version = (SELECT max(version) FROM {policy} WHERE tenant_id = t.id)
 WHERE t.id = %s
 """
 
 
 def authority_of(tenant_id: int, tool_name: str) -> Authority:
-    """The tenant, its current policy and ``tool_name``'s dispatch lease, read now, in one query."""
+    """The tenant, its current policy and ``tool_name``'s timing, read now, in one query."""
     sql = _AUTHORITY_SQL.format(tenant=Tenant._meta.db_table, policy=Policy._meta.db_table, tool=Tool._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(sql, [tool_name, tenant_id])
         row = cursor.fetchone()
     if row is None:
-        return Authority(None, None, None)
-    slug, is_active, policy_id, version, tools, lease = row
+        return Authority(None, None, timing(None, None))
+    slug, is_active, policy_id, version, tools, lease, max_request = row
     tenant = Tenant(pk=tenant_id, slug=slug, is_active=bool(is_active))
     policy = None
     if policy_id is not None:
         policy = Policy(pk=policy_id, tenant_id=tenant_id, version=version)
         policy.tools = json.loads(tools) if isinstance(tools, str | bytes) else tools
         policy._state.adding = False
-    return Authority(tenant, policy, lease)
+    return Authority(tenant, policy, timing(lease, max_request))
 
 
-def dispatch_standing(attempt: Attempt, *, original: Attempt | None = None) -> tuple[Standing, float | None]:
-    """:func:`standing_of`, plus the tool's dispatch lease in seconds (None:
-    the default), read in one query (it runs before every dispatch)."""
+def dispatch_standing(attempt: Attempt, *, original: Attempt | None = None) -> tuple[Standing, Timing]:
+    """:func:`standing_of`, plus the tool's timing, read in one query (it runs before every dispatch)."""
     now = authority_of(attempt.tenant_id, attempt.tool_name)
     if now.tenant is None:
         raise Tenant.DoesNotExist(f"tenant {attempt.tenant_id} of attempt #{attempt.pk} does not exist")
-    return _compare(attempt, now.tenant, now.policy, original), now.lease_seconds
+    return _compare(attempt, now.tenant, now.policy, original), now.timing
 
 
 def _compare(attempt: Attempt, tenant: Tenant, policy: Policy | None, original: Attempt | None) -> Standing:
@@ -102,16 +130,18 @@ def _compare(attempt: Attempt, tenant: Tenant, policy: Policy | None, original: 
     if policy is None:
         changes.append(f"tenant {tenant.slug} has no policy any more")
         return Standing(tuple(changes), None)
-    if policy.version != attempt.policy_version:
-        changes.append(f"policy is now v{policy.version} (attempt recorded under v{attempt.policy_version})")
     allowed = policy.scopes_for(attempt.tool_name)
     if allowed is None:
-        changes.append(f"tool {attempt.tool_name} is not allowed by policy v{policy.version}")
+        changes.append(
+            f"tool {attempt.tool_name} is not allowed by policy v{policy.version} "
+            f"(attempt recorded under v{attempt.policy_version})"
+        )
     else:
         extra = attempt.scopes - allowed
         if extra:
             changes.append(
-                f"scope {scope_string(extra)} is not allowed for {attempt.tool_name} by policy v{policy.version}"
+                f"scope {scope_string(extra)} is not allowed for {attempt.tool_name} by policy v{policy.version} "
+                f"(attempt recorded under v{attempt.policy_version})"
             )
     if original is not None:
         wider = attempt.scopes - original.scopes

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 
 ENV = "LEDGERDASH_CRASH_AT"
 #: after the intent commit, before dispatch is claimed
@@ -22,8 +23,17 @@ BEFORE_SEND = "before_send"
 AFTER_SEND = "after_send"
 #: after the provider's response arrived, before the outcome is committed
 AFTER_RESPONSE = "after_response"
-POINTS = (AFTER_INTENT, BEFORE_SEND, AFTER_SEND, AFTER_RESPONSE)
+#: a reconciler, after deciding the first attempt of a claimed batch, before the next
+RECONCILER_MID_BATCH = "reconciler_mid_batch"
+POINTS = (AFTER_INTENT, BEFORE_SEND, AFTER_SEND, AFTER_RESPONSE, RECONCILER_MID_BATCH)
 ANNOUNCE = "LEDGERDASH-CRASHPOINT"
+
+#: ``LEDGERDASH_PAUSE_AT=<point>``: stop there once and wait for a line on
+#: standard input before going on (the drill uses it to cut a reconciler's
+#: database connection at a known moment).
+PAUSE_ENV = "LEDGERDASH_PAUSE_AT"
+PAUSE_ANNOUNCE = "LEDGERDASH-PAUSE"
+_paused: set[str] = set()
 
 
 def reached(point: str) -> None:
@@ -36,3 +46,22 @@ def reached(point: str) -> None:
     while time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(os.getpid(), 9)
+
+
+def pausing(point: str) -> bool:
+    """Whether this process will pause at ``point`` (cheap: no work is done
+    to describe the pause unless it will happen)."""
+    return os.environ.get(PAUSE_ENV) == point and point not in _paused
+
+
+def paused(point: str, *, detail: str = "", on_line: Callable[[str], None] | None = None) -> None:
+    """Announce ``point`` (with ``detail``) and wait for one line on standard
+    input; ``on_line`` gets that line before the process goes on."""
+    if not pausing(point):
+        return
+    _paused.add(point)
+    sys.stdout.write(f"{PAUSE_ANNOUNCE} {point} pid={os.getpid()} {detail}".rstrip() + "\n")
+    sys.stdout.flush()
+    line = sys.stdin.readline().strip()
+    if on_line is not None:
+        on_line(line)

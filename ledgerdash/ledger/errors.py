@@ -49,6 +49,30 @@ class InvalidField(InvalidInput):
     CONTROL = "{field} must not contain control characters"
 
 
+class InsideTransaction(LedgerError):
+    """The agent-side API was called inside the caller's open database
+    transaction. Its intent and DISPATCHED rows would only be a savepoint
+    there: invisible to recovery while the tool runs, and erased with the
+    caller's rollback although the provider acted."""
+
+    code = "inside_transaction"
+    MESSAGE = (
+        "{what} must not run inside an open database transaction: the ledger commits the intent and the "
+        "dispatch claim before the tool runs, and a rollback of your transaction would erase them although "
+        "the provider acted. Call the tool outside `transaction.atomic()` (e.g. with "
+        "`transaction.on_commit`), or in a process or thread of its own"
+    )
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger's database could not be reached; nothing is known to have
+    been written by this call. The connection is reset, so the next call
+    connects again."""
+
+    code = "ledger_unavailable"
+    MESSAGE = "the ledger's database is unavailable ({error}); the tool was not called by this step, retry later"
+
+
 class UnknownTenant(LedgerError):
     code = "unknown_tenant"
     MESSAGE = "no tenant {tenant!r}"
@@ -141,10 +165,18 @@ class RequestIdConflict(LedgerError):
 
 
 class AuthorizationChanged(LedgerError):
-    """The authority an attempt was recorded under no longer holds."""
+    """The authority an attempt was recorded under no longer holds. The
+    attempt was not sent; a linked attempt under the current policy (when one
+    can be authorized) awaits review."""
 
     code = "authorization_changed"
     MESSAGE = "attempt {attempt_id} may not be dispatched: {changes}"
+
+    def __init__(self, message: str, attempt: Attempt | None = None, original: Attempt | None = None) -> None:
+        super().__init__(message)
+        #: The attempt to follow now: the linked one awaiting review (or the original, if none could be made).
+        self.attempt = attempt
+        self.original = original
 
 
 # --- people's decisions ----------------------------------------------------------------
@@ -152,6 +184,10 @@ class AuthorizationChanged(LedgerError):
 
 class OwnershipError(LedgerError):
     code = "ownership"
+
+
+class IncidentError(LedgerError):
+    code = "incident"
 
 
 class ApprovalRefused(LedgerError):
@@ -218,6 +254,17 @@ class RetryPending(AttemptBlocked):
 class AttemptFailed(AttemptBlocked):
     code = "attempt_failed"
     MESSAGE = "attempt {attempt_id} failed: {reason}"
+
+
+class ResultUnavailable(AttemptBlocked):
+    """The attempt's effect happened (it is confirmed) but no result was
+    recorded that could be replayed. Do not call the tool again."""
+
+    code = "result_unavailable"
+    MESSAGE = (
+        "attempt {attempt_id} is confirmed ({how}) but has no recorded result to replay; the effect happened, "
+        "do not call the tool again"
+    )
 
 
 class AttemptSuperseded(AttemptBlocked):

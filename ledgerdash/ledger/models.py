@@ -28,6 +28,21 @@ class State(models.TextChoices):
     RECONCILED = "RECONCILED", "reconciled"
 
 
+class FailedBecause(models.TextChoices):
+    """Why an attempt is FAILED. Only the first three prove nothing happened
+    at the provider; a person's word is a claim (with their reason)."""
+
+    PROVIDER = "provider", "the provider refused it (its own definitive answer)"
+    ABANDONED = "abandoned", "abandoned before it was sent"
+    REJECTED = "rejected", "a linked retry rejected before it was sent"
+    PERSON = "person", "marked failed by a person"
+
+
+class ResultSource(models.TextChoices):
+    TOOL = "tool", "the tool's return value"
+    LOOKUP = "lookup", "the provider's answer to a lookup"
+
+
 TERMINAL_STATES = frozenset({State.OUTCOME_CONFIRMED, State.FAILED, State.RECONCILED})
 #: States the reconciler works on when they fall due (``next_check_at``).
 IN_FLIGHT_STATES = frozenset({State.INTENT_RECORDED, State.DISPATCHED, State.UNKNOWN, State.FAILED_RETRYABLE})
@@ -186,6 +201,22 @@ class Attempt(models.Model):
     last_error = models.TextField(blank=True)
     #: The answer of the last provider lookup: found, not_found, mismatch, unavailable.
     last_lookup = models.CharField(max_length=16, blank=True)
+    #: When the last lookup was made. A "not found" is evidence that the
+    #: effect did not happen only when it was observed at or after ``lands_by``.
+    last_lookup_at = models.DateTimeField(null=True, blank=True)
+    #: Until when the last dispatch may still land at the provider: its
+    #: dispatch time (or the dispatcher's last heartbeat) plus the tool's
+    #: maximum request time; the dispatcher's definitive report ends it early.
+    lands_by = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    #: Why a FAILED attempt failed, which decides whether it proves that
+    #: nothing happened at the provider (see ``FailedBecause``).
+    failed_because = models.CharField(
+        max_length=16, blank=True, choices=FailedBecause.choices, default="", db_default=""
+    )
+    #: Where ``result`` came from: the tool's own return value, the
+    #: provider's lookup answer, or empty when nothing can be replayed.
+    result_source = models.CharField(max_length=16, blank=True, choices=ResultSource.choices, default="", db_default="")
     #: The reason given by the last transition, shown in the queues.
     last_note = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -286,6 +317,13 @@ class Tool(models.Model):
     max_dispatches = models.PositiveIntegerField(
         default=3, help_text="times the same key may be sent before a person decides"
     )
+    #: The longest one request to the provider may take: the adapter's
+    #: timeout, and the time after a dispatch (or its last heartbeat) after
+    #: which the request can no longer land. The dispatch lease exceeds it.
+    max_request_seconds = models.FloatField(
+        default=30.0,
+        help_text="the adapter's timeout; a request cannot land later than this after it was sent",
+    )
     enabled = models.BooleanField(default=True)
 
     class Meta:
@@ -298,6 +336,12 @@ class Tool(models.Model):
                 condition=Q(dispatch_lease_seconds__isnull=True) | Q(dispatch_lease_seconds__gt=0),
                 name="ledger_tool_lease_positive",
             ),
+            models.CheckConstraint(condition=Q(max_request_seconds__gt=0), name="ledger_tool_request_time_positive"),
+            models.CheckConstraint(
+                condition=Q(dispatch_lease_seconds__isnull=True)
+                | Q(dispatch_lease_seconds__gt=models.F("max_request_seconds")),
+                name="ledger_tool_lease_exceeds_request_time",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -306,6 +350,14 @@ class Tool(models.Model):
     def clean(self) -> None:
         from ledgerdash.ledger.providers.registry import build_adapter
 
+        lease = self.dispatch_lease_seconds or settings.LEDGER_DISPATCH_LEASE_SECONDS
+        if self.max_request_seconds is not None and lease <= self.max_request_seconds:
+            raise ValidationError(
+                {
+                    "dispatch_lease_seconds": f"the dispatch lease ({lease:g}s) must exceed the maximum request time "
+                    f"({self.max_request_seconds:g}s): a request still in flight must never look lost"
+                }
+            )
         try:
             build_adapter(self)
         except (ValueError, TypeError, ImportError) as exc:
@@ -370,6 +422,60 @@ class AttemptEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}#{self.seq} {self.kind} {self.from_state}->{self.to_state}"
+
+
+class Incident(models.Model):
+    """Something the ledger learned that people must settle: an effect that
+    happened although the ledger had settled the attempt otherwise.
+
+    ``duplicate``: the original acted after all, and a linked retry of it
+    was sent too: the side effect may have happened twice. ``contradiction``:
+    the provider's or the dispatcher's word contradicts how the attempt was
+    settled (it acted after it was failed or superseded, with no retry sent;
+    or a second, different receipt). An incident waits on people (open, with
+    an owner) until someone resolves it, saying what they did; every step is
+    an event in the tenant's chain on the incident's attempt.
+    """
+
+    class Kind(models.TextChoices):
+        DUPLICATE = "duplicate", "duplicate effect"
+        CONTRADICTION = "contradiction", "the facts contradict the ledger"
+
+    class Status(models.TextChoices):
+        OPEN = "open", "open"
+        RESOLVED = "resolved", "resolved"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="incidents")
+    attempt = models.ForeignKey(Attempt, on_delete=models.PROTECT, related_name="incidents")
+    #: The linked retry that also went out (a duplicate).
+    retry = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    summary = models.TextField()
+    #: The evidence: the late report, the attempts' states and receipts.
+    details = models.JSONField(default=dict)
+    opened_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    resolution = models.TextField(blank=True)
+    #: Bumped on every change, so a decision made on a stale page is refused.
+    fence = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-opened_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(kind__in=["duplicate", "contradiction"]), name="ledger_incident_kind"),
+            models.CheckConstraint(condition=Q(status__in=["open", "resolved"]), name="ledger_incident_status"),
+        ]
+        indexes = [models.Index(fields=["tenant", "status", "-opened_at"], name="ledger_incident_queue")]
+
+    def __str__(self) -> str:
+        return f"incident #{self.pk} {self.kind} on attempt #{self.attempt_id} [{self.status}]"
 
 
 class DrillRun(models.Model):

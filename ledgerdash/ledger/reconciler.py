@@ -10,10 +10,14 @@ workers share the work) and, for each:
     not undo a fact);
   - found with another payload: MANUAL_REVIEW (someone used the key for
     something else);
-  - not found: a retry is needed. Only when the tool is idempotent, the key
-    is within the provider's retention, the dispatch budget is not spent and
-    the authority is unchanged, send it again with the same key. A changed
-    authority gets a linked attempt for review; anything else a person;
+  - not found, but the request may still land (less than the tool's
+    maximum request time since it was sent or its dispatcher last beat):
+    proves nothing yet; look again once it could no longer land;
+  - not found after that: a retry is needed. Only when the tool is
+    idempotent, the key is within the provider's retention, the dispatch
+    budget is not spent and the attempt is still authorized, send it again
+    with the same key. A changed authority gets a linked attempt for
+    review; anything else a person;
   - unavailable: back off with jitter and decide nothing, until the checks
     are exhausted and a person takes over.
 - FAILED_RETRYABLE past its back-off: the provider guaranteed nothing
@@ -25,6 +29,16 @@ Every decision is a transition with the lookup result and the reason in its
 event. The provider is called with no transaction open; the decision is
 applied with the claim's fence, so a claim superseded meanwhile (another
 worker, a late report from the agent, an operator) makes it a no-op.
+
+Time comes from :mod:`ledgerdash.ledger.clock`. Given a ``clock``, every
+decision of a pass is made at the instant it returned when the pass began
+(the crash drill uses this, so two passes in a row decide against one
+moment); without one, the wall clock.
+
+A pass that loses its database connection stops (it cannot decide anything
+without it); the loop in ``manage.py reconcile`` closes the connection,
+backs off and starts again, and the claims the broken pass held fall due
+again after ``LEDGER_RECONCILER_CLAIM_SECONDS``.
 """
 
 from __future__ import annotations
@@ -36,14 +50,15 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.utils import timezone
+from django.db import DatabaseError, connection
 
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import clock, crashpoints, transitions
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
@@ -53,7 +68,7 @@ from ledgerdash.ledger.errors import (
     RequestIdConflict,
     StaleFence,
 )
-from ledgerdash.ledger.models import Attempt, State
+from ledgerdash.ledger.models import Attempt, ResultSource, State
 from ledgerdash.ledger.providers import registry
 from ledgerdash.ledger.providers.base import Lookup, LookupStatus, ProviderAdapter
 from ledgerdash.ledger.providers.registry import ToolProfile
@@ -89,6 +104,39 @@ class PassSummary:
         return "reconcile pass: " + " ".join(parts)
 
 
+def connection_lost() -> bool:
+    """Whether this thread's database connection is gone (a query that
+    cannot fail fails), as opposed to one statement having failed."""
+    if connection.in_atomic_block:
+        return False
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DatabaseError:
+        return True
+    return False
+
+
+def _pause_mid_batch() -> None:
+    """The crash drill's pause in the middle of a batch: it names this
+    process's database session, and on "drop" closes the connection under the
+    ORM's feet, as a server restart or a network cut would leave it."""
+    point = crashpoints.RECONCILER_MID_BATCH
+    if not crashpoints.pausing(point):
+        return
+    backend = ""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backend = f"backend={cursor.fetchone()[0]}"
+
+    def on_line(line: str) -> None:
+        if line == "drop" and connection.connection is not None:
+            connection.connection.close()
+
+    crashpoints.paused(point, detail=backend, on_line=on_line)
+
+
 def safe_lookup(adapter: ProviderAdapter, attempt: Attempt) -> Lookup:
     """A lookup never raises: an adapter that fails is a provider that is unavailable."""
     try:
@@ -105,15 +153,27 @@ class Reconciler:
         label: str | None = None,
         batch_size: int = 50,
         stop: threading.Event | None = None,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.actor = Actor.reconciler(label or worker_label())
         self.batch_size = batch_size
         self.stop = stop or threading.Event()
+        #: Decide each pass at the instant this returns when it begins; None: the wall clock.
+        self.clock = clock
 
     # --- the pass -------------------------------------------------------------------
 
     def run_pass(self) -> PassSummary:
-        """Reconcile everything due now, batch by batch, then return."""
+        """Reconcile everything due now, batch by batch, then return.
+
+        Raises the database's error when the connection is lost (the pass
+        cannot go on without it; see the module's docstring)."""
+        if self.clock is None:
+            return self._pass()
+        with clock.frozen_at(self.clock()):
+            return self._pass()
+
+    def _pass(self) -> PassSummary:
         started = time.monotonic()
         summary = PassSummary()
         profiles = registry.profiles()
@@ -127,10 +187,13 @@ class Reconciler:
                 if self.stop.is_set():
                     self._hand_back(claimed[index:])
                     break
+                if index == 1:
+                    crashpoints.reached(crashpoints.RECONCILER_MID_BATCH)
+                    _pause_mid_batch()
                 if attempt.pk in seen:
                     # Due again within this pass: leave it for the next one,
                     # so a pass always ends.
-                    self._release(attempt, timezone.now() + timedelta(seconds=1))
+                    self._release(attempt, clock.now() + timedelta(seconds=1))
                     summary.decisions["deferred"] += 1
                     continue
                 seen.add(attempt.pk)
@@ -139,6 +202,12 @@ class Reconciler:
                 except StaleFence as exc:
                     summary.stale += 1
                     log.info("attempt %s changed under this claim; leaving it: %s", attempt.pk, exc)
+                except DatabaseError:
+                    summary.errors += 1
+                    if connection_lost():
+                        log.warning("attempt %s: the database connection was lost; stopping this pass", attempt.pk)
+                        raise
+                    log.exception("attempt %s: reconciling failed; it is retried when its claim expires", attempt.pk)
                 except Exception:
                     summary.errors += 1
                     log.exception("attempt %s: reconciling failed; it is retried when its claim expires", attempt.pk)
@@ -147,7 +216,7 @@ class Reconciler:
 
     def _hand_back(self, attempts: list[Attempt]) -> None:
         """Stopping: give unprocessed claims back so another worker takes them now."""
-        now = timezone.now()
+        now = clock.now()
         for attempt in attempts:
             self._release(attempt, now)
 
@@ -168,7 +237,7 @@ class Reconciler:
             return self._unknown(attempt, tool)
         if attempt.state == S.FAILED_RETRYABLE:
             return self._retry(attempt, tool, None)
-        self._release(attempt, timezone.now() + timedelta(seconds=60))
+        self._release(attempt, clock.now() + timedelta(seconds=60))
         return "released"
 
     def _log(self, attempt: Attempt, decision: str) -> None:
@@ -197,7 +266,7 @@ class Reconciler:
                 return self._dispatch(attempt, tool, "approved linked retry: sending it under re-checked authority")
             # Only the agent can send it; give it the intent lease to come back.
             deadline = attempt.approved_at + timedelta(seconds=settings.LEDGER_INTENT_LEASE_SECONDS)
-            if deadline > timezone.now():
+            if deadline > clock.now():
                 self._release(attempt, deadline)
                 return "released"
             reason = (
@@ -220,6 +289,12 @@ class Reconciler:
         if lookup.status == LookupStatus.FOUND:
             return self._found(attempt, lookup, details)
         if lookup.status == LookupStatus.NOT_FOUND:
+            if attempt.lands_by is not None and clock.now() < attempt.lands_by:
+                attempt = transitions.attempt_wait_for_landing(
+                    attempt=attempt, actor=self.actor, fence=attempt.fence, lookup=details
+                )
+                self._log(attempt, "waiting for the request to land")
+                return "waiting"
             return self._retry(attempt, tool, lookup)
         if attempt.check_count + 1 >= tool.max_checks:
             return self._escalate(
@@ -269,6 +344,8 @@ class Reconciler:
                 result_ref=""
                 if (lookup.request_id or attempt.provider_request_id)
                 else f"lookup:{attempt.provider_key}",
+                result=storable_json(lookup.document)[0],
+                result_source=ResultSource.LOOKUP if storable_json(lookup.document)[0] is not None else "",
                 reason=why,
                 details={"lookup": details},
             )
@@ -300,7 +377,7 @@ class Reconciler:
                 )
             if tool.adapter.key_retention is not None and attempt.first_dispatched_at is not None:
                 expires = attempt.first_dispatched_at + tool.adapter.key_retention
-                if expires <= timezone.now():
+                if expires <= clock.now():
                     return self._escalate(
                         attempt,
                         f"{said}, but the key was first sent {attempt.first_dispatched_at:%Y-%m-%d %H:%M:%S} UTC, "
@@ -315,17 +392,17 @@ class Reconciler:
                 details,
             )
         standing = standing_of(attempt)
-        if not standing.unchanged:
+        if not standing.holds:
             original, linked = transitions.attempt_escalate_for_retry(
                 attempt=attempt, actor=self.actor, fence=attempt.fence, changes=standing.changes, lookup=details
             )
             self._log(original, f"linked attempt #{linked.pk}" if linked else "escalated")
             return "linked" if linked else "escalated"
         why = (
-            f"{said}; {attempt.tool_name} is idempotent, the key is within retention and the authority "
-            "is unchanged: sending again with the same key"
+            f"{said}; {attempt.tool_name} is idempotent, the key is within retention and the attempt is "
+            "still authorized: sending again with the same key"
             if lookup is not None
-            else f"{said}; back-off passed and the authority is unchanged: sending again with the same key"
+            else f"{said}; back-off passed and the attempt is still authorized: sending again with the same key"
         )
         return self._dispatch(attempt, tool, why, {"lookup": details} if details is not None else {})
 
@@ -333,15 +410,9 @@ class Reconciler:
         try:
             attempt = transitions.attempt_dispatch(attempt=attempt, actor=self.actor, fence=attempt.fence, reason=why)
         except AuthorizationChanged as exc:
-            if attempt.state == S.INTENT_RECORDED:
-                attempt = transitions.attempt_abandon(
-                    attempt=attempt,
-                    actor=self.actor,
-                    fence=attempt.fence,
-                    reason=f"not sent: the authority changed after approval ({exc})",
-                )
-                return "abandoned"
-            raise
+            # Not sent: the ledger put it under review beside a linked attempt.
+            self._log(exc.original or attempt, "authority changed before sending")
+            return "linked" if exc.attempt is not None and exc.attempt.parent_id == attempt.pk else "escalated"
         holder = {"attempt": attempt}
         fence = attempt.fence
 
@@ -370,7 +441,7 @@ class Reconciler:
                 fence=fence,
                 actor=self.actor,
                 reason=f"sent again with the same key; no answer ({type(exc).__name__}: {exc})",
-                check_at=timezone.now() + transitions.backoff(1, base=tool.backoff_base),
+                check_at=clock.now() + transitions.backoff(1, base=tool.backoff_base),
             )
             self._log(attempt, "unknown after re-send")
             return "resent_unknown"
@@ -381,7 +452,7 @@ class Reconciler:
                 fence=fence,
                 actor=self.actor,
                 reason="sent again; the provider answered without a receipt, so it will be looked up",
-                check_at=timezone.now() + transitions.backoff(1, base=tool.backoff_base),
+                check_at=clock.now() + transitions.backoff(1, base=tool.backoff_base),
             )
             return "resent_unknown"
         attempt = transitions.attempt_confirm(

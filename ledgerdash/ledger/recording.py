@@ -20,6 +20,13 @@ whose key was confirmed returns the stored result without calling the tool;
 one whose outcome is UNKNOWN, under review or in flight elsewhere raises
 instead of calling it again.
 
+Every step commits on its own and refuses to run inside the caller's open
+transaction (:class:`~ledgerdash.ledger.errors.InsideTransaction`): a
+rollback there would erase an intent whose tool already acted. A step that
+finds the database gone raises
+:class:`~ledgerdash.ledger.errors.LedgerUnavailable` and drops the broken
+connection, so the next call connects again.
+
 The same steps are available one by one (:func:`record_intent`,
 :func:`mark_dispatched`, :func:`confirm`, …) for callers that need them,
 such as the HTTP API.
@@ -27,6 +34,7 @@ such as the HTTP API.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator
@@ -35,7 +43,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 
 from ledgerdash import toolcalls
 from ledgerdash.ledger import transitions
@@ -51,10 +59,12 @@ from ledgerdash.ledger.errors import (
     InvalidField,
     InvalidKey,
     LedgerError,
+    LedgerUnavailable,
     NoPolicy,
     NothingHappened,
     OutcomeUnknown,
     PermanentFailure,
+    ResultUnavailable,
     RetryPending,
     ScopeNotAllowed,
     TenantInactive,
@@ -62,8 +72,8 @@ from ledgerdash.ledger.errors import (
     UnderReview,
     UnknownTenant,
 )
-from ledgerdash.ledger.models import Attempt, State, Tenant
-from ledgerdash.ledger.transitions import Actor, NewAttempt
+from ledgerdash.ledger.models import Attempt, ResultSource, State, Tenant
+from ledgerdash.ledger.transitions import Actor, NewAttempt, Outcome, Report
 from ledgerdash.toolcalls import ToolCall
 
 __all__ = [
@@ -74,14 +84,18 @@ __all__ = [
     "PermanentFailure",
     "Recorded",
     "ToolCall",
+    "abandon",
     "confirm",
     "fail",
     "fail_retryable",
+    "heartbeat",
     "mark_dispatched",
     "mark_unknown",
     "provider_tool",
     "record_intent",
     "record_request_id",
+    "replay",
+    "report_outcome",
     "task",
     "tool",
 ]
@@ -93,6 +107,27 @@ MAX_NAME = 255
 
 def _default_agent() -> Actor:
     return Actor.agent(f"{socket.gethostname()}:{os.getpid()}")
+
+
+def reconnecting[**P, T](step: Callable[P, T]) -> Callable[P, T]:
+    """Run an agent's step; when the database connection is gone, drop it
+    (the next step connects afresh) and raise :class:`LedgerUnavailable`.
+
+    Outside a request, Django keeps a broken connection until something
+    closes it: without this, a server restart would fail every later call of
+    a long-running agent until the process restarts."""
+
+    @functools.wraps(step)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return step(*args, **kwargs)
+        except (OperationalError, InterfaceError) as exc:
+            if not connection.in_atomic_block:
+                connection.close()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise LedgerUnavailable(LedgerUnavailable.MESSAGE.format(error=first)) from exc
+
+    return guarded
 
 
 # --- validation -------------------------------------------------------------------
@@ -132,6 +167,7 @@ def parse_scope(scope: str | Iterable[str] | None) -> frozenset[str] | None:
     return frozenset(items)
 
 
+@reconnecting
 def resolve_tenant(tenant: Tenant | str | int) -> Tenant:
     if isinstance(tenant, Tenant):
         found = tenant
@@ -159,6 +195,7 @@ class Recorded:
     created: bool
 
 
+@reconnecting
 def record_intent(
     *,
     tenant: Tenant | str | int,
@@ -267,6 +304,7 @@ def _record_conflict(new: NewAttempt, actor: Actor) -> Recorded:
     )
 
 
+@reconnecting
 def mark_dispatched(attempt: Attempt, *, actor: Actor | None = None) -> Attempt:
     """Claim the attempt for dispatch; commit happens before this returns, so
     call it BEFORE the request leaves. The returned attempt's ``fence`` goes
@@ -274,6 +312,7 @@ def mark_dispatched(attempt: Attempt, *, actor: Actor | None = None) -> Attempt:
     return transitions.attempt_dispatch(attempt=attempt, actor=actor or _default_agent(), fence=attempt.fence)
 
 
+@reconnecting
 def record_request_id(
     attempt: Attempt, request_id: str, *, fence: int | None = None, actor: Actor | None = None
 ) -> Attempt:
@@ -282,6 +321,37 @@ def record_request_id(
         fence=attempt.fence if fence is None else fence,
         request_id=request_id,
         actor=actor or _default_agent(),
+    )
+
+
+@reconnecting
+def report_outcome(
+    attempt: Attempt,
+    *,
+    outcome: str,
+    fence: int | None = None,
+    provider_request_id: str = "",
+    result_ref: str = "",
+    result: Any = None,
+    result_source: str = ResultSource.TOOL,
+    reason: str = "",
+    actor: Actor | None = None,
+) -> Report:
+    """Report what the provider said (``confirmed``, ``failed``,
+    ``failed_retryable`` or ``unknown``) with the dispatch fence. The same
+    report sent twice is a replay (``replayed``); a report about an attempt
+    that moved on is recorded as evidence (``late``). See
+    :func:`ledgerdash.ledger.transitions.attempt_report`."""
+    return transitions.attempt_report(
+        attempt=attempt,
+        fence=attempt.fence if fence is None else fence,
+        actor=actor or _default_agent(),
+        outcome=outcome,
+        provider_request_id=provider_request_id,
+        result_ref=result_ref,
+        result=result,
+        result_source=result_source,
+        reason=reason,
     )
 
 
@@ -294,35 +364,57 @@ def confirm(
     fence: int | None = None,
     actor: Actor | None = None,
 ) -> Attempt:
-    return transitions.attempt_confirm(
-        attempt=attempt,
-        fence=attempt.fence if fence is None else fence,
-        actor=actor or _default_agent(),
+    return report_outcome(
+        attempt,
+        outcome=Outcome.CONFIRMED,
+        fence=fence,
         provider_request_id=provider_request_id,
         result_ref=result_ref,
         result=result,
-    )
+        actor=actor,
+    ).attempt
 
 
 def fail(attempt: Attempt, *, reason: str, fence: int | None = None, actor: Actor | None = None) -> Attempt:
-    return transitions.attempt_fail(
-        attempt=attempt, fence=attempt.fence if fence is None else fence, actor=actor or _default_agent(), reason=reason
-    )
+    return report_outcome(attempt, outcome=Outcome.FAILED, fence=fence, reason=reason, actor=actor).attempt
 
 
 def fail_retryable(attempt: Attempt, *, reason: str, fence: int | None = None, actor: Actor | None = None) -> Attempt:
-    return transitions.attempt_fail(
-        attempt=attempt,
-        fence=attempt.fence if fence is None else fence,
-        actor=actor or _default_agent(),
-        reason=reason,
-        retryable=True,
-    )
+    return report_outcome(attempt, outcome=Outcome.FAILED_RETRYABLE, fence=fence, reason=reason, actor=actor).attempt
 
 
 def mark_unknown(attempt: Attempt, *, reason: str, fence: int | None = None, actor: Actor | None = None) -> Attempt:
-    return transitions.attempt_mark_unknown(
+    return report_outcome(attempt, outcome=Outcome.UNKNOWN, fence=fence, reason=reason, actor=actor).attempt
+
+
+@reconnecting
+def heartbeat(attempt: Attempt, *, fence: int | None = None, actor: Actor | None = None) -> Attempt:
+    """The dispatcher's work is still running: extend its lease (see
+    :func:`ledgerdash.ledger.transitions.attempt_heartbeat`)."""
+    return transitions.attempt_heartbeat(
+        attempt=attempt, fence=attempt.fence if fence is None else fence, actor=actor or _default_agent()
+    )
+
+
+@reconnecting
+def abandon(attempt: Attempt, *, reason: str = "", fence: int | None = None, actor: Actor | None = None) -> Attempt:
+    """Give up an intent that was never sent (INTENT_RECORDED -> FAILED):
+    for an agent that re-ran its task with other arguments after a crash,
+    so the linked attempt it was told about can be approved."""
+    return transitions.attempt_abandon_intent(
         attempt=attempt, fence=attempt.fence if fence is None else fence, actor=actor or _default_agent(), reason=reason
+    )
+
+
+def replay(attempt: Attempt) -> Any:
+    """A confirmed attempt's recorded result, for a re-run of its key: the
+    tool's own return value, or the provider's answer when recovery
+    confirmed it by a lookup. Raises :class:`ResultUnavailable` when none was
+    recorded: the effect happened, and an empty value would say otherwise."""
+    if attempt.result_source in (ResultSource.TOOL, ResultSource.LOOKUP):
+        return attempt.result
+    raise ResultUnavailable(
+        ResultUnavailable.MESSAGE.format(attempt_id=attempt.pk, how=attempt.last_note or "confirmed"), attempt
     )
 
 
@@ -416,6 +508,9 @@ class _InProcess:
     def refuse_unless_dispatchable(self, attempt: Attempt) -> None:
         refuse_unless_dispatchable(attempt)
 
+    def replay(self, attempt: Attempt) -> Any:
+        return replay(attempt)
+
     def dispatch(self, attempt: Attempt) -> Attempt:
         try:
             return mark_dispatched(attempt, actor=self.context.actor)
@@ -424,25 +519,37 @@ class _InProcess:
                 AttemptInFlight.MESSAGE.format(attempt_id=attempt.pk, holder="another worker"), attempt
             ) from None
 
+    def heartbeat_interval(self, attempt: Attempt) -> float:
+        if attempt.next_check_at is None:
+            return 0.0
+        return max(0.05, (attempt.next_check_at - attempt.updated_at).total_seconds() / 3)
+
+    def heartbeat(self, attempt: Attempt, fence: int) -> Attempt:
+        return heartbeat(attempt, fence=fence, actor=self.context.actor)
+
+    def heartbeat_done(self) -> None:
+        connection.close()  # the heartbeat thread's own connection
+
     def record_request_id(self, attempt: Attempt, request_id: str, fence: int) -> Attempt:
         return record_request_id(attempt, request_id, fence=fence, actor=self.context.actor)
 
     def confirm(
-        self, attempt: Attempt, *, fence: int, provider_request_id: str, result_ref: str, result: Any
+        self, attempt: Attempt, *, fence: int, provider_request_id: str, result_ref: str, result: Any, storable: bool
     ) -> Attempt:
-        return confirm(
+        return report_outcome(
             attempt,
+            outcome=Outcome.CONFIRMED,
             provider_request_id=provider_request_id,
             result_ref=result_ref,
             result=result,
+            result_source=ResultSource.TOOL if storable else "",
             fence=fence,
             actor=self.context.actor,
-        )
+        ).attempt
 
     def fail(self, attempt: Attempt, *, fence: int, reason: str, retryable: bool) -> Attempt:
-        return transitions.attempt_fail(
-            attempt=attempt, fence=fence, actor=self.context.actor, reason=reason, retryable=retryable
-        )
+        report = fail_retryable if retryable else fail
+        return report(attempt, fence=fence, actor=self.context.actor, reason=reason)
 
     def mark_unknown(self, attempt: Attempt, *, fence: int, reason: str) -> Attempt:
         return mark_unknown(attempt, reason=reason, fence=fence, actor=self.context.actor)
@@ -491,15 +598,12 @@ def provider_tool(
     ledger steps as :func:`tool`. Returns the provider's response."""
 
     def call_provider(call: ToolCall, **_arguments: Any) -> Any:
+        from ledgerdash.ledger.providers.base import dispatch_through
         from ledgerdash.ledger.providers.registry import profile_for
 
         profile = profile_for(name)
         if profile is None:
             raise PermanentFailure(f"no provider adapter is configured for {name}; nothing was sent")
-        sent = profile.adapter.dispatch(key=call.key, args=call.args, on_request_id=call.record_request_id)
-        call.result_ref = sent.result_ref
-        if sent.request_id and not call.request_id:
-            call.record_request_id(sent.request_id)
-        return sent.response
+        return dispatch_through(profile.adapter, call)
 
     return tool(name, key=key, scope=scope)(call_provider)

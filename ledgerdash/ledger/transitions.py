@@ -21,33 +21,40 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import F, Field
-from django.utils import timezone
+from django.db import IntegrityError, models, transaction
+from django.db.models import Case, F, Field, Value, When
+from django.db.models.functions import Coalesce, Greatest
 
-from ledgerdash.ledger import chain
-from ledgerdash.ledger.authority import current_policy, dispatch_standing, scope_string, standing_of
+from ledgerdash.ledger import chain, clock
+from ledgerdash.ledger.authority import authority_of, current_policy, dispatch_standing, scope_string, standing_of
 from ledgerdash.ledger.errors import (
     ApprovalRefused,
     AttemptNotFound,
     AuthorizationChanged,
     ClaimLost,
     IllegalTransition,
+    IncidentError,
+    InsideTransaction,
     InvalidField,
     MissingEvidence,
     OwnershipError,
     RequestIdConflict,
+    RetryPending,
     SelfApproval,
     StaleFence,
 )
 from ledgerdash.ledger.models import (
+    IN_FLIGHT_STATES,
     OWNED_STATES,
     ActorKind,
     Attempt,
     AttemptEvent,
     ChainHead,
+    FailedBecause,
+    Incident,
     OnCallShift,
     Policy,
+    ResultSource,
     State,
     Tenant,
 )
@@ -67,20 +74,28 @@ A, R, U = ActorKind.AGENT, ActorKind.RECONCILER, ActorKind.USER
 #: dispatch it made itself (DISPATCHED -> FAILED_RETRYABLE / FAILED).
 LEGAL_MOVES: dict[tuple[str, str], frozenset[str]] = {
     (S.INTENT_RECORDED, S.DISPATCHED): frozenset({A, R}),
-    (S.INTENT_RECORDED, S.FAILED): frozenset({R}),
+    # abandoned: past the intent lease (reconciler), or given up by its agent
+    # or an operator; it was never sent, so it provably did nothing
+    (S.INTENT_RECORDED, S.FAILED): frozenset({A, R, U}),
+    # the authority changed before it was sent: a linked attempt awaits review
+    (S.INTENT_RECORDED, S.MANUAL_REVIEW): frozenset({A, R}),
     (S.DISPATCHED, S.OUTCOME_CONFIRMED): frozenset({A, R}),
     (S.DISPATCHED, S.FAILED_RETRYABLE): frozenset({A, R}),
     (S.DISPATCHED, S.FAILED): frozenset({A, R}),
     (S.DISPATCHED, S.UNKNOWN): frozenset({A, R}),
     (S.FAILED_RETRYABLE, S.DISPATCHED): frozenset({A, R}),
-    (S.FAILED_RETRYABLE, S.MANUAL_REVIEW): frozenset({R}),
+    (S.FAILED_RETRYABLE, S.MANUAL_REVIEW): frozenset({A, R}),
+    # the original dispatcher's later, stronger word: a receipt, or a refusal for good
+    (S.FAILED_RETRYABLE, S.OUTCOME_CONFIRMED): frozenset({A}),
+    (S.FAILED_RETRYABLE, S.FAILED): frozenset({A}),
     (S.UNKNOWN, S.OUTCOME_CONFIRMED): frozenset({A, R}),
     (S.UNKNOWN, S.FAILED): frozenset({A}),
     (S.UNKNOWN, S.DISPATCHED): frozenset({R}),
     (S.UNKNOWN, S.UNKNOWN): frozenset({R}),
     (S.UNKNOWN, S.MANUAL_REVIEW): frozenset({R}),
-    (S.MANUAL_REVIEW, S.OUTCOME_CONFIRMED): frozenset({U}),
-    (S.MANUAL_REVIEW, S.FAILED): frozenset({U}),
+    # people decide; the original dispatcher's late report is evidence too
+    (S.MANUAL_REVIEW, S.OUTCOME_CONFIRMED): frozenset({U, A}),
+    (S.MANUAL_REVIEW, S.FAILED): frozenset({U, A}),
     (S.MANUAL_REVIEW, S.RECONCILED): frozenset({U}),
     (S.MANUAL_REVIEW, S.INTENT_RECORDED): frozenset({U}),
     (S.MANUAL_REVIEW, S.UNKNOWN): frozenset({U}),
@@ -150,7 +165,7 @@ def append_events(events: list[_Event], *, now: datetime | None = None) -> list[
     """
     connection = transaction.get_connection()
     assert connection.in_atomic_block, "events are appended inside the change's transaction"
-    now = now or timezone.now()
+    now = now or clock.now()
     if len(events) == 1 and connection.vendor == "postgresql":
         row = _append_one_postgres(events[0], now)
         if row is not None:
@@ -352,6 +367,27 @@ def event_record(
 # --- helpers -----------------------------------------------------------------
 
 
+def refuse_open_transaction(what: str) -> None:
+    """Refuse to record an agent's step inside the caller's open transaction.
+
+    The ledger's promise is that the intent and the dispatch claim are
+    committed before the tool runs. Inside a caller's ``atomic()`` block they
+    would be a savepoint: recovery could not see them while the tool runs,
+    and the caller's rollback would erase them although the provider acted.
+    ``atomic(durable=True)`` is Django's test for "no transaction is open"
+    (it tolerates only the test case's own wrapping transaction).
+    """
+    connection = transaction.get_connection()
+    if connection.in_atomic_block:
+        try:
+            with transaction.atomic(durable=True):
+                pass
+        except RuntimeError:
+            raise InsideTransaction(InsideTransaction.MESSAGE.format(what=what)) from None
+    elif not connection.get_autocommit():
+        raise InsideTransaction(InsideTransaction.MESSAGE.format(what=what))
+
+
 def _get(attempt_id: int, *, lock: bool = False) -> Attempt:
     qs = Attempt.objects.select_for_update() if lock else Attempt.objects.all()
     try:
@@ -411,7 +447,7 @@ def _move(
     """
     _check_move(attempt, to_state, actor)
     _check_fence(attempt, fence)
-    now = now or timezone.now()
+    now = now or clock.now()
     reason = _clean_text(reason)
     details = dict(details or {})
     values: dict[str, Any] = {"state": to_state, "updated_at": now, "last_note": reason, **(updates or {})}
@@ -419,7 +455,7 @@ def _move(
         owner_id, source = _pick_owner(attempt.tenant_id, now)
         values["owner_id"] = owner_id
         details["owner_assigned"] = {"user_id": owner_id, "by": source}
-    if to_state not in (S.INTENT_RECORDED, S.DISPATCHED, S.UNKNOWN, S.FAILED_RETRYABLE):
+    if to_state not in IN_FLIGHT_STATES:
         values.setdefault("next_check_at", None)
     event = _Event(
         attempt.tenant_id,
@@ -496,13 +532,14 @@ def attempt_create_intent(*, new: NewAttempt, actor: Actor) -> Attempt | None:
     Returns None when the key already has a root (perhaps one committed a
     moment ago by a concurrent caller): the caller then matches against it.
     """
+    refuse_open_transaction("recording an intent")
     if actor.kind not in CREATE_MOVES[S.INTENT_RECORDED]:
         raise IllegalTransition(
             IllegalTransition.MESSAGE.format(
                 actor=actor.kind, attempt_id="(new)", from_state="nothing", to_state=S.INTENT_RECORDED
             )
         )
-    now = timezone.now()
+    now = clock.now()
     attempt = Attempt(
         tenant_id=new.tenant_id,
         task_id=new.task_id,
@@ -589,7 +626,7 @@ def attempt_create_linked(
         )
     if parent.tenant_id != new.tenant_id or parent.idempotency_key != new.idempotency_key:
         raise IllegalTransition("a linked attempt keeps its parent's tenant and idempotency key")
-    now = timezone.now()
+    now = clock.now()
     reason = _clean_text(reason)
     # A retry never widens credentials: whatever was asked for, the linked
     # attempt may use at most what its parent could.
@@ -657,18 +694,29 @@ def attempt_create_linked(
 def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None, reason: str = "") -> Attempt:
     """Claim the attempt for dispatch, committed BEFORE the request leaves.
 
-    Re-checks the tenant's current authority first. The returned attempt's
-    ``fence`` is the token the dispatcher must present with the outcome. A
-    concurrent claimer loses with :class:`ClaimLost`.
+    Re-checks the tenant's current authority first. When it no longer holds,
+    the attempt is not reused: it goes to review beside a linked attempt
+    under the current policy (scope never wider), and
+    :class:`AuthorizationChanged` names that linked attempt. An agent may
+    re-send a retryable failure only after its back-off (the reconciler
+    sends it when its claim finds it due). The returned attempt's ``fence``
+    is the token the dispatcher must present with the outcome; a concurrent
+    claimer loses with :class:`ClaimLost`.
     """
+    if actor.kind == ActorKind.AGENT:
+        refuse_open_transaction("claiming a dispatch")
     _check_move(attempt, S.DISPATCHED, actor)
-    standing, lease_seconds = dispatch_standing(attempt)
-    if not standing.unchanged:
-        raise AuthorizationChanged(
-            AuthorizationChanged.MESSAGE.format(attempt_id=attempt.pk, changes="; ".join(standing.changes))
-        )
-    lease = timedelta(seconds=lease_seconds or settings.LEDGER_DISPATCH_LEASE_SECONDS)
-    now = timezone.now()
+    now = clock.now()
+    if (
+        actor.kind != ActorKind.RECONCILER
+        and attempt.state == S.FAILED_RETRYABLE
+        and attempt.next_check_at is not None
+        and attempt.next_check_at > now
+    ):
+        raise RetryPending(RetryPending.MESSAGE.format(attempt_id=attempt.pk, due=attempt.next_check_at), attempt)
+    standing, timing = dispatch_standing(attempt)
+    if not standing.holds:
+        _refuse_changed_authority(attempt, actor=actor, fence=fence, changes=standing.changes)
     return _move(
         attempt,
         to_state=S.DISPATCHED,
@@ -679,13 +727,114 @@ def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None
             "dispatch_fence": attempt.fence + 1,
             "dispatch_count": attempt.dispatch_count + 1,
             "check_count": 0,
-            "next_check_at": now + lease,
+            "next_check_at": now + timedelta(seconds=timing.lease_seconds),
+            "lands_by": now + timedelta(seconds=timing.max_request_seconds),
             "first_dispatched_at": attempt.first_dispatched_at or now,
         },
-        details={"provider_key": attempt.provider_key, "dispatch": attempt.dispatch_count + 1},
+        details={
+            "provider_key": attempt.provider_key,
+            "dispatch": attempt.dispatch_count + 1,
+            "policy_version": standing.policy.version if standing.policy else None,
+            "lease_seconds": timing.lease_seconds,
+            "max_request_seconds": timing.max_request_seconds,
+        },
         now=now,
         stale_error=ClaimLost,
     )
+
+
+def _refuse_changed_authority(attempt: Attempt, *, actor: Actor, fence: int | None, changes: Sequence[str]) -> None:
+    """Don't reuse an attempt whose authority changed before it was sent:
+    review it beside a linked attempt under the current policy, then say so."""
+    original, linked = attempt_escalate_for_retry(
+        attempt=attempt, actor=actor, fence=attempt.fence if fence is None else fence, changes=changes
+    )
+    follow = linked or original
+    raise AuthorizationChanged(
+        AuthorizationChanged.MESSAGE.format(attempt_id=attempt.pk, changes="; ".join(changes))
+        + (
+            f"; linked attempt #{linked.pk} under the current policy awaits approval"
+            if linked is not None
+            else "; it is under review"
+        ),
+        attempt=follow,
+        original=original,
+    )
+
+
+def attempt_heartbeat(*, attempt: Attempt, fence: int, actor: Actor) -> Attempt:
+    """The dispatcher's work is still running: extend its lease, and the
+    time until which its request may still land.
+
+    Only the current dispatcher (the holder of the dispatch ``fence``) may
+    beat. A beat never moves the fence, so the dispatcher's outcome report
+    stays valid. When the lease already ran out (the reconciler took the
+    attempt over) the beat still counts as evidence that the request may be
+    in flight: ``lands_by`` moves on, so a "not found" at the provider is not
+    taken as proof until the request could no longer land.
+    """
+    now = clock.now()
+    timing = authority_of(attempt.tenant_id, attempt.tool_name).timing
+    lands_by = now + timedelta(seconds=timing.max_request_seconds)
+    lease_end = now + timedelta(seconds=timing.lease_seconds)
+    changed = Attempt.objects.filter(pk=attempt.pk, dispatch_fence=fence).update(
+        lands_by=Greatest(Coalesce(F("lands_by"), Value(lands_by)), Value(lands_by)),
+        last_heartbeat_at=now,
+        next_check_at=Case(When(state=S.DISPATCHED, fence=fence, then=Value(lease_end)), default=F("next_check_at")),
+    )
+    fresh = _get(attempt.pk)
+    if changed != 1:
+        raise StaleFence(
+            f"attempt {attempt.pk} was dispatched again since (dispatch fence {fresh.dispatch_fence}, not {fence}); "
+            "this dispatch is no longer the attempt's"
+        )
+    return fresh
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the ledger did with a dispatcher's outcome report."""
+
+    attempt: Attempt
+    #: This very report had been applied before (a retry after a lost answer): nothing was written.
+    replayed: bool = False
+    #: The attempt had moved on (the lease ran out, a person decided, a retry
+    #: superseded it): the report was recorded as evidence.
+    late: bool = False
+
+
+class Outcome(models.TextChoices):
+    CONFIRMED = "confirmed"
+    FAILED = "failed"
+    FAILED_RETRYABLE = "failed_retryable"
+    UNKNOWN = "unknown"
+
+
+#: The state each outcome report puts the attempt in.
+OUTCOME_STATE = {
+    Outcome.CONFIRMED: S.OUTCOME_CONFIRMED,
+    Outcome.FAILED: S.FAILED,
+    Outcome.FAILED_RETRYABLE: S.FAILED_RETRYABLE,
+    Outcome.UNKNOWN: S.UNKNOWN,
+}
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    outcome: str
+    provider_request_id: str = ""
+    result_ref: str = ""
+    reason: str = ""
+
+    def as_details(self) -> dict[str, Any]:
+        out = {"outcome": self.outcome}
+        if self.provider_request_id:
+            out["provider_request_id"] = self.provider_request_id
+        if self.result_ref:
+            out["result_ref"] = self.result_ref
+        if self.reason:
+            out["reason"] = _clean_text(self.reason)[:1000]
+        return out
 
 
 def _late_report_allowed(attempt: Attempt, fence: int, actor: Actor) -> bool:
@@ -700,20 +849,43 @@ def _late_report_allowed(attempt: Attempt, fence: int, actor: Actor) -> bool:
     )
 
 
-def _as_holder(attempt: Attempt, fence: int, actor: Actor, op: Callable[[Attempt], Attempt]) -> Attempt:
+def _already_reported(attempt: Attempt, fence: int, evidence: _Evidence) -> bool:
+    """This very report landed before: the attempt is in the state it
+    reports, from the dispatch that holds ``fence``, with the same receipt."""
+    if attempt.dispatch_fence != fence or attempt.state != OUTCOME_STATE[Outcome(evidence.outcome)]:
+        return False
+    if evidence.outcome == Outcome.CONFIRMED:
+        return (not evidence.provider_request_id or evidence.provider_request_id == attempt.provider_request_id) and (
+            not evidence.result_ref or evidence.result_ref == attempt.result_ref
+        )
+    return True
+
+
+def _as_holder(
+    attempt: Attempt, fence: int, actor: Actor, op: Callable[[Attempt], Attempt], evidence: _Evidence
+) -> Report:
     """Run ``op`` on the attempt as the holder of ``fence`` may act on it.
 
     Tries the caller's copy first (one compare-and-set, the common case);
-    when that is stale, re-reads and accepts a late report, else refuses.
+    when that is stale, re-reads: the same report repeated is a replay;
+    a late report from the original dispatcher is accepted while the
+    attempt is DISPATCHED or UNKNOWN and recorded as evidence afterwards;
+    anyone else is refused.
     """
     if attempt.fence == fence:
         try:
-            return op(attempt)
+            return Report(op(attempt))
         except StaleFence:
             pass
     fresh = _get(attempt.pk)
-    if fresh.fence == fence or _late_report_allowed(fresh, fence, actor):
-        return op(fresh)
+    if _already_reported(fresh, fence, evidence):
+        return Report(fresh, replayed=True)
+    if fresh.fence == fence:
+        return Report(op(fresh))
+    if _late_report_allowed(fresh, fence, actor):
+        return Report(op(fresh), late=True)
+    if actor.kind == ActorKind.AGENT and fresh.dispatch_fence is not None and fresh.dispatch_fence == fence:
+        return Report(_late_evidence(fresh, fence=fence, actor=actor, evidence=evidence), late=True)
     raise StaleFence(StaleFence.MESSAGE.format(attempt_id=attempt.pk, current=fresh.fence, given=fence))
 
 
@@ -740,7 +912,7 @@ def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, 
         with transaction.atomic():
             changed = Attempt.objects.filter(
                 pk=target.pk, state=target.state, fence=target.fence, provider_request_id=""
-            ).update(provider_request_id=request_id, updated_at=timezone.now())
+            ).update(provider_request_id=request_id, updated_at=clock.now())
             if changed != 1:
                 raise StaleFence(StaleFence.MESSAGE.format(attempt_id=target.pk, current="?", given=fence))
             target.provider_request_id = request_id
@@ -759,7 +931,17 @@ def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, 
             )
         return target
 
-    return _as_holder(attempt, fence, actor, op)
+    fresh = attempt if attempt.fence == fence else _get(attempt.pk)
+    if fresh.provider_request_id == request_id:
+        return fresh
+    if fresh.fence == fence or _late_report_allowed(fresh, fence, actor):
+        return op(fresh)
+    if actor.kind == ActorKind.AGENT and fresh.dispatch_fence == fence:
+        # The attempt moved on; the request id is evidence all the same.
+        return _late_evidence(
+            fresh, fence=fence, actor=actor, evidence=_Evidence("request_id", provider_request_id=request_id)
+        )
+    raise StaleFence(StaleFence.MESSAGE.format(attempt_id=attempt.pk, current=fresh.fence, given=fence))
 
 
 def _validate_ref(value: str, name: str, limit: int) -> str:
@@ -772,38 +954,89 @@ def _validate_ref(value: str, name: str, limit: int) -> str:
     return value
 
 
-def attempt_confirm(
+def attempt_report(
     *,
     attempt: Attempt,
     fence: int,
     actor: Actor,
+    outcome: str,
     provider_request_id: str = "",
     result_ref: str = "",
     result: Any = None,
+    result_source: str = ResultSource.TOOL,
     reason: str = "",
     details: dict[str, Any] | None = None,
-) -> Attempt:
-    """DISPATCHED (or UNKNOWN) -> OUTCOME_CONFIRMED, on a durable receipt.
+) -> Report:
+    """The dispatcher (agent or reconciler) reports what the provider said.
 
-    "HTTP 200" is not a receipt: confirming needs a provider request id or
-    a result reference an operator can check at the provider.
+    - ``confirmed``: DISPATCHED (or UNKNOWN) -> OUTCOME_CONFIRMED, on a
+      durable receipt. "HTTP 200" is not a receipt: confirming needs a
+      provider request id or a result reference an operator can check.
+    - ``failed``: the provider refused definitively -> FAILED; nothing happened.
+    - ``failed_retryable``: it rejected the request before acting ->
+      FAILED_RETRYABLE; the same key may be sent again after a back-off.
+    - ``unknown``: the dispatcher cannot tell -> UNKNOWN; the reconciler
+      looks it up.
+
+    The same report sent again (a retry after a lost answer) is a replay:
+    nothing is written. A report from the original dispatcher about an
+    attempt that has moved on is never dropped: it is recorded as evidence,
+    settles an attempt still under review, and raises an incident when it
+    contradicts how the attempt was settled (a duplicate when a retry of it
+    went out too).
     """
+    if actor.kind == ActorKind.AGENT:
+        refuse_open_transaction("reporting an outcome")
+    outcome = Outcome(outcome)
     provider_request_id = _validate_ref(provider_request_id, "provider_request_id", 255)
     result_ref = _validate_ref(result_ref, "result_ref", 1000)
+    evidence = _Evidence(outcome, provider_request_id, result_ref, reason)
+    return _as_holder(
+        attempt,
+        fence,
+        actor,
+        lambda target: _apply_report(
+            target,
+            actor=actor,
+            evidence=evidence,
+            result=result,
+            result_source=result_source,
+            details=details,
+            late=target.fence != fence,
+        ),
+        evidence,
+    )
 
-    def op(target: Attempt) -> Attempt:
+
+def _apply_report(
+    target: Attempt,
+    *,
+    actor: Actor,
+    evidence: _Evidence,
+    result: Any,
+    result_source: str,
+    details: dict[str, Any] | None,
+    late: bool,
+) -> Attempt:
+    now = clock.now()
+    reason = evidence.reason
+    if evidence.outcome == Outcome.CONFIRMED:
         _check_move(target, S.OUTCOME_CONFIRMED, actor)
-        request_id = provider_request_id or target.provider_request_id
-        if not request_id and not result_ref:
+        request_id = evidence.provider_request_id or target.provider_request_id
+        if not request_id and not evidence.result_ref:
             raise MissingEvidence(MissingEvidence.MESSAGE.format(attempt_id=target.pk))
-        if provider_request_id and target.provider_request_id and provider_request_id != target.provider_request_id:
+        if (
+            evidence.provider_request_id
+            and target.provider_request_id
+            and evidence.provider_request_id != target.provider_request_id
+        ):
             raise RequestIdConflict(
                 RequestIdConflict.MESSAGE.format(
-                    attempt_id=target.pk, existing=target.provider_request_id, given=provider_request_id
+                    attempt_id=target.pk, existing=target.provider_request_id, given=evidence.provider_request_id
                 )
             )
-        late = target.state == S.UNKNOWN and actor.kind == ActorKind.AGENT
-        info = {**(details or {}), "provider_request_id": request_id, "result_ref": result_ref}
+        late = late or (target.state == S.UNKNOWN and actor.kind == ActorKind.AGENT)
+        info = {**(details or {}), "provider_request_id": request_id, "result_ref": evidence.result_ref}
         if late:
             info["late_report"] = True
         return _move(
@@ -813,11 +1046,78 @@ def attempt_confirm(
             fence=None,
             reason=reason
             or ("late outcome report from the original dispatcher: confirmed" if late else "outcome confirmed"),
-            updates={"provider_request_id": request_id, "result_ref": result_ref, "result": result},
+            updates={
+                "provider_request_id": request_id,
+                "result_ref": evidence.result_ref,
+                "result": result,
+                "result_source": result_source,
+                "lands_by": now,
+            },
             details=info,
+            now=now,
         )
+    if evidence.outcome == Outcome.UNKNOWN:
+        if target.state == S.UNKNOWN and late:
+            return target  # the lease already said so
+        return _move(
+            target,
+            to_state=S.UNKNOWN,
+            actor=actor,
+            fence=None,
+            reason=reason,
+            updates={"next_check_at": (details or {}).get("check_at") or now, "last_error": _clean_text(reason)},
+            now=now,
+        )
+    if evidence.outcome == Outcome.FAILED_RETRYABLE:
+        return _move(
+            target,
+            to_state=S.FAILED_RETRYABLE,
+            actor=actor,
+            fence=None,
+            reason=reason or "provider rejected the request before acting",
+            updates={
+                "next_check_at": now + backoff(target.dispatch_count),
+                "last_error": _clean_text(reason),
+                "lands_by": now,
+            },
+            now=now,
+        )
+    return _move(
+        target,
+        to_state=S.FAILED,
+        actor=actor,
+        fence=None,
+        reason=reason or "provider refused the request",
+        updates={"last_error": _clean_text(reason), "failed_because": FailedBecause.PROVIDER, "lands_by": now},
+        now=now,
+    )
 
-    return _as_holder(attempt, fence, actor, op)
+
+def attempt_confirm(
+    *,
+    attempt: Attempt,
+    fence: int,
+    actor: Actor,
+    provider_request_id: str = "",
+    result_ref: str = "",
+    result: Any = None,
+    result_source: str = ResultSource.TOOL,
+    reason: str = "",
+    details: dict[str, Any] | None = None,
+) -> Attempt:
+    """DISPATCHED (or UNKNOWN) -> OUTCOME_CONFIRMED, on a durable receipt (see :func:`attempt_report`)."""
+    return attempt_report(
+        attempt=attempt,
+        fence=fence,
+        actor=actor,
+        outcome=Outcome.CONFIRMED,
+        provider_request_id=provider_request_id,
+        result_ref=result_ref,
+        result=result,
+        result_source=result_source,
+        reason=reason,
+        details=details,
+    ).attempt
 
 
 def attempt_fail(*, attempt: Attempt, fence: int, actor: Actor, reason: str, retryable: bool = False) -> Attempt:
@@ -826,33 +1126,13 @@ def attempt_fail(*, attempt: Attempt, fence: int, actor: Actor, reason: str, ret
     ``retryable``: it rejected the request before acting, so the same key
     may be sent again after a back-off (FAILED_RETRYABLE); otherwise FAILED.
     """
-
-    def op(target: Attempt) -> Attempt:
-        now = timezone.now()
-        if retryable:
-            return _move(
-                target,
-                to_state=S.FAILED_RETRYABLE,
-                actor=actor,
-                fence=None,
-                reason=reason or "provider rejected the request before acting",
-                updates={
-                    "next_check_at": now + backoff(target.dispatch_count),
-                    "last_error": _clean_text(reason),
-                },
-                now=now,
-            )
-        return _move(
-            target,
-            to_state=S.FAILED,
-            actor=actor,
-            fence=None,
-            reason=reason or "provider refused the request",
-            updates={"last_error": _clean_text(reason)},
-            now=now,
-        )
-
-    return _as_holder(attempt, fence, actor, op)
+    return attempt_report(
+        attempt=attempt,
+        fence=fence,
+        actor=actor,
+        outcome=Outcome.FAILED_RETRYABLE if retryable else Outcome.FAILED,
+        reason=reason,
+    ).attempt
 
 
 def attempt_mark_unknown(
@@ -861,22 +1141,42 @@ def attempt_mark_unknown(
     """DISPATCHED -> UNKNOWN: the dispatcher cannot tell whether it happened
     (timeout, lost response, crash). The reconciler takes it from here, at
     ``check_at`` (default: at once)."""
+    return attempt_report(
+        attempt=attempt,
+        fence=fence,
+        actor=actor,
+        outcome=Outcome.UNKNOWN,
+        reason=reason,
+        details={"check_at": check_at} if check_at is not None else None,
+    ).attempt
 
-    def op(target: Attempt) -> Attempt:
-        if target.state == S.UNKNOWN and _late_report_allowed(target, fence, actor):
-            return target  # the lease already said so
-        now = timezone.now()
-        return _move(
-            target,
-            to_state=S.UNKNOWN,
-            actor=actor,
-            fence=None,
-            reason=reason,
-            updates={"next_check_at": check_at or now, "last_error": _clean_text(reason)},
-            now=now,
+
+def attempt_abandon_intent(*, attempt: Attempt, fence: int, actor: Actor, reason: str = "") -> Attempt:
+    """Give up an intent that was never sent: INTENT_RECORDED -> FAILED.
+
+    The honest way out for an agent that re-runs its task with other
+    arguments after a crash (its new call is a linked attempt awaiting
+    approval, which the still-open original would block), and for an
+    operator cleaning up: DISPATCHED is committed before any request leaves,
+    so an attempt still in INTENT_RECORDED provably sent nothing.
+    """
+    if actor.kind == ActorKind.AGENT:
+        refuse_open_transaction("abandoning an intent")
+    if attempt.state != S.INTENT_RECORDED:
+        raise IllegalTransition(
+            f"attempt {attempt.pk} is {attempt.state}; only an intent that was never sent can be abandoned"
         )
-
-    return _as_holder(attempt, fence, actor, op)
+    by = "its agent" if actor.kind == ActorKind.AGENT else actor.label
+    note = _clean_text(reason.strip()) if reason else ""
+    return _move(
+        attempt,
+        to_state=S.FAILED,
+        actor=actor,
+        fence=fence,
+        reason=f"abandoned by {by} before it was sent" + (f": {note}" if note else "; nothing was sent"),
+        updates={"last_error": "abandoned", "failed_because": FailedBecause.ABANDONED},
+        details={"abandoned": True, "comment": note} if note else {"abandoned": True},
+    )
 
 
 def backoff(attempt_number: int, *, base: float = 5.0, cap: float = 3600.0) -> timedelta:
@@ -885,6 +1185,159 @@ def backoff(attempt_number: int, *, base: float = 5.0, cap: float = 3600.0) -> t
 
     ceiling = min(cap, base * (2 ** max(0, attempt_number)))
     return timedelta(seconds=random.uniform(base / 2, ceiling))  # noqa: S311 - jitter, not security
+
+
+# --- evidence that arrives after the attempt moved on ----------------------------------
+
+
+def _late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: _Evidence) -> Attempt:
+    """Record the original dispatcher's report about an attempt that has
+    moved on (a person is deciding it, or it was settled), never dropping it.
+
+    Under review (or failed retryably, waiting for its re-send), the
+    provider's word settles it (confirmed, or refused). Settled, the report
+    is an event; when it says the effect happened although the ledger had
+    settled the attempt otherwise, or contradicts the recorded receipt, an
+    incident is opened for people: a duplicate when another attempt at the
+    same side effect was sent as well.
+    """
+    if attempt.state in (S.MANUAL_REVIEW, S.FAILED_RETRYABLE) and evidence.outcome in (
+        Outcome.CONFIRMED,
+        Outcome.FAILED,
+        Outcome.FAILED_RETRYABLE,
+    ):
+        receipt = evidence.provider_request_id or attempt.provider_request_id or evidence.result_ref
+        if evidence.outcome == Outcome.CONFIRMED and receipt:
+            return _move(
+                attempt,
+                to_state=S.OUTCOME_CONFIRMED,
+                actor=actor,
+                fence=None,
+                reason=f"late outcome report from the original dispatcher while {attempt.state}: the provider acted",
+                updates={
+                    "provider_request_id": evidence.provider_request_id or attempt.provider_request_id,
+                    "result_ref": evidence.result_ref,
+                    "lands_by": clock.now(),
+                },
+                details={"late_report": evidence.as_details(), "dispatch_fence": fence},
+            )
+        if evidence.outcome != Outcome.CONFIRMED:
+            return _move(
+                attempt,
+                to_state=S.FAILED,
+                actor=actor,
+                fence=None,
+                reason=f"late outcome report from the original dispatcher while {attempt.state}: the provider "
+                f"did not act ({evidence.reason or evidence.outcome})",
+                updates={
+                    "failed_because": FailedBecause.PROVIDER,
+                    "last_error": _clean_text(evidence.reason),
+                    "lands_by": clock.now(),
+                },
+                details={"late_report": evidence.as_details(), "dispatch_fence": fence},
+            )
+    now = clock.now()
+    with transaction.atomic():
+        current = _get(attempt.pk, lock=True)
+        incident = _incident_for_late_report(current, evidence)
+        events = [
+            _Event(
+                current.tenant_id,
+                current.pk,
+                "late_report",
+                actor,
+                fence=current.fence,
+                reason=f"late report from the original dispatcher (dispatch fence {fence}) after the attempt "
+                f"became {current.state}: {evidence.outcome}",
+                details={"report": evidence.as_details(), "dispatch_fence": fence, "state": current.state},
+            )
+        ]
+        if incident is not None:
+            events.append(_incident_opened(incident, actor, now))
+        if evidence.outcome != Outcome.UNKNOWN:
+            # The dispatcher heard back: its request is no longer in flight.
+            Attempt.objects.filter(pk=current.pk).update(lands_by=now)
+            current.lands_by = now
+        append_events(events, now=now)
+    return current
+
+
+def _incident_for_late_report(attempt: Attempt, evidence: _Evidence) -> Incident | None:
+    """The incident a late report about a settled attempt calls for, saved;
+    None when the report agrees with the ledger."""
+    acted = evidence.outcome in (Outcome.CONFIRMED, "request_id")
+    summary = ""
+    kind = Incident.Kind.CONTRADICTION
+    retry: Attempt | None = None
+    if acted and attempt.state in (S.RECONCILED, S.FAILED):
+        retry = (
+            Attempt.objects.filter(
+                tenant_id=attempt.tenant_id, idempotency_key=attempt.idempotency_key, dispatch_count__gt=0
+            )
+            .exclude(pk=attempt.pk)
+            .exclude(state=S.FAILED, failed_because=FailedBecause.PROVIDER)
+            .order_by("id")
+            .first()
+        )
+        if retry is not None:
+            kind = Incident.Kind.DUPLICATE
+            summary = (
+                f"#{attempt.pk} acted at the provider after all (late report: {evidence.outcome}), and #{retry.pk} "
+                f"was sent for the same side effect: it may have happened twice"
+            )
+        else:
+            summary = f"#{attempt.pk} acted at the provider after all, although the ledger had it {attempt.state}"
+    elif (
+        acted
+        and attempt.state == S.OUTCOME_CONFIRMED
+        and evidence.provider_request_id
+        and attempt.provider_request_id
+        and evidence.provider_request_id != attempt.provider_request_id
+    ):
+        summary = (
+            f"#{attempt.pk} has a second receipt: the dispatcher reports request {evidence.provider_request_id}, "
+            f"the ledger confirmed {attempt.provider_request_id}"
+        )
+    elif evidence.outcome in (Outcome.FAILED, Outcome.FAILED_RETRYABLE) and attempt.state == S.OUTCOME_CONFIRMED:
+        summary = f"#{attempt.pk} is confirmed, but its dispatcher reports the provider refused it"
+    if not summary:
+        return None
+    now = clock.now()
+    owner_id, _source = _pick_owner(attempt.tenant_id, now)
+    return Incident.objects.create(
+        tenant_id=attempt.tenant_id,
+        attempt=attempt,
+        retry=retry,
+        kind=kind,
+        owner_id=owner_id or attempt.owner_id,
+        summary=summary,
+        details={
+            "report": evidence.as_details(),
+            "attempt_state": attempt.state,
+            "attempt_request_id": attempt.provider_request_id,
+            "retry_id": retry.pk if retry else None,
+            "retry_state": retry.state if retry else None,
+            "retry_request_id": retry.provider_request_id if retry else None,
+        },
+        opened_at=now,
+    )
+
+
+def _incident_opened(incident: Incident, actor: Actor, now: datetime) -> _Event:
+    return _Event(
+        incident.tenant_id,
+        incident.attempt_id,
+        "incident",
+        actor,
+        reason=f"{incident.get_kind_display()} incident #{incident.pk} opened: {incident.summary}",
+        details={
+            "incident_id": incident.pk,
+            "action": "opened",
+            "kind": incident.kind,
+            "retry_id": incident.retry_id,
+            "owner_id": incident.owner_id,
+        },
+    )
 
 
 # --- ownership and notes (no state change) ------------------------------------------
@@ -908,7 +1361,7 @@ def attempt_assign(
         if new_owner_id is None and attempt.state in OWNED_STATES:
             raise OwnershipError(f"attempt {attempt_id} is {attempt.state} and must keep an owner")
         previous = attempt.owner_id
-        now = timezone.now()
+        now = clock.now()
         Attempt.objects.filter(pk=attempt.pk).update(owner_id=new_owner_id, updated_at=now)
         attempt.owner_id = new_owner_id
         append_events(
@@ -947,8 +1400,12 @@ def attempt_comment(*, attempt_id: int, actor: Actor, text: str) -> AttemptEvent
 # decision with the claim's fence. A claim superseded meanwhile (another
 # worker, a late report, an operator) makes the decision fail as stale.
 
-#: How long a reconciler's claim keeps other workers off an attempt.
-CLAIM_LEASE = timedelta(seconds=120)
+
+def claim_lease() -> timedelta:
+    """How long a reconciler's claim keeps other workers off an attempt
+    (``LEDGER_RECONCILER_CLAIM_SECONDS``): a worker that dies mid-batch
+    leaves its claims to the others after this."""
+    return timedelta(seconds=settings.LEDGER_RECONCILER_CLAIM_SECONDS)
 
 
 def attempts_claim_due(*, limit: int, now: datetime | None = None) -> list[Attempt]:
@@ -959,17 +1416,17 @@ def attempts_claim_due(*, limit: int, now: datetime | None = None) -> list[Attem
     takes the database's write lock when it begins (``IMMEDIATE``), so
     claims are serialized; the fence makes any overlap harmless either way.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     with transaction.atomic():
         ids = list(
             Attempt.objects.select_for_update(skip_locked=True)
-            .filter(next_check_at__lte=now, state__in=[S.INTENT_RECORDED, S.DISPATCHED, S.UNKNOWN, S.FAILED_RETRYABLE])
+            .filter(next_check_at__lte=now, state__in=IN_FLIGHT_STATES)
             .order_by("next_check_at", "id")
             .values_list("id", flat=True)[:limit]
         )
         if not ids:
             return []
-        Attempt.objects.filter(pk__in=ids).update(fence=F("fence") + 1, next_check_at=now + CLAIM_LEASE)
+        Attempt.objects.filter(pk__in=ids).update(fence=F("fence") + 1, next_check_at=now + claim_lease())
         return list(Attempt.objects.filter(pk__in=ids).order_by("next_check_at", "id"))
 
 
@@ -992,7 +1449,7 @@ def attempt_release(*, attempt: Attempt, fence: int, next_check_at: datetime) ->
 def attempt_expire_lease(*, attempt: Attempt, actor: Actor, fence: int) -> Attempt:
     """DISPATCHED past its lease, no outcome reported: UNKNOWN."""
     _only_from(attempt, S.DISPATCHED, "a dispatch lease expires")
-    now = timezone.now()
+    now = clock.now()
     return _move(
         attempt,
         to_state=S.UNKNOWN,
@@ -1018,7 +1475,7 @@ def attempt_abandon(*, attempt: Attempt, actor: Actor, fence: int, reason: str =
         actor=actor,
         fence=fence,
         reason=reason or "abandoned: never dispatched within the intent lease, so nothing was sent",
-        updates={"last_error": "abandoned"},
+        updates={"last_error": "abandoned", "failed_because": FailedBecause.ABANDONED},
     )
 
 
@@ -1034,7 +1491,7 @@ def attempt_check_later(
 ) -> Attempt:
     """UNKNOWN -> UNKNOWN: the provider could not answer; back off, decide nothing."""
     _only_from(attempt, S.UNKNOWN, "a lookup is retried later")
-    now = timezone.now()
+    now = clock.now()
     return _move(
         attempt,
         to_state=S.UNKNOWN,
@@ -1045,6 +1502,7 @@ def attempt_check_later(
             "check_count": attempt.check_count + 1,
             "next_check_at": now + backoff(attempt.check_count + 1, base=backoff_base),
             "last_lookup": lookup.get("status", ""),
+            "last_lookup_at": now,
             "last_error": _clean_text(error),
         },
         details={"lookup": lookup},
@@ -1052,13 +1510,41 @@ def attempt_check_later(
     )
 
 
+def attempt_wait_for_landing(*, attempt: Attempt, actor: Actor, fence: int, lookup: dict[str, Any]) -> Attempt:
+    """UNKNOWN -> UNKNOWN: the provider does not have it, but the request may
+    still be on its way (it was sent, or its dispatcher last beat, less than
+    the tool's maximum request time ago). A "not found" proves nothing yet:
+    look again once it could no longer land."""
+    _only_from(attempt, S.UNKNOWN, "waiting for a request to land")
+    now = clock.now()
+    assert attempt.lands_by is not None
+    return _move(
+        attempt,
+        to_state=S.UNKNOWN,
+        actor=actor,
+        fence=fence,
+        reason=(
+            f"not found at the provider yet, but the request may still land until "
+            f"{attempt.lands_by:%Y-%m-%d %H:%M:%S} UTC; looking again then"
+        ),
+        updates={
+            "next_check_at": max(attempt.lands_by, now) + timedelta(milliseconds=1),
+            "last_lookup": lookup.get("status", ""),
+            "last_lookup_at": now,
+        },
+        details={"lookup": lookup, "lands_by": attempt.lands_by.isoformat(), "counts_as_evidence": False},
+        now=now,
+    )
+
+
 def attempt_escalate(
     *, attempt: Attempt, actor: Actor, fence: int, reason: str, lookup: dict[str, Any] | None = None
 ) -> Attempt:
-    """UNKNOWN or FAILED_RETRYABLE -> MANUAL_REVIEW: the facts cannot settle it."""
+    """UNKNOWN, FAILED_RETRYABLE or a never-sent intent -> MANUAL_REVIEW: the facts cannot settle it."""
     updates: dict[str, Any] = {}
     if lookup:
         updates["last_lookup"] = lookup.get("status", "")
+        updates["last_lookup_at"] = clock.now()
     return _move(
         attempt,
         to_state=S.MANUAL_REVIEW,
@@ -1075,7 +1561,7 @@ def attempt_escalate_for_retry(
     attempt: Attempt,
     actor: Actor,
     fence: int,
-    changes: list[str] | tuple[str, ...],
+    changes: Sequence[str],
     lookup: dict[str, Any] | None = None,
 ) -> tuple[Attempt, Attempt | None]:
     """A retry is needed but the authority changed: don't reuse the attempt.
@@ -1090,13 +1576,18 @@ def attempt_escalate_for_retry(
     tenant_active = Tenant.objects.filter(pk=attempt.tenant_id, is_active=True).exists()
     allowed = policy.scopes_for(attempt.tool_name) if policy is not None else None
     summary = "; ".join(changes)
+    needed = (
+        "not sent: the authority changed since the intent was recorded"
+        if attempt.state == S.INTENT_RECORDED
+        else "retry needed but authority changed"
+    )
     with transaction.atomic():
         if policy is None or allowed is None or not tenant_active:
             original = attempt_escalate(
                 attempt=attempt,
                 actor=actor,
                 fence=fence,
-                reason=f"retry needed but cannot be authorized now: {summary}",
+                reason=f"{needed}, and nothing can be authorized now: {summary}",
                 lookup=lookup,
             )
             return original, None
@@ -1104,7 +1595,7 @@ def attempt_escalate_for_retry(
             attempt=attempt,
             actor=actor,
             fence=fence,
-            reason=f"retry needed but authority changed ({summary}); a linked attempt awaits approval",
+            reason=f"{needed} ({summary}); a linked attempt under the current policy awaits approval",
             lookup=lookup,
         )
         linked = _create_retry_under(
@@ -1202,25 +1693,40 @@ def attempt_verify(
 def attempt_mark_failed(
     *, attempt_id: int, actor: Actor, reason: str, fence_seen: int | None = None, kind: str = "marked failed"
 ) -> Attempt:
-    """MANUAL_REVIEW -> FAILED: an operator established it did not happen (or must not)."""
+    """MANUAL_REVIEW -> FAILED: a person decided it did not happen (or must not).
+
+    A person's "failed" is a claim with their reason, not the provider's
+    word: approving a retry of an attempt failed this way still needs the
+    approver's recorded reason, unless the attempt was never sent.
+    """
     reason = _required(reason, "reason")
     with transaction.atomic():
         attempt = _locked_for_decision(attempt_id, fence_seen)
+        _only_from(attempt, S.MANUAL_REVIEW, f"{kind} is decided")
+        because = FailedBecause.REJECTED if attempt.dispatch_count == 0 else FailedBecause.PERSON
         return _move(
             attempt,
             to_state=S.FAILED,
             actor=actor,
             fence=None,
             reason=f"{kind} by {actor.label}: {reason}",
-            updates={"last_error": _clean_text(reason)},
-            details={"comment": reason},
+            updates={"last_error": _clean_text(reason), "failed_because": because},
+            details={"comment": reason, "failed_because": because},
         )
+
+
+def intent_abandon(*, attempt_id: int, actor: Actor, reason: str, fence_seen: int | None = None) -> Attempt:
+    """An operator gives up an intent nobody sent (see :func:`attempt_abandon_intent`)."""
+    reason = _required(reason, "reason")
+    with transaction.atomic():
+        attempt = _locked_for_decision(attempt_id, fence_seen)
+        return attempt_abandon_intent(attempt=attempt, fence=attempt.fence, actor=actor, reason=reason)
 
 
 def attempt_recheck(*, attempt_id: int, actor: Actor, reason: str = "") -> Attempt:
     """Ask the reconciler to look again now: MANUAL_REVIEW -> UNKNOWN (checks
     start over), or, for an UNKNOWN attempt, just make it due now."""
-    now = timezone.now()
+    now = clock.now()
     with transaction.atomic():
         attempt = _get(attempt_id, lock=True)
         _never_sent(attempt, "look up")
@@ -1268,35 +1774,71 @@ def retry_request(*, attempt_id: int, actor: Actor, reason: str) -> Attempt:
         )
 
 
-#: An original in one of these states may still be sent by its agent or the
-#: reconciler; approving a retry beside it could send both.
-_ORIGINAL_LIVE_STATES = frozenset({S.INTENT_RECORDED, S.DISPATCHED, S.UNKNOWN, S.FAILED_RETRYABLE})
+@dataclass(frozen=True)
+class OriginalStanding:
+    """Whether a retry of ``original`` could perform its side effect a second
+    time: the ledger's one answer, used by approvals, the dashboard and the API.
+
+    ``blocked``: no approval at all yet (the original may still be sent, or
+    was already superseded). ``risk``: a retry could duplicate it; an
+    approver may accept that only with a recorded reason. ``proof``: why a
+    retry cannot duplicate it, from the facts alone.
+    """
+
+    blocked: str | None = None
+    risk: str | None = None
+    proof: str | None = None
 
 
-def original_blocks(original: Attempt) -> str | None:
-    """Why a retry of ``original`` must not be approved at all yet (no
-    recorded reason overrides it), or None."""
-    if original.state in _ORIGINAL_LIVE_STATES:
-        return (
-            f"the original #{original.pk} is {original.state} and may yet be sent (by its agent or the "
+def _when(moment: datetime) -> str:
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def original_standing(original: Attempt, *, now: datetime | None = None) -> OriginalStanding:
+    """Only the provider's word (or never having sent it) proves an original
+    did not happen: a definitive refusal, or a "not found" observed after the
+    request could no longer land. A person's "failed" is a claim."""
+    now = now or clock.now()
+    if original.state in IN_FLIGHT_STATES:
+        return OriginalStanding(
+            blocked=f"the original #{original.pk} is {original.state} and may yet be sent (by its agent or the "
             "reconciler): settle it first"
         )
     if original.state == S.RECONCILED:
-        return f"the original #{original.pk} was already superseded by another approved retry"
-    return None
-
-
-def original_standing(original: Attempt) -> str | None:
-    """Why approving a retry of ``original`` could duplicate it (a risk a
-    recorded reason may accept), or None if it cannot."""
-    if original.state == S.FAILED:
-        return None
+        return OriginalStanding(blocked=f"the original #{original.pk} was already superseded by an approved retry")
     if original.state == S.OUTCOME_CONFIRMED:
-        return f"the original #{original.pk} happened (confirmed): a retry performs it a second time"
-    if original.state == S.MANUAL_REVIEW and original.last_lookup == "not_found":
-        return None
-    said = original.last_lookup or "no lookup yet"
-    return f"the provider has not said the original #{original.pk} did not happen (last lookup: {said})"
+        return OriginalStanding(
+            risk=f"the original #{original.pk} happened (confirmed): a retry performs it a second time"
+        )
+    if original.dispatch_count == 0:
+        return OriginalStanding(proof=f"the original #{original.pk} was never sent")
+    if original.lands_by is not None and original.lands_by > now:
+        return OriginalStanding(
+            risk=f"the original #{original.pk}'s request may still land at the provider until "
+            f"{_when(original.lands_by)} (its dispatcher is still waiting on it)"
+        )
+    if original.state == S.FAILED and original.failed_because == FailedBecause.PROVIDER:
+        return OriginalStanding(proof=f"the provider refused the original #{original.pk}: it did not act")
+    if original.last_lookup == "not_found" and original.last_lookup_at is not None:
+        if original.lands_by is None or original.last_lookup_at >= original.lands_by:
+            return OriginalStanding(
+                proof=f"the provider did not have the original #{original.pk} at {_when(original.last_lookup_at)}, "
+                "after its request could no longer land"
+            )
+        return OriginalStanding(
+            risk=f"the provider's last lookup of the original #{original.pk} (not found, "
+            f"{_when(original.last_lookup_at)}) was made before its request could no longer land "
+            f"({_when(original.lands_by)}): not evidence"
+        )
+    if original.state == S.FAILED and original.failed_because == FailedBecause.PERSON:
+        return OriginalStanding(
+            risk=f"the original #{original.pk} was marked failed by a person, not by the provider: a claim, "
+            "not evidence that it did not happen"
+        )
+    said = original.last_lookup.replace("_", " ") if original.last_lookup else "no lookup yet"
+    return OriginalStanding(
+        risk=f"the provider has not said the original #{original.pk} did not happen (last lookup: {said})"
+    )
 
 
 def _never_sent(attempt: Attempt, what: str) -> None:
@@ -1321,13 +1863,15 @@ def retry_approve(
     original (if under review) -> RECONCILED, superseded by it.
 
     Re-checks under row locks, in this transaction: the tenant is the
-    original's and active, the current policy version is the one the retry
-    was created under, the tool is still allowed, the scope is not wider than
-    the original's, the approver may act for the tenant (``may_act`` returns
-    a reason when not), the approver did not request it, and the original
-    cannot have happened (unless ``safe_because`` says why it is safe). A
-    refusal is recorded as an event and raised as :class:`ApprovalRefused`.
-    A decision is single-use: a second approval finds it decided.
+    original's and active, the retry is still authorized by the current
+    policy (its tool allowed, its scope within what the tool may use), the
+    scope is not wider than the original's, the approver may act for the
+    tenant (``may_act`` returns a reason when not), the approver did not
+    request it, and the original cannot have happened by the provider's
+    word (:func:`original_standing`; otherwise ``safe_because`` must say why
+    it is safe). A refusal is recorded as an event and raised as
+    :class:`ApprovalRefused`. A decision is single-use: a second approval
+    finds it decided.
     """
     comment = _required(comment, "comment")
     refusal: ApprovalRefused | None = None
@@ -1347,13 +1891,13 @@ def retry_approve(
             denied = may_act(retry.tenant_id)
             if denied:
                 changes.append(denied)
-            changes.extend(standing_of(retry, original=original).changes)
-            blocked = original_blocks(original)
-            risk = original_standing(original)
-            if blocked:
-                changes.append(blocked)
-            elif risk and not safe_because.strip():
-                changes.append(f"{risk}; record why it is safe to approve anyway")
+            authority = standing_of(retry, original=original)
+            changes.extend(authority.changes)
+            standing = original_standing(original)
+            if standing.blocked:
+                changes.append(standing.blocked)
+            elif standing.risk and not safe_because.strip():
+                changes.append(f"{standing.risk}; record why it is safe to approve anyway")
             if changes:
                 refusal = ApprovalRefused(
                     ApprovalRefused.MESSAGE.format(attempt_id=attempt_id, changes="; ".join(changes)), changes
@@ -1373,13 +1917,15 @@ def retry_approve(
                 ]
             )
         else:
-            now = timezone.now()
+            now = clock.now()
             details = {
                 "comment": comment,
                 "original_id": original.pk,
                 "original_state": original.state,
                 "original_last_lookup": original.last_lookup,
+                "original_standing": {"proof": standing.proof, "risk": standing.risk},
                 "policy_version": retry.policy_version,
+                "policy_version_now": authority.policy.version if authority.policy else None,
             }
             if safe_because.strip():
                 details["safe_because"] = safe_because.strip()
@@ -1415,6 +1961,85 @@ def retry_reject(*, attempt_id: int, actor: Actor, comment: str, fence_seen: int
     return attempt_mark_failed(
         attempt_id=attempt_id, actor=actor, reason=comment, fence_seen=fence_seen, kind="retry rejected"
     )
+
+
+# --- incidents ---------------------------------------------------------------------
+
+
+def _locked_incident(incident_id: int, fence_seen: int | None) -> Incident:
+    try:
+        incident = Incident.objects.select_for_update().get(pk=incident_id)
+    except Incident.DoesNotExist:
+        raise IncidentError(f"no incident {incident_id}") from None
+    if fence_seen is not None and incident.fence != fence_seen:
+        raise StaleFence(f"incident {incident_id} changed since you loaded it; reload and decide again")
+    return incident
+
+
+def incident_resolve(*, incident_id: int, actor: Actor, resolution: str, fence_seen: int | None = None) -> Incident:
+    """A person settles an incident, saying what was done (refunded the
+    second charge, told the customer, confirmed only one landed)."""
+    resolution = _required(resolution, "resolution")
+    with transaction.atomic():
+        incident = _locked_incident(incident_id, fence_seen)
+        if incident.status != Incident.Status.OPEN:
+            raise IncidentError(f"incident {incident_id} is already {incident.status}")
+        now = clock.now()
+        Incident.objects.filter(pk=incident.pk).update(
+            status=Incident.Status.RESOLVED,
+            resolved_at=now,
+            resolved_by_id=actor.user_id,
+            resolution=_clean_text(resolution),
+            fence=F("fence") + 1,
+        )
+        append_events(
+            [
+                _Event(
+                    incident.tenant_id,
+                    incident.attempt_id,
+                    "incident",
+                    actor,
+                    reason=f"incident #{incident.pk} resolved by {actor.label}: {resolution}",
+                    details={"incident_id": incident.pk, "action": "resolved", "resolution": resolution},
+                )
+            ],
+            now=now,
+        )
+    incident.refresh_from_db()
+    return incident
+
+
+def incident_assign(
+    *, incident_id: int, owner: AbstractBaseUser, actor: Actor, expected_owner_id: Any = ..., reason: str = ""
+) -> Incident:
+    """Give an open incident to ``owner``; refuse if its owner changed since the caller looked."""
+    with transaction.atomic():
+        incident = _locked_incident(incident_id, None)
+        if expected_owner_id is not ... and incident.owner_id != expected_owner_id:
+            raise OwnershipError(f"incident {incident_id} is now owned by someone else; reload and try again")
+        if incident.owner_id == owner.pk:
+            return incident
+        previous = incident.owner_id
+        Incident.objects.filter(pk=incident.pk).update(owner_id=owner.pk, fence=F("fence") + 1)
+        append_events(
+            [
+                _Event(
+                    incident.tenant_id,
+                    incident.attempt_id,
+                    "incident",
+                    actor,
+                    reason=reason or f"incident #{incident.pk} assigned to {owner.get_username()}",
+                    details={
+                        "incident_id": incident.pk,
+                        "action": "assigned",
+                        "from_user_id": previous,
+                        "to_user_id": owner.pk,
+                    },
+                )
+            ]
+        )
+    incident.refresh_from_db()
+    return incident
 
 
 # --- bulk ownership ------------------------------------------------------------------
@@ -1456,7 +2081,7 @@ def attempts_assign(
         moving = [a for a in attempts if a.owner_id != owner.pk]
         if not moving:
             return attempts
-        now = timezone.now()
+        now = clock.now()
         Attempt.objects.filter(pk__in=[a.pk for a in moving]).update(owner_id=owner.pk, updated_at=now)
         note = _clean_text(reason.strip()) or f"assigned to {owner.get_username()}"
         events = []

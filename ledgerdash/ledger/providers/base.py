@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 
 class ProviderAmbiguous(Exception):
@@ -42,6 +42,9 @@ class Lookup:
     #: What the provider said, for the operator (status code, message, timing).
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The provider's answer itself (JSON), when it found the effect: kept as
+    #: the attempt's result, so a re-run replays what the provider said.
+    document: Any = None
 
     def as_details(self) -> dict[str, Any]:
         """The lookup as it is recorded in the reconciler's event."""
@@ -72,6 +75,10 @@ class ProviderAdapter(ABC):
     idempotent: bool = False
     #: None: the provider keeps keys for ever.
     key_retention: timedelta | None = None
+    #: The longest one dispatch may take; an adapter gives up after it (its
+    #: timeout). The ledger counts on no request landing later than this
+    #: after it was sent.
+    max_request_seconds: float = 30.0
 
     @abstractmethod
     def dispatch(
@@ -88,3 +95,29 @@ class ProviderAdapter(ABC):
     @property
     def can_dispatch(self) -> bool:
         return True
+
+
+class CallLike(Protocol):
+    """What :func:`dispatch_through` needs of a tool call (a ``ToolCall``)."""
+
+    request_id: str
+    result_ref: str
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def args(self) -> dict[str, Any]: ...
+
+    def record_request_id(self, request_id: str) -> None: ...
+
+
+def dispatch_through(adapter: ProviderAdapter, call: CallLike) -> Any:
+    """Send a wrapped tool call through ``adapter``: its key, its arguments,
+    the request id persisted the moment the provider names it; returns the
+    provider's response (replayed to a re-run)."""
+    sent = adapter.dispatch(key=call.key, args=call.args, on_request_id=call.record_request_id)
+    call.result_ref = sent.result_ref
+    if sent.request_id and not call.request_id:
+        call.record_request_id(sent.request_id)
+    return sent.response

@@ -68,7 +68,6 @@ class HttpConfig:
     #: Dispatch statuses that mean "refused for good".
     permanent_failure_statuses: list[int] = field(default_factory=lambda: [400, 401, 402, 403, 404, 405, 410, 413, 422])
     connect_timeout: float = 3.0
-    timeout: float = 10.0
     lookup_timeout: float = 5.0
 
     @classmethod
@@ -106,7 +105,7 @@ class HttpConfig:
                 jmespath.compile(path)
         for value in self.headers.values():
             string.Template(value).get_identifiers()
-        if min(self.connect_timeout, self.timeout, self.lookup_timeout) <= 0:
+        if min(self.connect_timeout, self.lookup_timeout) <= 0:
             raise ValueError("timeouts must be positive")
 
 
@@ -131,6 +130,11 @@ def _search(path: str, document: Any) -> str:
 
 
 class HttpAdapter(ProviderAdapter):
+    """Dispatch gives up when the tool's maximum request time
+    (``max_request_seconds``) has passed since it began, counting connecting,
+    sending and reading alike: the ledger relies on no request landing later
+    than that after it was sent."""
+
     def __init__(self, tool_name: str, config: HttpConfig) -> None:
         self.tool_name = tool_name
         self.config = config
@@ -166,27 +170,50 @@ class HttpAdapter(ProviderAdapter):
         before_send: Callable[[], None] | None = None,
         after_send: Callable[[], None] | None = None,
     ) -> tuple[int, bytes]:
+        """One request that gives up ``timeout`` seconds after it began,
+        whatever the provider does (a socket timeout alone bounds each read,
+        not the whole response)."""
+        deadline = time.monotonic() + timeout
         parts = urllib.parse.urlsplit(url)
         connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        conn = connection_class(parts.hostname or "", parts.port, timeout=self.config.connect_timeout)
+        conn = connection_class(parts.hostname or "", parts.port, timeout=min(self.config.connect_timeout, timeout))
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
+
+        def remaining() -> float:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no complete answer within {timeout:g}s")
+            return left
+
         try:
             try:
                 conn.connect()
             except OSError as exc:
                 raise _NotSent(f"{type(exc).__name__}: {exc}") from exc
-            if conn.sock is not None:
-                conn.sock.settimeout(timeout)
             if before_send is not None:
                 before_send()
+            # The response reads through this socket even after the
+            # connection object lets go of it (a "Connection: close" answer).
+            sock = conn.sock
+            assert sock is not None
+            sock.settimeout(remaining())
             conn.request(method, target, body=body, headers=headers)
             if after_send is not None:
                 after_send()
+            sock.settimeout(remaining())
             response = conn.getresponse()
-            data = response.read(MAX_RESPONSE_BYTES + 1)
-            return response.status, data[:MAX_RESPONSE_BYTES]
+            chunks: list[bytes] = []
+            size = 0
+            while size <= MAX_RESPONSE_BYTES:
+                sock.settimeout(remaining())
+                chunk = response.read1(64 * 1024)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            return response.status, b"".join(chunks)[:MAX_RESPONSE_BYTES]
         finally:
             conn.close()
 
@@ -207,7 +234,7 @@ class HttpAdapter(ProviderAdapter):
                 url,
                 body=body,
                 headers=headers,
-                timeout=self.config.timeout,
+                timeout=self.max_request_seconds,
                 before_send=lambda: crashpoints.reached(crashpoints.BEFORE_SEND),
                 after_send=lambda: crashpoints.reached(crashpoints.AFTER_SEND),
             )
@@ -263,6 +290,7 @@ class HttpAdapter(ProviderAdapter):
             request_id=_search(self.config.lookup_request_id_path, document),
             payload_hash=payload_hash,
             detail=f"HTTP {status}",
+            document=document,
         )
 
 

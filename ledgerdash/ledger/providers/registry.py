@@ -40,6 +40,7 @@ def build_adapter(tool: Tool) -> ProviderAdapter:
         raise ValueError(f"unknown adapter kind {tool.adapter!r}")
     adapter.idempotent = tool.idempotent
     adapter.key_retention = timedelta(seconds=tool.key_retention_seconds) if tool.key_retention_seconds else None
+    adapter.max_request_seconds = float(tool.max_request_seconds)
     return adapter
 
 
