@@ -87,8 +87,10 @@ def export(request: HttpRequest, fmt: str) -> HttpResponseBase:
 
 # --- reports ------------------------------------------------------------------------------
 
-#: The crash drill keys its attempts ``drill:<run>:<case>``.
-_DRILL_KEY = re.compile(r"^drill:(\d+):(.+)$")
+#: The crash drill keys its attempts ``drill:<run>-<nonce>:<case>`` (runs
+#: before the nonce was added: ``drill:<run>:<case>``); a case with several
+#: side effects keys them ``<case key>/<n>``.
+_DRILL_KEY = re.compile(r"^drill:(\d+)(?:-[0-9a-f]+)?:(.+)$")
 
 
 def _drill_case(attempt: Attempt) -> tuple[DrillRun, dict[str, Any]] | None:
@@ -99,7 +101,8 @@ def _drill_case(attempt: Attempt) -> tuple[DrillRun, dict[str, Any]] | None:
     run = DrillRun.objects.filter(pk=int(match.group(1)), tenant_id=attempt.tenant_id).first()
     if run is None:
         return None
-    case = next((c for c in run.report.get("cases", []) if c.get("key") == attempt.idempotency_key), None)
+    key = attempt.idempotency_key
+    case = next((c for c in run.report.get("cases", []) if key in c.get("keys", [c.get("key")])), None)
     return (run, case) if case is not None else None
 
 

@@ -249,3 +249,23 @@ class BulkAssignForm(forms.Form):
         if len(ids) > self.MAX:
             raise forms.ValidationError(f"assign at most {self.MAX} attempts at once")
         return ids
+
+
+class AbandonForm(FenceForm):
+    reason = forms.CharField(
+        label="Why give it up",
+        max_length=1000,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="It was never sent, so nothing happened; the agent is told it failed as abandoned.",
+    )
+
+
+class ResolveIncidentForm(FenceForm):
+    resolution = forms.CharField(
+        label="What was done",
+        max_length=4000,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="e.g. refunded the second charge; confirmed with the provider that only one landed",
+    )

@@ -14,7 +14,17 @@ from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, ChainHead, DrillRun, Policy, State, Tenant
+from ledgerdash.ledger.models import (
+    Attempt,
+    AttemptEvent,
+    ChainCheck,
+    ChainHead,
+    DrillRun,
+    Incident,
+    Policy,
+    State,
+    Tenant,
+)
 from reviews.models import Membership, Role, roles_at_least
 
 #: The queues people work, by the slug in their URL.
@@ -49,7 +59,8 @@ COUNT_CAP = 999
 
 
 def queue_counts(user: Any, *, tenant_ids: Iterable[int] | None = None) -> dict[str, int]:
-    """How much is waiting in each queue, up to ``COUNT_CAP + 1`` (shown as "999+").
+    """How much is waiting in each queue, up to ``COUNT_CAP + 1`` (shown as "999+"),
+    and how many incidents are open (``INCIDENTS``).
     ``tenant_ids``: the user's tenants, when the caller has read them already."""
     tenant_ids = list(tenant_ids) if tenant_ids is not None else tenant_ids_for(user)
     counts = {}
@@ -58,7 +69,18 @@ def queue_counts(user: Any, *, tenant_ids: Iterable[int] | None = None) -> dict[
         # entries of the (tenant, state, ...) index are read.
         waiting = Attempt.objects.filter(tenant_id__in=tenant_ids, state=state).order_by().values("id")[: COUNT_CAP + 1]
         counts[state.value] = waiting.count()
+    open_incidents = Incident.objects.filter(tenant_id__in=tenant_ids, status=Incident.Status.OPEN).order_by()
+    counts["INCIDENTS"] = open_incidents.values("id")[: COUNT_CAP + 1].count()
     return counts
+
+
+def incidents_for(user: Any) -> QuerySet[Incident]:
+    """The incidents of the user's tenants: open first, newest first."""
+    return (
+        Incident.objects.filter(tenant__in=tenants_for(user))
+        .select_related("tenant", "attempt", "retry", "owner", "resolved_by")
+        .order_by("status", "-opened_at", "-id")  # "open" sorts before "resolved"
+    )
 
 
 def member_names_who_can(tenant_ids: Iterable[int], role: Role | str = Role.OPERATOR) -> list[tuple[int, str]]:

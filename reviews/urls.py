@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from reviews import audit_views, drills, views
+from reviews import audit_views, drills, incidents, views
 
 app_name = "reviews"
 
@@ -20,9 +20,14 @@ urlpatterns = [
     path("attempts/<int:pk>/recheck/", views.attempt_recheck, name="recheck"),
     path("attempts/<int:pk>/verify/", views.attempt_verify, name="verify"),
     path("attempts/<int:pk>/fail/", views.attempt_mark_failed, name="mark_failed"),
+    path("attempts/<int:pk>/abandon/", views.attempt_abandon, name="abandon"),
     path("attempts/<int:pk>/retry/", views.retry_request, name="retry_request"),
     path("attempts/<int:pk>/approve/", views.retry_approve, name="approve"),
     path("attempts/<int:pk>/reject/", views.retry_reject, name="reject"),
+    path("incidents/", incidents.incident_list, name="incidents"),
+    path("incidents/<int:pk>/", incidents.incident_detail, name="incident"),
+    path("incidents/<int:pk>/claim/", incidents.incident_claim, name="incident_claim"),
+    path("incidents/<int:pk>/resolve/", incidents.incident_resolve, name="incident_resolve"),
     path("drills/", drills.drill_list, name="drills"),
     path("drills/<int:pk>/", drills.drill_detail, name="drill"),
     path("attempts/<int:pk>/report/", audit_views.attempt_report, name="attempt_report"),

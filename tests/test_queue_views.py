@@ -117,7 +117,7 @@ def test_the_overview_counts_and_refreshes_itself(stuck: dict[str, Attempt], ope
 def test_counts_stop_at_a_cap(stuck: dict[str, Attempt], tenant_a: Tenant, operator_a: Any, monkeypatch: Any) -> None:
     attempt_in(S.UNKNOWN, tenant_a, key="a-unknown-2")
     monkeypatch.setattr(queries, "COUNT_CAP", 1)
-    assert queries.queue_counts(operator_a) == {S.UNKNOWN: 2, S.MANUAL_REVIEW: 1}
+    assert queries.queue_counts(operator_a) == {S.UNKNOWN: 2, S.MANUAL_REVIEW: 1, "INCIDENTS": 0}
     page = as_user(operator_a).get(reverse("reviews:home")).content.decode()
     assert 'id="count-unknown">1+<' in page
     assert '<span class="card-count">1+</span>' in page

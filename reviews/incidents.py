@@ -1,0 +1,115 @@
+"""Incidents: effects the ledger learned about after it had settled the
+attempt otherwise (a duplicate, when a retry went out too). They wait on
+people: an owner, and someone who resolves them saying what was done.
+
+Any member of the tenant may read one; claiming and resolving need the
+operator role. Another tenant's incident is a 404.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST, require_safe
+
+from ledgerdash.ledger import transitions
+from ledgerdash.ledger.errors import LedgerError
+from ledgerdash.ledger.models import AttemptEvent, Incident
+from reviews import queries
+from reviews.forms import ClaimForm, ResolveIncidentForm
+from reviews.models import Role
+from reviews.permissions import can
+from reviews.views import _actor, _form_errors, _see_other
+
+PAGE_SIZE = 50
+
+
+def _incident_for_user(request: HttpRequest, pk: int) -> Incident:
+    incident: Incident = get_object_or_404(queries.incidents_for(request.user), pk=pk)
+    return incident
+
+
+@login_required
+@require_safe
+def incident_list(request: HttpRequest) -> HttpResponse:
+    incidents = queries.incidents_for(request.user)
+    if request.GET.get("status") in (Incident.Status.OPEN, Incident.Status.RESOLVED):
+        incidents = incidents.filter(status=request.GET["status"])
+    page = Paginator(incidents, PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "reviews/incident_list.html", {"page": page, "incidents": page.object_list})
+
+
+@login_required
+@require_safe
+def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    incident = _incident_for_user(request, pk)
+    events = (
+        AttemptEvent.objects.filter(attempt_id=incident.attempt_id, kind__in=["late_report", "incident"])
+        .select_related("actor_user")
+        .order_by("seq")
+    )
+    return render(
+        request,
+        "reviews/incident_detail.html",
+        {
+            "incident": incident,
+            "events": [e for e in events if e.kind == "late_report" or e.details.get("incident_id") == incident.pk],
+            "operate": can(request.user, incident.tenant_id, Role.OPERATOR),
+            "resolve_form": ResolveIncidentForm(initial={"fence": incident.fence}),
+        },
+    )
+
+
+def _operator_or_403(request: HttpRequest, incident: Incident) -> None:
+    if not can(request.user, incident.tenant_id, Role.OPERATOR):
+        raise PermissionDenied(f"this needs the operator role in tenant {incident.tenant.slug}")
+
+
+@login_required
+@require_POST
+def incident_claim(request: HttpRequest, pk: int) -> HttpResponse:
+    incident = _incident_for_user(request, pk)
+    _operator_or_403(request, incident)
+    form = ClaimForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _form_errors(form))
+    else:
+        try:
+            transitions.incident_assign(
+                incident_id=incident.pk,
+                owner=request.user,  # type: ignore[arg-type]
+                actor=_actor(request),
+                expected_owner_id=form.cleaned_data["owner_seen"],
+                reason=f"incident #{incident.pk} claimed",
+            )
+            messages.success(request, f"You own incident #{incident.pk} now.")
+        except LedgerError as exc:
+            messages.error(request, str(exc))
+    return _see_other(reverse("reviews:incident", args=[incident.pk]))
+
+
+@login_required
+@require_POST
+def incident_resolve(request: HttpRequest, pk: int) -> HttpResponse:
+    incident = _incident_for_user(request, pk)
+    _operator_or_403(request, incident)
+    form = ResolveIncidentForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _form_errors(form))
+    else:
+        try:
+            transitions.incident_resolve(
+                incident_id=incident.pk,
+                actor=_actor(request),
+                resolution=form.cleaned_data["resolution"],
+                fence_seen=form.cleaned_data["fence"],
+            )
+            messages.success(request, f"Incident #{incident.pk} is resolved.")
+        except LedgerError as exc:
+            messages.error(request, str(exc))
+    return _see_other(reverse("reviews:incident", args=[incident.pk]))
