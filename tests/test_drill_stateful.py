@@ -1,8 +1,17 @@
 """A model-based search for a sequence of crashes, recoveries and decisions
 that breaks the drill's invariants. Hypothesis drives agents (record,
-dispatch, send, crash), the reconciler, policy changes, provider faults and
-people's decisions in any order, against the real sandbox; after every step
-the invariants must hold."""
+dispatch, send, crash, a request still on its way that beats, lands late or
+never, an intent given up), the reconciler, policy changes (between intent
+and dispatch too), provider faults and people's decisions (a retry, an
+approval without a reason, marking an attempt failed on nobody's evidence)
+in any order, against the real sandbox; after every step the invariants
+must hold: no effect twice at the provider, and every effect the provider
+performed known to the ledger.
+
+Time is the machine's own: every step runs at ``self.now`` on the ledger's
+clock, and only recovery moves it on. A request on its way lands only while
+it still can (before its ``lands_by``), as the ledger assumes of providers.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +27,19 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from ledgerdash.ledger import chain, recording, transitions
+from ledgerdash.ledger import chain, clock, recording, transitions
 from ledgerdash.ledger.errors import LedgerError
-from ledgerdash.ledger.models import OWNED_STATES, Attempt, AttemptEvent, State, Tenant, Tool
+from ledgerdash.ledger.models import (
+    IN_FLIGHT_STATES,
+    OWNED_STATES,
+    Attempt,
+    AttemptEvent,
+    FailedBecause,
+    Incident,
+    State,
+    Tenant,
+    Tool,
+)
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.providers.registry import profile_for
 from ledgerdash.ledger.reconciler import Reconciler
@@ -47,6 +66,13 @@ class LedgerMachine(RuleBasedStateMachine):
         self.reconciler = Reconciler(label="hypothesis-reconciler")
         self.sandbox.clear()
         self.sandbox.faults("charge_card", non_idempotent=True)
+        self.now = timezone.now()
+        #: requests sent and not yet arrived: (the dispatcher's attempt, its fence)
+        self.in_flight: list[tuple[Attempt, int]] = []
+        self.agent = Actor.agent("hypothesis-agent")
+
+    def at_now(self) -> Any:
+        return clock.frozen_at(self.now)
 
     def _attempts(self) -> list[Attempt]:
         return list(Attempt.objects.filter(tenant=self.tenant, idempotency_key__in=self.keys).order_by("id"))
@@ -61,13 +87,20 @@ class LedgerMachine(RuleBasedStateMachine):
         n=st.integers(0, 1),
         tool=st.sampled_from(TOOLS),
         variant=st.integers(0, 1),
-        crash=st.sampled_from(["after_send", "none", "after_intent", "before_send", "after_response"]),
+        crash=st.sampled_from(
+            ["after_send", "none", "after_intent", "before_send", "after_response", "on_its_way", "cut_off"]
+        ),
     )
     def agent_runs(self, n: int, tool: str, variant: int, crash: str) -> None:
-        """An agent runs one tool call and may die at any of the drill's points."""
+        """An agent runs one tool call and may die at any of the drill's points,
+        or wait on a request still on its way to the provider."""
+        with self.at_now():
+            self._agent_runs(n, tool, variant, crash)
+
+    def _agent_runs(self, n: int, tool: str, variant: int, crash: str) -> None:
         key = f"{self.prefix}-{tool}-{n}"
         self.keys.add(key)
-        agent = Actor.agent("hypothesis-agent")
+        agent = self.agent
         try:
             attempt = recording.record_intent(
                 tenant=self.tenant,
@@ -85,6 +118,14 @@ class LedgerMachine(RuleBasedStateMachine):
             return  # a conflict, work in flight or under review, a changed policy: the agent stops
         if crash == "before_send":
             return
+        if crash in ("on_its_way", "cut_off"):
+            # The request is on its way; when the connection was cut off the
+            # agent reports UNKNOWN at once, and the provider may still act.
+            self.in_flight.append((Attempt.objects.get(pk=attempt.pk), attempt.fence))
+            if crash == "cut_off":
+                with contextlib.suppress(LedgerError):
+                    recording.mark_unknown(attempt, reason="connection reset", actor=agent)
+            return
         profile = profile_for(tool)
         assert profile is not None
         sent = profile.adapter.dispatch(key=attempt.provider_key, args=attempt.args)
@@ -97,19 +138,60 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # --- recovery and the world ---------------------------------------------------------------
 
+    @rule(data=st.data())
+    def agent_beats(self, data: st.DataObject) -> None:
+        """A dispatcher still waiting on its request says so."""
+        if not self.in_flight:
+            return
+        attempt, fence = data.draw(st.sampled_from(self.in_flight))
+        with self.at_now(), contextlib.suppress(LedgerError):
+            recording.heartbeat(attempt, fence=fence, actor=self.agent)
+
+    @rule(data=st.data(), answered=st.booleans())
+    def request_lands(self, data: st.DataObject, answered: bool) -> None:
+        """A request on its way reaches the provider, which acts; its
+        dispatcher hears back (a late report, perhaps) or dies first."""
+        if not self.in_flight:
+            return
+        attempt, fence = data.draw(st.sampled_from(self.in_flight))
+        self.in_flight.remove((attempt, fence))
+        status, body = self.sandbox.perform(attempt.tool_name, attempt.provider_key, attempt.args)
+        assert status in (200, 201), body
+        if answered:
+            with self.at_now():
+                recording.confirm(attempt, fence=fence, provider_request_id=body["id"], actor=self.agent)
+
+    @rule(data=st.data())
+    def agent_abandons(self, data: st.DataObject) -> None:
+        """An agent that re-ran with other arguments gives up its unsent intent."""
+        attempt = self._pick(data, (S.INTENT_RECORDED,))
+        if attempt is None:
+            return
+        with self.at_now(), contextlib.suppress(LedgerError):
+            recording.abandon(attempt, reason="re-ran with other arguments", actor=self.agent)
+
     @rule(lookup_down=st.booleans())
     def reconcile_twice(self, lookup_down: bool) -> None:
-        """Time passes (leases and back-offs run out) and recovery runs twice,
-        with the provider's lookup API up or down."""
+        """Time passes (leases, back-offs and landing windows run out) and
+        recovery runs twice at that moment, with the provider's lookup API up
+        or down. A request on its way that could not land by then never will."""
         for tool in TOOLS:
             self.sandbox.faults(tool, lookup_5xx=lookup_down)
-        past = timezone.now() - timedelta(seconds=1)
-        Attempt.objects.filter(pk__in=[a.pk for a in self._attempts() if a.next_check_at]).exclude(
-            state=S.INTENT_RECORDED, approved_at__isnull=True
-        ).update(next_check_at=past)
-        self.reconciler.run_pass()
-        before = self._snapshot()
-        second = self.reconciler.run_pass()
+        due = [
+            a.next_check_at
+            for a in self._attempts()
+            if a.next_check_at and not (a.state == S.INTENT_RECORDED and a.approved_at is None)
+        ]
+        if due:
+            self.now = max(self.now, max(due) + timedelta(milliseconds=1))
+        for attempt, fence in list(self.in_flight):
+            attempt.refresh_from_db()
+            if attempt.lands_by is None or attempt.lands_by < self.now:
+                self.in_flight.remove((attempt, fence))  # timed out at the provider: it never lands
+        with self.at_now():
+            self.reconciler.run_pass()
+            before = self._snapshot()
+            second = self.reconciler.run_pass()
         assert self._snapshot() == before, f"the second pass changed the ledger: {second.line()}"
 
     def _snapshot(self) -> Any:
@@ -121,10 +203,12 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(narrow=st.booleans())
     def change_policy(self, narrow: bool) -> None:
+        """Between any two steps (an intent and its dispatch among them)."""
         tools = dict(TOOLS_V1)
         if narrow:
             tools["charge_card"] = ["payments:charge"]
-        policy_publish(tenant=self.tenant, tools=tools, actor=Actor.system("hypothesis"))
+        with self.at_now():
+            policy_publish(tenant=self.tenant, tools=tools, actor=Actor.system("hypothesis"))
 
     # --- people ---------------------------------------------------------------------------------
 
@@ -133,8 +217,19 @@ class LedgerMachine(RuleBasedStateMachine):
         attempt = self._pick(data, (S.MANUAL_REVIEW,))
         if attempt is None:
             return
-        with contextlib.suppress(LedgerError):
+        with self.at_now(), contextlib.suppress(LedgerError):
             transitions.retry_request(attempt_id=attempt.pk, actor=Actor.user(self.operator), reason="retry")
+
+    @rule(data=st.data())
+    def operator_marks_failed(self, data: st.DataObject) -> None:
+        """On nobody's evidence: a person's claim."""
+        attempt = self._pick(data, (S.MANUAL_REVIEW,))
+        if attempt is None:
+            return
+        with self.at_now(), contextlib.suppress(LedgerError):
+            transitions.attempt_mark_failed(
+                attempt_id=attempt.pk, actor=Actor.user(self.operator), reason="the customer says it never arrived"
+            )
 
     @rule(data=st.data(), approve=st.booleans())
     def decide(self, data: st.DataObject, approve: bool) -> None:
@@ -142,6 +237,10 @@ class LedgerMachine(RuleBasedStateMachine):
         if not retries:
             return
         retry = data.draw(st.sampled_from(retries))
+        with self.at_now():
+            self._decide(retry, approve)
+
+    def _decide(self, retry: Attempt, approve: bool) -> None:
         try:
             if approve:
                 transitions.retry_approve(
@@ -163,6 +262,27 @@ class LedgerMachine(RuleBasedStateMachine):
             if attempt.tool_name == "charge_card":
                 count = self.sandbox.count(attempt.provider_key)
                 assert count <= 1, f"{attempt.provider_key} was charged {count} times"
+
+    @invariant()
+    def every_effect_the_provider_performed_is_known_to_the_ledger(self) -> None:
+        """No effect is silently settled as not having happened: an attempt
+        with its key is confirmed, still being worked on (by machines or
+        people), or failed on a person's recorded word; or an incident says so."""
+        attempts = self._attempts()
+        incidents = set(Incident.objects.filter(attempt__in=attempts).values_list("attempt_id", flat=True))
+        for key in {a.provider_key for a in attempts}:
+            if not self.sandbox.count(key):
+                continue
+            holders = [a for a in attempts if a.provider_key == key]
+            known = any(
+                a.state in (S.OUTCOME_CONFIRMED, S.MANUAL_REVIEW, *IN_FLIGHT_STATES)
+                or (a.state == S.FAILED and a.failed_because == FailedBecause.PERSON)
+                or a.pk in incidents
+                for a in holders
+            )
+            assert known, f"{key} was performed, but the ledger has " + ", ".join(
+                f"#{a.pk} {a.state} {a.failed_because}" for a in holders
+            )
 
     @invariant()
     def stuck_work_has_an_owner(self) -> None:

@@ -15,7 +15,6 @@ def http_adapter_config(base_url: str, **overrides: object) -> dict[str, object]
         "lookup_request_id_path": "id",
         "lookup_payload_hash_path": "payload_hash",
         "lookup_not_found_statuses": [404],
-        "timeout": 5.0,
         "lookup_timeout": 2.0,
     }
     config.update(overrides)

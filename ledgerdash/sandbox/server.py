@@ -13,6 +13,11 @@ each key was actually performed. Faults are switched per tool at run time:
 - ``lookup_timeout``: stall lookups for ``lookup_timeout_seconds``;
 - ``lookup_5xx``: answer lookups with 503;
 - ``latency_ms``: add latency to every request of the tool.
+- ``hold``: a request still in flight: the sandbox reads it, drops the
+  connection at once (the caller sees its request cut off) and performs it
+  only when released (``POST /faults/<tool>/release``), or by itself after
+  ``hold_seconds`` — as a slow provider acts on a request the caller gave
+  up on. Lookups meanwhile answer 404, truthfully: it has not happened yet.
 
 API (JSON everywhere)::
 
@@ -26,6 +31,7 @@ API (JSON everywhere)::
     GET  /effects/count?key=<key>     -> {"key", "count"}   effects performed for the key, any tool
     GET  /effects/counts              -> {"<key>": n, ...}
     GET  /faults   PUT /faults/<tool>  {"lose_response": true, ...}   DELETE /faults
+    POST /faults/<tool>/release       -> {"performed": n}   perform the held requests now
     GET  /health
 
 Keys are remembered for ``--key-retention`` seconds (like real providers):
@@ -63,6 +69,8 @@ FAULTS = {
     "lookup_timeout_seconds": 30.0,
     "lookup_5xx": False,
     "latency_ms": 0,
+    "hold": False,
+    "hold_seconds": 30.0,
 }
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS effects (
@@ -209,6 +217,38 @@ class Store:
         }
 
 
+class Held:
+    """Requests the sandbox has received and not yet acted on (the ``hold``
+    fault): each is performed once, on release or when its time is up."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.lock = threading.Lock()
+        self.waiting: dict[str, list[tuple[str, Any, str]]] = {}
+
+    def add(self, tool: str, key: str, payload: Any, payload_hash: str, after: float) -> None:
+        request = (key, payload, payload_hash)
+        with self.lock:
+            self.waiting.setdefault(tool, []).append(request)
+        timer = threading.Timer(after, self._perform, args=(tool, request))
+        timer.daemon = True
+        timer.start()
+
+    def _perform(self, tool: str, request: tuple[str, Any, str]) -> bool:
+        with self.lock:
+            queue = self.waiting.get(tool, [])
+            if request not in queue:
+                return False  # released already
+            queue.remove(request)
+        self.store.perform(tool, *request)
+        return True
+
+    def release(self, tool: str) -> int:
+        with self.lock:
+            pending = list(self.waiting.get(tool, []))
+        return sum(self._perform(tool, request) for request in pending)
+
+
 class Handler(BaseHTTPRequestHandler):
     server: SandboxServer
     protocol_version = "HTTP/1.1"
@@ -280,6 +320,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         parts, _ = self._route()
         store = self.server.store
+        if len(parts) == 3 and parts[0] == "faults" and parts[2] == "release":
+            return self._send(200, {"performed": self.server.held.release(parts[1])})
         if len(parts) == 3 and parts[0] == "tools" and parts[2] == "effects":
             tool = parts[1]
             key = self.headers.get("Idempotency-Key", "")
@@ -293,6 +335,10 @@ class Handler(BaseHTTPRequestHandler):
             self._latency(tool)
             if store.fires(tool, "reject"):
                 return self._send(429, {"error": "rate limited; nothing was performed"})
+            faults = store.faults(tool)
+            if faults["hold"]:
+                self.server.held.add(tool, key, payload, payload_hash, float(faults["hold_seconds"]))
+                return self._drop()
             status, body = store.perform(tool, key, payload, payload_hash)
             if status == HTTPStatus.CREATED and store.fires(tool, "lose_response"):
                 return self._drop()
@@ -326,6 +372,7 @@ class SandboxServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], store: Store, *, verbose: bool = False) -> None:
         super().__init__(address, Handler)
         self.store = store
+        self.held = Held(store)
         self.verbose = verbose
 
 

@@ -1,2 +1,3 @@
-"""The crash drill: kill a real agent at the seed's six points, recover, and
+"""The crash drill: kill real agents and reconcilers at the points where a
+crash can turn a tool call into a duplicate or a lost action, recover, and
 prove nothing happened twice and nothing was lost. See :mod:`.runner`."""

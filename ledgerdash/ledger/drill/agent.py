@@ -4,7 +4,11 @@
 runs each in a forked child process, the way a prefork worker pool runs
 tasks. A child is a complete agent process: it records, dispatches and
 reports through :func:`ledgerdash.ledger.recording.provider_tool`, exactly
-as production agents do. The crash point comes from the job and reaches the
+as production agents do; or, for a job ``via`` ``http``, through the Python
+client of the ingest API (:mod:`ledgerdash.client`), calling the provider
+with the adapter the job names, without touching the database. A job may
+ask to run its call inside a transaction it then rolls back, as a caller's
+view or task would. The crash point comes from the job and reaches the
 child as ``LEDGERDASH_CRASH_AT``; at that point the child announces itself
 and the drill kills it with SIGKILL. Forking keeps a restart cheap (Django
 is loaded once) without sharing anything: database connections are closed
@@ -23,11 +27,42 @@ import os
 import sys
 from typing import IO, Any
 
-from django.db import connections
+from django.db import connections, transaction
+from django.db.models import Q
 
+from ledgerdash import client
 from ledgerdash.ledger import crashpoints, recording
 from ledgerdash.ledger.errors import AttemptBlocked, LedgerError
 from ledgerdash.ledger.models import Attempt, AttemptEvent
+from ledgerdash.ledger.providers.base import dispatch_through
+from ledgerdash.ledger.providers.http import HttpAdapter
+
+
+class RolledBack(Exception):
+    """The caller's transaction was rolled back, as a failing view's would be."""
+
+
+def _over_http(job: dict[str, Any], label: str) -> Any:
+    adapter = HttpAdapter.from_config(job["tool"], job["adapter"])
+    adapter.max_request_seconds = float(job["max_request_seconds"])
+
+    def call_provider(call: client.ToolCall, **_arguments: Any) -> Any:
+        return dispatch_through(adapter, call)
+
+    tool = client.tool(job["tool"], key=lambda _args: job["key"])(call_provider)
+    ledger = client.LedgerClient(job["url"], job["token"], agent=label, retries=2)
+    with client.task(task_id=job["task_id"], client=ledger):
+        return tool(**job["args"])
+
+
+def _in_process(job: dict[str, Any], label: str) -> Any:
+    tool = recording.provider_tool(job["tool"], key=lambda _args: job["key"])
+    with recording.task(tenant=job["tenant"], task_id=job["task_id"], agent=label):
+        if not job.get("in_transaction"):
+            return tool(**job["args"])
+        with transaction.atomic():
+            tool(**job["args"])
+            raise RolledBack("the caller's work failed after the tool call; its transaction rolls back")
 
 
 def _emit(stream: IO[str], message: dict[str, Any]) -> None:
@@ -39,21 +74,24 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Run one task as an agent would; report what happened to this call."""
     label = f"drill-agent:{os.getpid()}"
     key = job["key"]
-    tool = recording.provider_tool(job["tool"], key=lambda _args: key)
     outcome: dict[str, Any]
     try:
-        with recording.task(tenant=job["tenant"], task_id=job["task_id"], agent=label):
-            tool(**job["args"])
+        (_over_http if job.get("via") == "http" else _in_process)(job, label)
         outcome = {"outcome": "done"}
-    except AttemptBlocked as exc:
-        outcome = {"outcome": "blocked", "code": exc.code, "detail": str(exc), "attempt": exc.attempt.pk}
-    except LedgerError as exc:
+    except (AttemptBlocked, client.AttemptBlocked) as exc:
+        attempt_id = exc.attempt.pk if isinstance(exc, AttemptBlocked) else exc.attempt_id
+        outcome = {"outcome": "blocked", "code": exc.code, "detail": str(exc), "attempt": attempt_id}
+    except (LedgerError, client.ApiError) as exc:
         outcome = {"outcome": "refused", "code": exc.code, "detail": str(exc)}
+        if getattr(exc, "attempt_id", None):
+            outcome["attempt"] = exc.attempt_id  # type: ignore[union-attr]
     except Exception as exc:
         outcome = {"outcome": "error", "code": type(exc).__name__, "detail": str(exc)[:500]}
+    connections.close_all()  # a rolled-back or broken connection is not reused for the report
     attempt = Attempt.objects.filter(idempotency_key=key, tenant__slug=job["tenant"]).order_by("-id").first()
     if attempt is not None:
-        sent = AttemptEvent.objects.filter(attempt=attempt, to_state="DISPATCHED", actor_label=label).exists()
+        by_this_worker = Q(actor_label=label) | Q(actor_label__startswith=f"{label} via token ")
+        sent = AttemptEvent.objects.filter(by_this_worker, attempt=attempt, to_state="DISPATCHED").exists()
         outcome.update({"attempt": attempt.pk, "state": attempt.state, "sent": sent})
         if outcome["outcome"] == "done":
             outcome["outcome"] = "sent" if sent else "replayed"

@@ -1,6 +1,6 @@
 """Run the crash drill (see ledgerdash.ledger.drill.runner) and store its report.
 
-    python manage.py crashdrill                       # the six cases, idempotent and not
+    python manage.py crashdrill                       # every case, idempotent and not, in process and over HTTP
     python manage.py crashdrill --iterations 200 --seed 7
     python manage.py crashdrill --json-out drill.json
 
@@ -22,7 +22,10 @@ from ledgerdash.ledger.models import DrillRun
 
 
 class Command(BaseCommand):
-    help = "Kill a real agent at six crash points, recover, and prove nothing happened twice or was lost."
+    help = (
+        "Kill real agents and reconcilers where a crash can duplicate or lose a tool call, recover, and prove "
+        "nothing happened twice and nothing was lost."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--iterations", type=int, default=None, help="random mode: this many random cases")
@@ -49,7 +52,10 @@ class Command(BaseCommand):
             )
         else:
             plan, mode = fixed_plan(), "fixed"
-            self.stdout.write("crash drill: the six cases, each for an idempotent and a non-idempotent tool")
+            self.stdout.write(
+                f"crash drill: {len(plan)} cases (A to L, each for an idempotent and a non-idempotent tool; "
+                "A to D in process and over the HTTP API)"
+            )
         with Drill(
             tenant=options["tenant"],
             workdir=options["workdir"],
@@ -58,6 +64,7 @@ class Command(BaseCommand):
         ) as drill:
             run = drill.run(plan, mode=mode, seed=seed)
         self._summarize(run)
+        self.stdout.write(run.report["keys"]["note"])
         if options["json_out"]:
             options["json_out"].write_text(json.dumps(run.report, indent=2, default=str))
             self.stdout.write(f"report written to {options['json_out']}")

@@ -1,0 +1,126 @@
+"""What the crash drill runs: its cases, and the plans that pick them.
+
+Each case runs for an idempotent and a non-idempotent tool. The agent calls
+the ledger in process, or over the HTTP API with the Python client (``via``),
+which takes the same crash points through a different path.
+
+    A  kill after the intent commit, before dispatch
+    B  kill after the request left, before its response was read
+    C  kill after the provider responded, before the outcome commit
+    D  the same task delivered to two workers at once
+    E  the authority changes while the attempt is UNKNOWN
+    F  the provider's lookup times out
+    G  the call runs inside a caller's transaction that rolls back
+    H  the request is still on its way when recovery looks: the agent's
+       connection is cut, the provider acts later; a reworded re-run, a
+       retry request and an approval are tried meanwhile
+    I  an operator marks the original failed without the provider's word,
+       then a retry's approval is tried
+    J  the policy changes between the intent and the dispatch
+    K  a reconciler is killed (SIGKILL) in the middle of a batch; another
+       finishes the work
+    L  a reconciler's database connection is cut in the middle of a pass;
+       it recovers by itself
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ledgerdash.ledger import crashpoints
+
+IDEMPOTENT_TOOL = "drill.send_email"
+NON_IDEMPOTENT_TOOL = "drill.charge_card"
+PROCESS = "process"
+HTTP = "http"
+
+
+@dataclass(frozen=True)
+class Case:
+    letter: str
+    title: str
+    crash_at: str | None
+    #: the ways an agent can reach the ledger that this case is run over
+    vias: tuple[str, ...] = (PROCESS,)
+    #: how many side effects (keys) the case's task makes
+    keys: int = 1
+
+
+CASES = {
+    case.letter: case
+    for case in (
+        Case("A", "kill after the intent commit, before dispatch", crashpoints.AFTER_INTENT, (PROCESS, HTTP)),
+        Case("B", "kill after the request left, before its response was read", crashpoints.AFTER_SEND, (PROCESS, HTTP)),
+        Case(
+            "C",
+            "kill after the provider responded, before the outcome commit",
+            crashpoints.AFTER_RESPONSE,
+            (PROCESS, HTTP),
+        ),
+        Case("D", "the same task delivered to two workers at once", None, (PROCESS, HTTP)),
+        Case("E", "the authority changes while the attempt is UNKNOWN", crashpoints.BEFORE_SEND),
+        Case("F", "the provider's lookup times out", crashpoints.AFTER_SEND),
+        Case("G", "the call runs inside a caller's transaction that rolls back", None),
+        Case(
+            "H",
+            "the request is still on its way when recovery looks; a reworded re-run, a retry request and an "
+            "approval are tried before it lands",
+            None,
+        ),
+        Case(
+            "I",
+            "an operator marks the original failed without the provider's word; an approval is tried",
+            crashpoints.AFTER_SEND,
+        ),
+        Case("J", "the policy changes between the intent and the dispatch", crashpoints.AFTER_INTENT),
+        Case("K", "a reconciler is killed in the middle of a batch; another finishes", crashpoints.AFTER_SEND, keys=3),
+        Case("L", "a reconciler's database connection is cut mid-pass; it recovers", crashpoints.AFTER_SEND, keys=3),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One case to run: which, for which kind of tool, with which crash point, over which way in."""
+
+    letter: str
+    idempotent: bool
+    crash_at: str | None
+    via: str = PROCESS
+
+    @property
+    def tool(self) -> str:
+        return IDEMPOTENT_TOOL if self.idempotent else NON_IDEMPOTENT_TOOL
+
+    @property
+    def label(self) -> str:
+        kind = "idempotent" if self.idempotent else "non-idempotent"
+        return f"{self.letter}-{kind}" if self.via == PROCESS else f"{self.letter}-{self.via}-{kind}"
+
+
+def fixed_plan() -> list[Planned]:
+    """Every case, for both kinds of tool, over every way in it runs over."""
+    return [
+        Planned(case.letter, idempotent, case.crash_at, via)
+        for via in (PROCESS, HTTP)
+        for case in CASES.values()
+        if via in case.vias
+        for idempotent in (True, False)
+    ]
+
+
+def random_plan(iterations: int, seed: int) -> list[Planned]:
+    """``iterations`` cases picked from ``seed``: the same seed, the same plan."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible choice of cases, not security
+    plan = []
+    for _ in range(iterations):
+        case = CASES[rng.choice(sorted(CASES))]
+        idempotent = rng.choice((True, False))
+        via = rng.choice(case.vias)
+        crash_at = case.crash_at
+        if case.letter in ("E", "F"):
+            # Whether the request reached the provider before the crash.
+            crash_at = rng.choice((crashpoints.BEFORE_SEND, crashpoints.AFTER_SEND))
+        plan.append(Planned(case.letter, idempotent, crash_at, via))
+    return plan
