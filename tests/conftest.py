@@ -6,7 +6,9 @@ tenant B ("globex") has an outsider who must never see A's work.
 The suite runs twice under ``make test``: on SQLite, then on PostgreSQL
 (``DATABASE_URL=postgres://…``). Tests marked ``postgres`` need the latter;
 on SQLite they are skipped with a reason, and under ``CI=true`` a test that
-would be skipped for want of PostgreSQL fails instead.
+would be skipped for want of PostgreSQL fails instead. Tests marked ``bench``
+need the benchmark peers (``.venv-bench``, made by ``make bench``) and are
+treated the same way.
 """
 
 from __future__ import annotations
@@ -57,8 +59,21 @@ def _postgres_unreachable() -> str | None:
     return None
 
 
+def _bench_peers_missing() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("dbos") is None
+
+
 @pytest.hookimpl(trylast=True)  # after -m has deselected what this run does not want
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    needs_peers = [item for item in items if item.get_closest_marker("bench")]
+    if needs_peers and _bench_peers_missing():
+        reason = "needs the benchmark peers: run with .venv-bench/bin/pytest (make bench-venv makes it)"
+        if IN_CI:
+            raise pytest.UsageError(f"{len(needs_peers)} bench tests collected; {reason}, or deselect -m 'not bench'")
+        for item in needs_peers:
+            item.add_marker(pytest.mark.skip(reason=reason))
     if _vendor() == "postgresql":
         problem = _postgres_unreachable()
         if problem is None:
