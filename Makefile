@@ -1,10 +1,10 @@
-# The README's two commands: `make run` and `make test`.
+# The README's commands: `make run`, `make check` (the fast loop) and `make test`.
 VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv bench-venv lock run test lint bench bench-quick clean
+.PHONY: venv bench-venv lock run check test lint bench bench-quick clean
 
 ## .venv with exactly what uv.lock pins (the app and the dev tools).
 venv:
@@ -23,6 +23,10 @@ lock:
 ## Run the app with demo data on http://$(HOST):$(PORT)/ (SQLite under var/).
 run: venv
 	@DEBUG=true ./scripts/run.sh $(HOST) $(PORT)
+
+## Lint, type-check, then the tests that are not slow, on SQLite, in parallel.
+check: venv
+	@./scripts/check.sh
 
 ## Lint, type-check, then the whole suite on SQLite and on PostgreSQL.
 test: venv
