@@ -28,7 +28,7 @@ run: venv
 check: venv
 	@./scripts/check.sh
 
-## Lint, type-check, then the whole suite on SQLite and on PostgreSQL.
+## Lint, type-check, then the whole suite on SQLite and on PostgreSQL, with coverage.
 test: venv
 	@./scripts/test.sh
 
@@ -47,4 +47,4 @@ lint: venv
 	$(VENV)/bin/mypy ledgerdash reviews bench
 
 clean:
-	rm -rf $(VENV) .venv-bench var staticfiles test-artifacts
+	rm -rf $(VENV) .venv-bench var staticfiles test-artifacts .coverage .coverage.* htmlcov

@@ -92,6 +92,14 @@ def django_db_modify_db_settings_xdist_suffix(request: pytest.FixtureRequest) ->
         test["NAME"] = name
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Under `--dist loadgroup` (make test) the slow tests run one after another
+    # on one worker while the rest spread over the others: the crash drills and
+    # process tests keep the machine about as they had it running alone.
+    if item.get_closest_marker("slow"):
+        item.add_marker(pytest.mark.xdist_group("slow"))
+
+
 def _bench_peers_missing() -> bool:
     import importlib.util
 

@@ -86,6 +86,7 @@ def test_the_drill_passes_on_postgres_and_stores_its_report(tmp_path: Path, caps
 
 @pytest.mark.postgres
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.django_db(transaction=True)
 def test_two_hundred_random_cases_pass_on_postgres(tmp_path: Path, capsys: Any) -> None:
     call_command("crashdrill", "--iterations", "200", "--seed", "20261130", "--workdir", str(tmp_path))
