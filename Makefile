@@ -1,30 +1,45 @@
-# The README's two commands: `make run` and `make test`.
+# The README's commands: `make run`, `make check` (the fast loop) and `make test`.
 VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv run test lint bench bench-quick clean
+.PHONY: venv bench-venv lock run check test lint bench bench-quick clean
 
+## .venv with exactly what uv.lock pins (the app and the dev tools).
 venv:
 	@./scripts/venv.sh
+
+## .venv-bench: the same plus the benchmark peers (dbos, pyinstrument, py-spy).
+bench-venv:
+	@./scripts/venv.sh bench
+
+## Rewrite uv.lock after pyproject.toml changed, keeping every pin that still
+## fits, then install it. UPGRADE=1 moves every pin to the newest release
+## allowed; UPGRADE=django moves just that one.
+lock:
+	@./scripts/venv.sh lock
 
 ## Run the app with demo data on http://$(HOST):$(PORT)/ (SQLite under var/).
 run: venv
 	@DEBUG=true ./scripts/run.sh $(HOST) $(PORT)
 
-## Lint, type-check, then the whole suite on SQLite and on PostgreSQL.
+## Lint, type-check, then the tests that are not slow, on SQLite, in parallel.
+check: venv
+	@./scripts/check.sh
+
+## Lint, type-check, then the whole suite on SQLite and on PostgreSQL, with coverage.
 test: venv
 	@./scripts/test.sh
 
 ## Benchmarks beside the peers, on PostgreSQL (BENCH_DATABASE_URL, default the local
 ## server; scratch databases ledgerdash_bench*): under 15 minutes; bench-quick is the
 ## smoke run (under 2). Figures print as a table and land in bench/results/.
-bench: venv
-	$(PY) -m bench
+bench: bench-venv
+	.venv-bench/bin/python -m bench
 
-bench-quick: venv
-	$(PY) -m bench --quick
+bench-quick: bench-venv
+	.venv-bench/bin/python -m bench --quick
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -32,4 +47,4 @@ lint: venv
 	$(VENV)/bin/mypy ledgerdash reviews bench
 
 clean:
-	rm -rf $(VENV) var staticfiles test-artifacts
+	rm -rf $(VENV) .venv-bench var staticfiles test-artifacts .coverage .coverage.* htmlcov

@@ -1,12 +1,25 @@
 #!/bin/sh
-# The whole suite: lint and types, then pytest on SQLite and on PostgreSQL.
+# The whole suite: lint and types, then pytest on SQLite and on PostgreSQL,
+# then the benchmark smoke test (in .venv-bench, beside the peers), then the
+# coverage of the two main passes against its floor (pyproject.toml,
+# [tool.coverage.report] fail_under).
 #
 # PostgreSQL comes from TEST_DATABASE_URL (default: the local server, trust
-# auth). Outside CI an unreachable server makes the PostgreSQL pass skip with
-# a reason; with CI=true it fails instead.
+# auth); each run names its own test databases after it (tests/conftest.py).
+# Outside CI an unreachable server makes the PostgreSQL passes skip with a
+# reason; with CI=true they fail instead. WORKERS=n sets how many processes
+# each pass spreads over (default: one per core; 0 runs in this one).
+#
+# Arguments go to every pytest run. A run that collects nothing exits 5,
+# which stops this script: no pass can succeed by running no test.
 set -eu
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
+PG_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/ledgerdash}
+# The slow tests (drills, processes of their own) stay on one worker, one at a
+# time, as they ran before the suite was parallel: the drills' recovery rounds
+# must not share the machine with each other (tests/conftest.py).
+XDIST="-n ${WORKERS:-auto} --dist loadgroup"
 
 echo "== ruff"
 $BIN/ruff check .
@@ -14,9 +27,22 @@ $BIN/ruff format --check .
 echo "== mypy"
 $BIN/mypy ledgerdash reviews bench
 
+# The floor is judged once, on both passes together: PostgreSQL-only code
+# would count as missed in either pass alone.
+COV="--cov --cov-report= --cov-fail-under=0"
+
 echo "== pytest on SQLite"
-env -u DATABASE_URL $BIN/pytest -m "not postgres" "$@"
+# shellcheck disable=SC2086 # XDIST and COV are lists of options
+env -u DATABASE_URL $BIN/pytest $XDIST $COV -m "not postgres" "$@"
 
 echo "== pytest on PostgreSQL (with the browser tests)"
 ./scripts/browser.sh
-DATABASE_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/ledgerdash} $BIN/pytest "$@"
+# shellcheck disable=SC2086
+DATABASE_URL=$PG_URL $BIN/pytest $XDIST $COV --cov-append -m "not bench" "$@"
+
+echo "== the benchmark smoke test, on PostgreSQL beside the peers (.venv-bench)"
+./scripts/venv.sh bench
+DATABASE_URL=$PG_URL .venv-bench/bin/pytest -m bench "$@"
+
+echo "== coverage of the SQLite and PostgreSQL passes"
+$BIN/coverage report

@@ -6,7 +6,13 @@ tenant B ("globex") has an outsider who must never see A's work.
 The suite runs twice under ``make test``: on SQLite, then on PostgreSQL
 (``DATABASE_URL=postgres://…``). Tests marked ``postgres`` need the latter;
 on SQLite they are skipped with a reason, and under ``CI=true`` a test that
-would be skipped for want of PostgreSQL fails instead.
+would be skipped for want of PostgreSQL fails instead. Tests marked ``bench``
+need the benchmark peers (``.venv-bench``, made by ``make bench``) and are
+treated the same way. ``slow`` marks what ``make check`` leaves out.
+
+Each run names its PostgreSQL test databases for itself (``test_<name>_run<pid>``,
+plus ``_gw0``… per xdist worker), so two runs on one server never drop each
+other's databases.
 """
 
 from __future__ import annotations
@@ -27,6 +33,12 @@ from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.transitions import Actor
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+#: Names this run's test databases; set by the process that starts the run,
+#: inherited by its xdist workers.
+RUN_ENV = "LEDGERDASH_TEST_RUN"
+#: PostgreSQL cuts longer names short, and two runs could then share one.
+MAX_NAME = 63
 
 TOOLS_V1 = {
     "send_email": ["email:send"],
@@ -57,8 +69,52 @@ def _postgres_unreachable() -> str | None:
     return None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Set before xdist starts its workers, so they all carry the same run name.
+    os.environ.setdefault(RUN_ENV, f"run{os.getpid()}")
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings_xdist_suffix(request: pytest.FixtureRequest) -> None:
+    """``test_<name>_run<pid>`` (``_gw0``… under xdist) instead of pytest-django's
+    ``test_<name>``, which every run on the server would share."""
+    suffix = os.environ[RUN_ENV]
+    worker = getattr(request.config, "workerinput", {}).get("workerid")
+    if worker:
+        suffix += f"_{worker}"
+    for db in settings.DATABASES.values():
+        test = db.setdefault("TEST", {})
+        if str(db["ENGINE"]).endswith("sqlite3") and not test.get("NAME"):
+            continue  # in memory: nothing to share
+        name = f"{test.get('NAME') or 'test_' + str(db['NAME'])}_{suffix}"
+        if len(name) > MAX_NAME:
+            raise pytest.UsageError(f"test database name {name!r} is over {MAX_NAME} characters; shorten the URL's")
+        test["NAME"] = name
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Under `--dist loadgroup` (make test) the slow tests run one after another
+    # on one worker while the rest spread over the others: the crash drills and
+    # process tests keep the machine about as they had it running alone.
+    if item.get_closest_marker("slow"):
+        item.add_marker(pytest.mark.xdist_group("slow"))
+
+
+def _bench_peers_missing() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("dbos") is None
+
+
 @pytest.hookimpl(trylast=True)  # after -m has deselected what this run does not want
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    needs_peers = [item for item in items if item.get_closest_marker("bench")]
+    if needs_peers and _bench_peers_missing():
+        reason = "needs the benchmark peers: run with .venv-bench/bin/pytest (make bench-venv makes it)"
+        if IN_CI:
+            raise pytest.UsageError(f"{len(needs_peers)} bench tests collected; {reason}, or deselect -m 'not bench'")
+        for item in needs_peers:
+            item.add_marker(pytest.mark.skip(reason=reason))
     if _vendor() == "postgresql":
         problem = _postgres_unreachable()
         if problem is None:

@@ -31,6 +31,8 @@ from schemathesis.specs.openapi.checks import (
 from ledgerdash.ledger.models import Tenant
 from tests.api_support import BASE, Api, issue_token
 
+pytestmark = pytest.mark.slow  # hypothesis: hundreds of requests
+
 OPERATIONS = [
     ("POST", f"{BASE}/attempts"),
     ("GET", f"{BASE}/attempts"),

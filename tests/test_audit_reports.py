@@ -108,6 +108,7 @@ def test_the_print_stylesheet_hides_the_screen_only_parts() -> None:
     assert "@page" in css
 
 
+@pytest.mark.slow  # renders PDFs
 @pytest.mark.parametrize("which", [1, 3])
 def test_the_pdf_is_a_pdf(incident: tuple[Attempt, Attempt], viewer_a: Any, which: int) -> None:
     response = as_user(viewer_a).get(urls(incident[1].pk)[which])
@@ -133,6 +134,7 @@ def test_reports_need_a_log_in(incident: tuple[Attempt, Attempt], client: Client
         assert client.get(url).status_code == 302
 
 
+@pytest.mark.slow  # renders PDFs
 def test_reading_a_report_writes_nothing(incident: tuple[Attempt, Attempt], viewer_a: Any) -> None:
     before = ledger_snapshot()
     for url in urls(incident[1].pk):
@@ -205,6 +207,7 @@ def drill_run(tenant_a: Tenant) -> tuple[DrillRun, Attempt]:
     return run, attempt
 
 
+@pytest.mark.slow  # renders PDFs
 def test_the_drill_report_shows_each_case_with_its_evidence(drill_run: tuple[DrillRun, Attempt], viewer_a: Any) -> None:
     run, attempt = drill_run
     page = as_user(viewer_a).get(reverse("reviews:drill_report", args=[run.pk])).content.decode()

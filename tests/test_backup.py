@@ -22,6 +22,8 @@ from tests.factories import attempt_in
 from tests.live import PYTHON, ROOT
 from tests.tamper import _triggers
 
+pytestmark = pytest.mark.slow  # every test runs manage.py, pg_dump or pg_restore in processes of their own
+
 
 def manage(*args: str, url: str) -> subprocess.CompletedProcess[str]:
     """manage.py in its own process, on the database at ``url``."""

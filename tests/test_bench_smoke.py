@@ -18,7 +18,7 @@ from django.conf import settings
 
 from tests.live import PYTHON, ROOT, free_port
 
-pytestmark = [pytest.mark.postgres, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.postgres, pytest.mark.bench, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _bench_url() -> str:

@@ -26,7 +26,7 @@ from tests.conftest import AGENT, IN_CI, TOOLS_V1, record
 from tests.factories import attempt_in
 from tests.live import ROOT
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts"

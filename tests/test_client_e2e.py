@@ -24,7 +24,7 @@ from tests.api_support import issue_token
 from tests.live import PYTHON, ROOT
 from tests.sandboxes import Sandbox, unique_key
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 S = State
 
 

@@ -42,6 +42,7 @@ def test_the_random_plan_reproduces_from_its_seed_and_mixes_every_case_in() -> N
     assert {p.crash_at for p in plan if p.letter == "F"} == {crashpoints.BEFORE_SEND, crashpoints.AFTER_SEND}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="the SQLite run")
 def test_the_drill_passes_on_sqlite(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
@@ -106,6 +107,7 @@ def test_a_drill_in_a_fresh_database_is_not_fooled_by_an_earlier_runs_effects(tm
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_drill_passes_on_postgres_and_stores_its_report(tmp_path: Path, capsys: Any) -> None:
     call_command("crashdrill", "--workdir", str(tmp_path), "--json-out", str(tmp_path / "drill.json"))
@@ -120,6 +122,8 @@ def test_the_drill_passes_on_postgres_and_stores_its_report(tmp_path: Path, caps
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.django_db(transaction=True)
 def test_random_cases_pass_on_postgres(tmp_path: Path, capsys: Any) -> None:
     call_command("crashdrill", "--iterations", "40", "--seed", "20261130", "--workdir", str(tmp_path))
@@ -159,6 +163,7 @@ class BlindRetry(Reconciler):
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_blind_retry_makes_the_drill_fail_and_name_the_duplicate(tmp_path: Path) -> None:
     plan = [Planned("B", idempotent=False, crash_at=crashpoints.AFTER_SEND)]

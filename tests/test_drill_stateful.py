@@ -345,4 +345,8 @@ def test_no_sequence_of_crashes_and_decisions_breaks_the_invariants(
     )
 
 
-pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning"),
+]

@@ -17,7 +17,7 @@ from bench import export_memory
 from ledgerdash.ledger.drill.runner import database_url
 from ledgerdash.ledger.models import Tenant
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 #: Allowance for allocator noise between two runs of the same process.

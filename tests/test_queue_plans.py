@@ -29,7 +29,7 @@ from reviews.models import Membership
 from reviews.queries import Cursor, ListQuery
 
 # Transactional, so the filled table can be vacuumed (not inside a transaction).
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROWS = int(os.environ.get("LEDGERDASH_PLAN_ROWS", "200000"))
 #: Generous: a page is a few hundred index entries. It catches a plan that

@@ -47,6 +47,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_reconcilers_over_a_thousand_attempts_decide_each_once(
     tenant_a: Tenant, sandbox_tools: Sandbox, tmp_path: Path
@@ -103,6 +104,7 @@ def test_two_reconcilers_over_a_thousand_attempts_decide_each_once(
 
 
 @pytest.mark.postgres
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_loop_stops_cleanly_on_sigterm(tenant_a: Tenant, sandbox_tools: Sandbox, tmp_path: Path) -> None:
     proc = subprocess.Popen(

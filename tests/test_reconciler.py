@@ -302,6 +302,7 @@ def test_the_sandbox_performs_every_request_in_non_idempotent_mode(sandbox: Sand
     assert sandbox.count(key) == 3
 
 
+@pytest.mark.slow  # a sandbox process of its own
 def test_the_sandbox_forgets_keys_past_its_retention(tmp_path: Any) -> None:
     import time
 

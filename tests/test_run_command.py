@@ -10,9 +10,12 @@ import pytest
 
 from tests.live import ROOT, Browser, free_port, running
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="the run command serves the embedded SQLite"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="the run command serves the embedded SQLite"
+    ),
+]
 
 
 def test_the_run_command_serves_the_app_with_demo_data(tmp_path: Path) -> None:

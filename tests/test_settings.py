@@ -52,6 +52,7 @@ def test_bad_values_fail_loudly_at_start_up(variable: str, value: str, message: 
     assert message in result.stderr
 
 
+@pytest.mark.slow  # the whole project's checks, in a process of its own
 def test_production_settings_pass_the_deploy_check(tmp_path: object) -> None:
     result = start({"DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3"})
     assert result.returncode == 0, result.stdout + result.stderr
