@@ -1,11 +1,14 @@
 """Run the benchmarks: ``python -m bench [--quick] [--only NAME,...]``.
 
 Needs PostgreSQL (``BENCH_DATABASE_URL``, default
-postgres://postgres@127.0.0.1:5432/ledgerdash_bench). The run creates its
-own scratch databases (that name, plus ``_tpl`` and ``_dbos``) and drops
-them at the end. It prints a table per benchmark, the verdict on every
-target, and writes everything to bench/results/<time>.json (and
-bench/results/latest.json).
+postgres://postgres@127.0.0.1:5432/ledgerdash_bench: the server, and the
+prefix of the run's database names). The run creates scratch databases of
+its own, named for the run (``<prefix>_<run id>``, plus ``_tpl`` and
+``_dbos``; the run id is the start time and 16 random bits unless
+``--run-id`` or ``BENCH_RUN_ID`` names it), refuses names that exist, and
+drops only what it created, at the end. It prints a table per benchmark,
+the verdict on every target, and writes everything to
+bench/results/<time>.json (and bench/results/latest-<mode>.json).
 """
 
 from __future__ import annotations
@@ -77,13 +80,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="where to write the results (default: bench/results/<time>.json)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch databases (to look at them)")
+    parser.add_argument(
+        "--run-id",
+        default=os.environ.get("BENCH_RUN_ID"),
+        help="name the run's databases <prefix>_<RUN_ID> (default: the start time and 16 random bits)",
+    )
     args = parser.parse_args(argv)
     chosen = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = set(chosen) - set(BENCHMARKS)
     if unknown:
         parser.error(f"unknown benchmarks: {', '.join(sorted(unknown))}")
 
-    dbs = Databases(os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
+    try:
+        dbs = Databases(os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL), args.run_id)
+    except ValueError as exc:
+        parser.error(str(exc))
     results_dir = ROOT / "bench" / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -99,12 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{report['machine']['memory_gib']} GiB, PostgreSQL {pg['server_version']}, "
         f"synchronous_commit={pg['synchronous_commit']}, load {report['machine']['load_average_at_start']}"
     )
-    say(f"preparing scratch databases {dbs.main}, {dbs.template}, {dbs.dbos}")
-    dbs.prepare_template()
-    setup_django(dbs.url_of(dbs.main))
+    say(f"run {dbs.run_id}: scratch databases {dbs.main}, {dbs.template}, {dbs.dbos}")
+    report["run_id"] = dbs.run_id
+    report["databases"] = [dbs.main, dbs.template, dbs.dbos]
     ctx = Context(dbs=dbs, quick=args.quick, results_dir=results_dir)
     targets: list[Target] = []
     try:
+        dbs.prepare_template()
+        setup_django(dbs.url_of(dbs.main))
         for name in chosen:
             say(f"\n=== {name}")
             began = time.monotonic()
@@ -121,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
             for note in result.get("notes", []):
                 say(f"note: {note}")
     finally:
-        if not args.keep:
+        if args.keep:
+            say(f"kept the scratch databases: {', '.join(dbs.created)}")
+        else:
             dbs.drop_all()
     report["seconds"] = round(time.monotonic() - started, 1)
     report["targets"] = targets

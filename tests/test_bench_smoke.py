@@ -1,7 +1,9 @@
 """`make bench-quick` as a smoke test: the benchmarks run end to end and
 report sane figures. It never judges the figures' speed (CI machines
 differ); only that each benchmark ran and produced positive, finite
-numbers under the keys the README and the JSON's readers rely on.
+numbers under the keys the README and the JSON's readers rely on, and that
+a run keeps to databases of its own (a test run and a benchmark run on the
+same server must never drop each other's).
 """
 
 from __future__ import annotations
@@ -16,19 +18,27 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from bench.common import DatabaseExists, Databases
 from tests.live import PYTHON, ROOT, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(900)]
 
 
 def _bench_url() -> str:
-    """A scratch database name of this test run's own, on the test server."""
+    """The test server, and a prefix for the benchmark's database names that
+    says they are this test run's (the run adds an id of its own to it)."""
     db = settings.DATABASES["default"]
     auth = db.get("USER") or "postgres"
     if db.get("PASSWORD"):
         auth += f":{db['PASSWORD']}"
-    name = f"{db['NAME']}_bench".removeprefix("test_")
-    return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{name}"
+    name = str(db["NAME"]).removeprefix("test_")[:20]
+    return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/test_{name}_bench"
+
+
+def _existing(dbs: Databases, names: list[str]) -> list[str]:
+    with dbs.admin() as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname = ANY(%s)", [names]).fetchall()
+    return sorted(str(name) for (name,) in rows)
 
 
 def _positive(value: Any) -> bool:
@@ -64,6 +74,39 @@ def test_it_describes_the_machine(report: dict[str, Any]) -> None:
     assert machine["nproc"] >= 1
     assert machine["postgresql"]["synchronous_commit"]
     assert set(report["benchmarks"]) == {"recording", "queue", "reconciler", "export"}
+
+
+def test_the_run_drops_its_own_databases_and_no_others(report: dict[str, Any]) -> None:
+    dbs = Databases(_bench_url())
+    names = report["databases"]
+    assert all(name.startswith(dbs.main.removesuffix(dbs.run_id)) for name in names)
+    assert report["run_id"] in names[0]
+    assert _existing(dbs, names) == []
+
+
+def test_it_refuses_a_database_it_did_not_create_and_leaves_it_alone() -> None:
+    taken = Databases(_bench_url())
+    with taken.admin() as conn:
+        conn.execute(f'CREATE DATABASE "{taken.template}"')
+    try:
+        again = Databases(_bench_url(), taken.run_id)
+        with pytest.raises(DatabaseExists, match="left alone"):
+            again.prepare_template()
+        again.drop_all()
+        assert _existing(taken, [taken.template]) == [taken.template]
+    finally:
+        with taken.admin() as conn:
+            conn.execute(f'DROP DATABASE "{taken.template}"')
+
+
+def test_two_runs_never_share_a_database_name() -> None:
+    first, second = Databases(_bench_url()), Databases(_bench_url())
+    assert {first.main, first.template, first.dbos}.isdisjoint({second.main, second.template, second.dbos})
+
+
+def test_it_refuses_names_postgresql_would_cut_short() -> None:
+    with pytest.raises(ValueError, match="at most 63 bytes"):
+        Databases("postgres://postgres@127.0.0.1/" + "x" * 50)
 
 
 def test_recording_reports_every_peer_at_both_levels(report: dict[str, Any]) -> None:
