@@ -301,10 +301,3 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
 
 def say(text: str = "") -> None:
     print(text, flush=True)
-
-
-def rss_mb_of_self() -> float:
-    """Peak resident set of this process, in MB (Linux reports KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -149,9 +149,9 @@ def test_export_measures_copy_and_says_whether_the_export_ran(report: dict[str, 
     figures = report["benchmarks"]["export"]["figures"]
     assert figures["copy"]["rows"] >= report["benchmarks"]["export"]["events"]
     assert _positive(figures["copy"]["rows_per_s"])
-    assert _positive(figures["copy"]["peak_rss_mb"])
+    assert _positive(figures["copy"]["peak_rss_mib"])
     export = figures["export"]
-    assert export.get("unavailable") or (_positive(export["rows_per_s"]) and _positive(export["peak_rss_mb"]))
+    assert export.get("unavailable") or (_positive(export["rows_per_s"]) and _positive(export["peak_rss_mib"]))
 
 
 def test_every_target_has_a_verdict(report: dict[str, Any]) -> None:
