@@ -233,7 +233,7 @@ def ratio(numerator: float, denominator: float) -> float:
 
 @dataclass
 class Target:
-    """One of the issue's targets, and whether this run met it."""
+    """A target, and whether this run met it."""
 
     benchmark: str
     name: str
@@ -242,6 +242,10 @@ class Target:
     #: "<=" or ">=": how ``value`` must compare with ``limit``.
     op: str
     unit: str = ""
+    #: A target set for later work: printed so the gap shows, not yet expected to be met.
+    future: bool = False
+    #: What else the reader needs to weigh the verdict (e.g. its spread over rounds).
+    detail: str = ""
     met: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -253,7 +257,10 @@ class Target:
     def line(self) -> str:
         verdict = "MET" if self.met else "MISSED"
         wanted = f"target {self.op} {fmt(self.limit)}{self.unit}"
-        return f"[{verdict}] {self.benchmark}: {self.name}: {fmt(self.value)}{self.unit} ({wanted})"
+        if self.future:
+            wanted += ", a future target"
+        detail = f"; {self.detail}" if self.detail else ""
+        return f"[{verdict}] {self.benchmark}: {self.name}: {fmt(self.value)}{self.unit} ({wanted}{detail})"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -284,6 +291,35 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def start_gunicorn(
+    database_url: str, *, workers: int = 2, settings_module: str = "ledgerdash.settings", port: int = GUNICORN_PORT
+) -> subprocess.Popen[bytes]:
+    """gunicorn serving the project against ``database_url`` on loopback, as
+    deployed (sync workers, DEBUG off), once it answers; stop it with
+    :func:`stop_group`."""
+    env = django_env(database_url, DJANGO_SETTINGS_MODULE=settings_module)
+    venv_gunicorn = ROOT / ".venv" / "bin" / "gunicorn"
+    cmd = [
+        str(venv_gunicorn) if venv_gunicorn.exists() else "gunicorn",
+        "ledgerdash.wsgi:application",
+        "--workers", str(workers), "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=2).close()
+            return proc
+        except urllib.error.HTTPError:
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited before it served (is port {port} taken?)") from None
+            time.sleep(0.2)
+    stop_group(proc)
+    raise RuntimeError("gunicorn did not answer within 60s")
 
 
 def stop_group(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
