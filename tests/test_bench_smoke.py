@@ -137,11 +137,13 @@ def test_queue_reports_both_sides_of_each_view(report: dict[str, Any]) -> None:
     assert queue["states"]["UNKNOWN"] > 0
     assert "Index" in queue["explain"]
     for view in ("first page", "deep page", "tenant + owner"):
-        for who in ("ours", "admin"):
+        for who in ("ours", "admin", "admin paging"):
             f = queue["figures"][view][who]
             assert f["errors"] == 0, (view, who)
+            assert f["requests"] >= 1, (view, who)  # percentiles are over all rounds' requests
             for key in ("req_per_s", "p50_ms", "p95_ms", "p99_ms"):
                 assert _positive(f[key]), (view, who, key, f[key])
+            assert f["p50_ms"] <= f["p95_ms"] <= f["p99_ms"]
 
 
 def test_reconciler_settles_everything_once(report: dict[str, Any]) -> None:
