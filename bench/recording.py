@@ -257,7 +257,7 @@ def run(ctx: Any) -> dict[str, Any]:
     rewarm = 10
     bursts = sum(len(levels) for levels in RUNS_AT.values())
     say(
-        f"recording: {rounds} rounds x {bursts} bursts (peers x agents), {duration:.0f}s each;"
+        f"recording: {rounds} rounds x {bursts} bursts (peers x agents), {duration:g}s each;"
         f" gunicorn with {HTTP_WORKERS} workers for the HTTP peer; starting agents"
     )
     server = start_gunicorn(database_url, workers=HTTP_WORKERS)
