@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             module = __import__(f"bench.{name}", fromlist=["run"])
             result = module.run(ctx)
             result["seconds"] = round(time.monotonic() - began, 1)
+            # Other work on the machine moves every figure: say how busy it was.
+            result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
             report["benchmarks"][name] = result
             if "explain" in result:
                 say(f"query plans (EXPLAIN ANALYZE):\n{result['explain']}\n")
@@ -133,12 +135,14 @@ def main(argv: list[str] | None = None) -> int:
                 targets.append(target)
             for note in result.get("notes", []):
                 say(f"note: {note}")
+            say(f"({name}: {result['seconds']:.0f}s, load average at the end {result['load_average_at_end']})")
     finally:
         if args.keep:
             say(f"kept the scratch databases: {', '.join(dbs.created)}")
         else:
             dbs.drop_all()
     report["seconds"] = round(time.monotonic() - started, 1)
+    report["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     report["targets"] = targets
     say("\n=== targets")
     for target in targets:
@@ -153,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(_clean(report), indent=2, default=str)
     out.write_text(text + "\n", encoding="utf-8")
     (results_dir / f"latest-{report['mode']}.json").write_text(text + "\n", encoding="utf-8")
-    say(f"\nwrote {out} in {report['seconds']:.0f}s")
+    ended = report["machine"]["load_average_at_end"]
+    say(f"\nwrote {out} in {report['seconds']:.0f}s (load average at the end {ended})")
     return 0
 
 
