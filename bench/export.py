@@ -11,6 +11,7 @@ finishes; see bench/peak.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -29,6 +30,28 @@ STEPS = (
     ("INTENT_RECORDED", "DISPATCHED", "dispatched"),
     ("DISPATCHED", "OUTCOME_CONFIRMED", "outcome confirmed"),
 )
+
+
+#: Every this many events, the fast canonical form is checked against the ledger's own.
+CHECK_EVERY = 1000
+
+
+def _canonical(content: dict[str, Any], seq: int) -> bytes:
+    """The RFC 8785 bytes of an event's content, the fast way.
+
+    For what these events hold (ASCII strings that need no escaping,
+    integers, null, an object of such strings) the canonical form is
+    Python's own compact JSON with sorted keys, which its C encoder writes
+    several times faster than the ledger's RFC 8785 encoder: a million
+    events load a minute sooner. Checked against the ledger's encoder every
+    ``CHECK_EVERY`` events; a difference stops the load.
+    """
+    from ledgerdash.ledger.canonical import canonical_bytes
+
+    data = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    if seq % CHECK_EVERY == 1 and data != canonical_bytes(content):
+        raise RuntimeError(f"event {seq}: its fast canonical form differs from RFC 8785: {data!r}")
+    return data
 
 
 def _event_rows(
@@ -52,7 +75,7 @@ def _event_rows(
                 actor_user_id=None, actor_label="agent@bench", from_state=from_state, to_state=to_state,
                 fence=fence, reason=reason, details=details, created_at=created,
             )  # fmt: skip
-            content_hash = chain.content_hash(chain.event_content(event))
+            content_hash = hashlib.sha256(_canonical(chain.event_content(event), seq)).hexdigest()
             this = chain.link(prev, content_hash)
             yield (
                 tenant_id, seq, attempt_id, "transition", "agent", None, "agent@bench", from_state, to_state,
