@@ -236,7 +236,7 @@ def run(ctx: Any) -> dict[str, Any]:
 
     quick = ctx.quick
     rounds = 2 if quick else 4
-    duration = 1.0 if quick else 2.5
+    duration = 1.0 if quick else 2.0
     run_id = uuid.uuid4().hex[:8]
     ctx.dbs.fresh_main()
     ctx.dbs.create(ctx.dbs.dbos)
