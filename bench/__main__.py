@@ -74,7 +74,7 @@ def _clean(value: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, short rounds (under 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, short rounds (3 to 6 minutes)")
     parser.add_argument(
         "--only", default=",".join(BENCHMARKS), help=f"comma-separated subset of {','.join(BENCHMARKS)}"
     )
