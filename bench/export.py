@@ -5,11 +5,13 @@ the ledger chains them, so an export that verifies the chain can) are
 bulk-loaded with COPY. The project's streaming export (through
 bench/export_adapter.py) and PostgreSQL's ``COPY (same query) TO STDOUT
 WITH CSV`` then each export them, alternately, in a process of their own:
-rows/s and that process's peak RSS.
+rows/s and that process's own peak RSS (``VmHWM``, read by the process as it
+finishes; see bench/peak.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -28,6 +30,28 @@ STEPS = (
     ("INTENT_RECORDED", "DISPATCHED", "dispatched"),
     ("DISPATCHED", "OUTCOME_CONFIRMED", "outcome confirmed"),
 )
+
+
+#: Every this many events, the fast canonical form is checked against the ledger's own.
+CHECK_EVERY = 1000
+
+
+def _canonical(content: dict[str, Any], seq: int) -> bytes:
+    """The RFC 8785 bytes of an event's content, the fast way.
+
+    For what these events hold (ASCII strings that need no escaping,
+    integers, null, an object of such strings) the canonical form is
+    Python's own compact JSON with sorted keys, which its C encoder writes
+    several times faster than the ledger's RFC 8785 encoder: a million
+    events load a minute sooner. Checked against the ledger's encoder every
+    ``CHECK_EVERY`` events; a difference stops the load.
+    """
+    from ledgerdash.ledger.canonical import canonical_bytes
+
+    data = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    if seq % CHECK_EVERY == 1 and data != canonical_bytes(content):
+        raise RuntimeError(f"event {seq}: its fast canonical form differs from RFC 8785: {data!r}")
+    return data
 
 
 def _event_rows(
@@ -51,7 +75,7 @@ def _event_rows(
                 actor_user_id=None, actor_label="agent@bench", from_state=from_state, to_state=to_state,
                 fence=fence, reason=reason, details=details, created_at=created,
             )  # fmt: skip
-            content_hash = chain.content_hash(chain.event_content(event))
+            content_hash = hashlib.sha256(_canonical(chain.event_content(event), seq)).hexdigest()
             this = chain.link(prev, content_hash)
             yield (
                 tenant_id, seq, attempt_id, "transition", "agent", None, "agent@bench", from_state, to_state,
@@ -148,7 +172,8 @@ def _summarize(
             "rows": runs[0]["rows"],
             "rows_per_s": median(r["rows_per_s"] for r in runs),
             "seconds": median(r["seconds"] for r in runs),
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+            "peak_rss_mib_rounds": [r["peak_rss_mib"] for r in runs],
             "mb": runs[0]["bytes"] / 1e6,
             "entry_point": runs[0].get("entry_point", "COPY TO STDOUT"),
             "runs": runs,
@@ -160,7 +185,7 @@ def _summarize(
         if "unavailable" in f:
             rows.append([labels[mode], "not available in this build", "", "", "", ""])
         else:
-            rows.append([labels[mode], f["rows"], f["rows_per_s"], f["seconds"], f["peak_rss_mb"], f["mb"]])
+            rows.append([labels[mode], f["rows"], f["rows_per_s"], f["seconds"], f["peak_rss_mib"], f["mb"]])
     targets = []
     notes = []
     if "unavailable" in figures["export"]:
@@ -169,7 +194,14 @@ def _summarize(
         share = ratio(figures["export"]["rows_per_s"], figures["copy"]["rows_per_s"])
         rows.append(["export / COPY", "", share, "", "", ""])
         targets.append(
-            Target("export", "peak RSS of the exporting process", figures["export"]["peak_rss_mb"], 150.0, "<=", " MB")
+            Target(
+                "export",
+                "peak RSS of the exporting process (its own VmHWM, highest of the rounds)",
+                figures["export"]["peak_rss_mib"],
+                150.0,
+                "<=",
+                " MiB",
+            )
         )
         targets.append(Target("export", "rate vs COPY", share, 0.5, ">=", "x"))
         if figures["export"]["rows"] != figures["copy"]["rows"]:
@@ -178,7 +210,7 @@ def _summarize(
                 " adds an opening 'export' record and a closing 'head' record, and every export appends its"
                 " own audit event to the chain, which later runs of both include"
             )
-    text = table(["exporter", "rows", "rows/s", "seconds", "peak RSS MB", "output MB"], rows)
+    text = table(["exporter", "rows", "rows/s", "seconds", "peak RSS MiB", "output MB"], rows)
     return {
         "events": prepared["events"],
         "load": prepared["load"],

@@ -4,12 +4,14 @@
     .venv/bin/python -m bench.export_memory --sizes 10000,200000 --format ndjson
 
 Creates a scratch database of its own (``--database``, default
-``ledgerdash_bench_export``; dropped at the end unless ``--keep``), migrates
-it, and for each size tops the ledger up to that many events with one
-INSERT … SELECT over generate_series (one tenant, five events per attempt),
-then runs the export as a child process and reads the child's peak resident
-set size from ``os.wait4`` (ru_maxrss, through a small parent: see ``_PEAK``). Flat means the peak does not grow
-with the number of rows.
+``ledgerdash_bench_export_<time>_<random>``, new for every run; a name that
+already exists is refused, never dropped; the database it created is
+dropped at the end unless ``--keep``), migrates it, and for each size tops
+the ledger up to that many events with one INSERT … SELECT over
+generate_series (one tenant, five events per attempt), then runs the export
+as a child process that reports its own peak resident set size (``VmHWM``,
+read by that process as it exits: see bench/peak.py). Flat means the peak
+does not grow with the number of rows.
 
 The loaded events carry placeholder hashes, not a valid chain: computing
 real ones would mean hashing a million rows in order before measuring, and
@@ -78,54 +80,52 @@ def load(cursor: Any, tenant_id: int, want: int) -> None:
     )
 
 
-#: Runs the export as its own child and prints that child's peak RSS (KiB).
-#: A process's ru_maxrss also counts the moments between fork and exec, when
-#: it still maps its parent's pages: measured straight from a large parent
-#: (a test runner) it would report the parent's size. This parent is tiny.
-_PEAK = """
-import os, sys
-pid = os.fork()
-if pid == 0:
-    os.execv(sys.argv[1], sys.argv[1:])
-_, status, usage = os.wait4(pid, 0)
-print(usage.ru_maxrss)
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-
-
 def measure_export(database_url: str, tenant: str, fmt: str, out: str) -> dict[str, float]:
-    """Run the export in a child process: its peak RSS (MiB), seconds, and bytes written."""
-    started = time.monotonic()
-    command = [PYTHON, "manage.py", "export_audit", "--tenant", tenant, "--format", fmt, "--out", out]
-    result = subprocess.run(
-        [sys.executable, "-c", _PEAK, *command],
-        cwd=ROOT,
-        env=django_env(database_url),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    seconds = time.monotonic() - started
-    if result.returncode != 0:
-        raise RuntimeError(f"export failed: {result.stderr}")
-    return {"peak_rss_mib": int(result.stdout) / 1024, "seconds": seconds, "bytes": os.path.getsize(out)}
+    """Run ``manage.py export_audit`` in a child process: its own peak RSS
+    (MiB), the seconds it took, and the bytes it wrote."""
+    with tempfile.TemporaryDirectory(prefix="ledgerdash-peak-") as scratch:
+        peak_file = Path(scratch) / "peak"
+        started = time.monotonic()
+        command = ["manage.py", "export_audit", "--tenant", tenant, "--format", fmt, "--out", out]
+        result = subprocess.run(
+            [PYTHON, "-m", "bench.peak", str(peak_file), *command],
+            cwd=ROOT,
+            env=django_env(database_url),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        seconds = time.monotonic() - started
+        if result.returncode != 0:
+            raise RuntimeError(f"export failed ({result.returncode}): {result.stderr[-2000:]}")
+        peak = float(peak_file.read_text(encoding="ascii"))
+    return {"peak_rss_mib": peak, "seconds": seconds, "bytes": os.path.getsize(out)}
 
 
 def main() -> int:
     import psycopg
 
+    from bench.common import DatabaseExists, new_run_id
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="50000,1000000", help="event counts, comma-separated, ascending")
     parser.add_argument("--format", default="csv", choices=["csv", "ndjson"])
     parser.add_argument("--server", default="postgres://postgres@127.0.0.1:5432", help="a PostgreSQL server URL")
-    parser.add_argument("--database", default="ledgerdash_bench_export", help="the scratch database's name")
+    parser.add_argument(
+        "--database",
+        default=f"ledgerdash_bench_export_{new_run_id()}",
+        help="the scratch database's name (default: new for every run); it must not exist yet",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
     args = parser.parse_args()
     sizes = [int(n) // EVENTS_PER_ATTEMPT * EVENTS_PER_ATTEMPT for n in args.sizes.split(",")]
     url = f"{args.server}/{args.database}"
     with psycopg.connect(f"{args.server}/postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{args.database}"')
-        admin.execute(f'CREATE DATABASE "{args.database}"')
+        try:
+            admin.execute(f'CREATE DATABASE "{args.database}"')
+        except psycopg.errors.DuplicateDatabase:
+            raise DatabaseExists(f"database {args.database} already exists: it is left alone; name another") from None
+    print(f"scratch database {args.database}", flush=True)
     try:
         subprocess.run([PYTHON, "manage.py", "migrate", "-v0"], cwd=ROOT, env=django_env(url), check=True)
         with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cursor:

@@ -1,8 +1,9 @@
 """One export in its own process, so its peak memory is its own:
 ``python -m bench.export_runner {export,copy} TENANT_SLUG``.
 
-Prints one JSON line: rows, bytes, seconds, peak_rss_mb (and error, if the
-export is not available).
+Prints one JSON line: rows, bytes, seconds, peak_rss_mib (this process's
+own peak, read from /proc/self/status as it finishes) and error, if the
+export is not available.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from bench.common import rss_mb_of_self
+from bench.peak import peak_rss_mib
 
 
 class CountingSink:
@@ -83,7 +84,7 @@ def main() -> int:
             "seconds": time.perf_counter() - began,
             "bytes": sink.bytes,
             "rows": max(0, sink.lines - 1),  # less the header
-            "peak_rss_mb": rss_mb_of_self(),
+            "peak_rss_mib": peak_rss_mib(),
         }
     )
     print(json.dumps(result), flush=True)

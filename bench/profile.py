@@ -1,9 +1,24 @@
 """Profile one agent's tool calls: ``python -m bench.profile [--calls N]``.
 
 Runs the recording benchmark's ledgerdash agent in this process under
-pyinstrument (``pip install -e '.[bench]'``) against a scratch database,
-and prints where the time goes, the SQL statements one call sends and the
-WAL one call writes.
+pyinstrument (``pip install -e '.[bench]'``) against a scratch database of
+its own (named like the benchmark's: see bench/__main__.py), and prints
+where the time goes, the SQL statements one call sends, and the WAL the
+calls write.
+
+WAL is measured two ways around a loop of calls on this one connection:
+
+- the server's WAL insert position before and after
+  (``pg_current_wal_insert_lsn``): everything the whole server wrote
+  meanwhile, this loop's records and commits and anything else (other
+  sessions, autovacuum, checkpoints' full-page images); attributable to the
+  loop only on an otherwise idle server, so the other active sessions are
+  counted and printed beside it;
+- with ``pg_walinspect`` (PostgreSQL 15 contrib; needs a superuser), only
+  the records carrying the loop's own transaction ids (read from the
+  ``xmin`` of the events it inserted): its inserts, updates, index entries,
+  full-page images and commits, without records that carry no transaction
+  id (on-access pruning, hint-bit images).
 """
 
 from __future__ import annotations
@@ -14,8 +29,61 @@ import sys
 import time
 import uuid
 from collections import Counter
+from typing import Any
 
 from bench.common import Databases, say, setup_django
+
+WAL_CALLS = 200
+
+
+def _others_active(cursor: Any) -> int:
+    cursor.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() "
+        "AND backend_type = 'client backend'"
+    )
+    return int(cursor.fetchone()[0])
+
+
+def measure_wal(call: Any, first: int) -> None:
+    """Run WAL_CALLS calls and print the WAL they wrote, both ways."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        others_before = _others_active(cursor)
+        cursor.execute("SELECT pg_current_wal_insert_lsn(), coalesce(max(id), 0) FROM ledger_attemptevent")
+        start_lsn, last_event = cursor.fetchone()
+        for i in range(WAL_CALLS):
+            call(first + i, False)
+        cursor.execute("SELECT pg_current_wal_insert_lsn()")
+        (end_lsn,) = cursor.fetchone()
+        others_after = _others_active(cursor)
+        cursor.execute("SELECT pg_wal_lsn_diff(%s, %s)", [end_lsn, start_lsn])
+        (server_wide,) = cursor.fetchone()
+        say(
+            f"  WAL the whole server wrote during {WAL_CALLS} calls: {float(server_wide) / WAL_CALLS:,.0f} bytes"
+            f" per call (other active sessions at start/end: {others_before}/{others_after}; their WAL is in"
+            " this figure too)"
+        )
+        try:
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        except Exception as exc:  # any failure only means "not measured"
+            say(f"  WAL of this loop's own transactions: not measured (pg_walinspect: {exc})")
+            return
+        # Each step is one transaction that inserted one event: the events' xmin are the loop's xids.
+        cursor.execute("SELECT DISTINCT xmin::text FROM ledger_attemptevent WHERE id > %s", [last_event])
+        ours = {str(xid) for (xid,) in cursor.fetchall()}
+        cursor.execute(
+            "SELECT count(*), coalesce(sum(record_length), 0), coalesce(sum(fpi_length), 0), "
+            "count(*) FILTER (WHERE resource_manager = 'Transaction') "
+            "FROM pg_get_wal_records_info(%s, %s) WHERE xid::text = ANY(%s)",
+            [start_lsn, end_lsn, sorted(ours)],
+        )
+        records, total, fpi, commits = cursor.fetchone()
+        say(
+            f"  WAL of this loop's own {len(ours)} transactions: {float(total) / WAL_CALLS:,.0f} bytes per call"
+            f" ({float(records) / WAL_CALLS:.1f} records, {float(commits) / WAL_CALLS:.1f} of them commits;"
+            f" full-page images {float(fpi) / WAL_CALLS:,.0f} bytes)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,16 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.0002, help="pyinstrument's sampling interval")
     args = parser.parse_args(argv)
     from bench.__main__ import DEFAULT_URL
-    from bench.recording import _ledgerdash_agent, _prepare_tenants
+    from bench.peers import ledgerdash_agent
+    from bench.recording import _prepare_tenants
 
-    dbs = Databases(os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
-    dbs.prepare_template()
-    setup_django(dbs.url_of(dbs.main))
+    dbs = Databases(os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL), os.environ.get("BENCH_RUN_ID"))
+    say(f"scratch databases {dbs.main}, {dbs.template}")
     try:
+        dbs.prepare_template()
+        setup_django(dbs.url_of(dbs.main))
         dbs.fresh_main()
         run_id = uuid.uuid4().hex[:8]
         cfg = {"env": dict(os.environ), "tenants": _prepare_tenants(run_id), "run": run_id}
-        call = _ledgerdash_agent(cfg, 0)
+        call = ledgerdash_agent(cfg, 0).call
         for i in range(50):
             call(i, False)
         from django.db import connection
@@ -46,15 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  {query['sql'][:150]}")
         kinds = Counter(q["sql"].split()[0] for q in captured.captured_queries)
         say(f"  by kind: {dict(kinds)}")
-
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_current_wal_insert_lsn()")
-            (start_lsn,) = cursor.fetchone()
-            for i in range(200):
-                call(20_000_000 + i, False)
-            cursor.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", [start_lsn])
-            (wal_bytes,) = cursor.fetchone()
-        say(f"  WAL written per call: {float(wal_bytes) / 200:,.0f} bytes (200 calls)")
+        measure_wal(call, 20_000_000)
 
         from pyinstrument import Profiler
 

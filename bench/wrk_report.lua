@@ -1,8 +1,14 @@
--- wrk prints its own summary; this adds one JSON line the benchmark reads.
+-- wrk prints its own summary; this adds one JSON line the benchmark reads:
+-- the counts, and every latency seen as [microseconds, how many times], so
+-- that percentiles can be taken over the requests of several runs together.
 done = function(summary, latency, requests)
   local errors = summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout
+  local seen = {}
+  for i = 1, #latency do
+    local value, count = latency(i)
+    seen[#seen + 1] = string.format("[%d,%d]", value, count)
+  end
   io.write(string.format(
-    '{"requests": %d, "duration_us": %d, "errors": %d, "non_2xx": %d, "p50_us": %d, "p95_us": %d, "p99_us": %d, "max_us": %d}\n',
-    summary.requests, summary.duration, errors, summary.errors.status,
-    latency:percentile(50), latency:percentile(95), latency:percentile(99), latency.max))
+    '{"requests": %d, "duration_us": %d, "errors": %d, "non_2xx": %d, "latency_us": [%s]}\n',
+    summary.requests, summary.duration, errors, summary.errors.status, table.concat(seen, ",")))
 end

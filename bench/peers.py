@@ -1,0 +1,565 @@
+"""The agents the recording benchmark runs: one tool call each, five ways.
+
+Every agent is built in its own process by a factory ``(cfg, index) ->
+Agent``; ``agent.call(i, spread)`` makes tool call ``i`` (intent ->
+dispatched -> confirmed) in the shared tenant, or with ``spread`` in the
+agent's own, and ``agent.release()`` closes the agent's database
+connections until its next call, so that peers waiting their turn hold none.
+
+- :func:`ledgerdash_agent`: the recording API, in process.
+- :func:`http_agent`: the same steps over the ingest API, with the Python
+  client (:class:`ledgerdash.client.LedgerClient`), against gunicorn.
+- :func:`minimal_agent`: the floor. Hand-written SQL over psycopg 3 that
+  writes the rows the ledger writes (the attempt, its three events with
+  their RFC 8785 content hashes, links computed by the server under the
+  tenant's chain-head lock) in three autocommitted statements per call, one
+  round trip each.
+- :func:`naive_agent`: raw psycopg with naive transactions: the same rows in
+  three explicit transactions of six round trips each (BEGIN, the change,
+  SELECT … FOR UPDATE on the chain head, the event, the head, COMMIT), the
+  head locked across the client's round trips.
+- :func:`dbos_agent`: DBOS Transact, one workflow with one no-op step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+TOOL = "send_email"
+SCOPES = ["email:send"]
+
+Call = Callable[[int, bool], None]
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Agent:
+    call: Call
+    #: Close the agent's database connections; its next call opens them again.
+    release: Callable[[], None] = _nothing
+    #: Shut the agent down (before its process exits).
+    stop: Callable[[], None] = _nothing
+
+
+class _Connection:
+    """A psycopg connection (autocommit) opened on first use and again after :meth:`release`."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn: Any = None
+
+    def get(self) -> Any:
+        import psycopg
+
+        if self._conn is None:
+            self._conn = psycopg.connect(self.url, autocommit=True)
+        return self._conn
+
+    def release(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def tool_args(i: int) -> dict[str, Any]:
+    return {"to": "ap@example.com", "invoice": f"INV-{i}", "amount_cents": 1000 + i % 977, "body": "Your invoice."}
+
+
+def _tenants(cfg: dict[str, Any], peer: str, index: int) -> tuple[str, str]:
+    """The slugs of the tenant all of ``peer``'s agents share and of agent ``index``'s own."""
+    slugs = cfg["tenants"][peer]
+    return slugs[0], slugs[1 + index]
+
+
+# --- ledgerdash, in process and over HTTP ---------------------------------------------
+
+
+def ledgerdash_agent(cfg: dict[str, Any], index: int) -> Agent:
+    os.environ.update(cfg["env"])
+    import django
+
+    django.setup()
+    from ledgerdash.ledger import recording
+    from ledgerdash.ledger.models import Tenant
+    from ledgerdash.ledger.transitions import Actor
+
+    shared_slug, own_slug = _tenants(cfg, "ledgerdash", index)
+    shared, own = Tenant.objects.get(slug=shared_slug), Tenant.objects.get(slug=own_slug)
+    actor = Actor.agent(f"bench-agent-{index}@{os.getpid()}")
+    prefix = f"{cfg['run']}-{os.getpid()}"
+
+    def call(i: int, spread: bool) -> None:
+        recorded = recording.record_intent(
+            tenant=own if spread else shared,
+            task_id=f"task-{prefix}",
+            tool_name=TOOL,
+            idempotency_key=f"{prefix}:{i}",
+            args=tool_args(i),
+            actor=actor,
+        )
+        attempt = recording.mark_dispatched(recorded.attempt, actor=actor)
+        recording.confirm(attempt, provider_request_id=f"req-{prefix}-{i}", actor=actor)
+
+    from django.db import connection
+
+    return Agent(call, release=connection.close)
+
+
+def http_agent(cfg: dict[str, Any], index: int) -> Agent:
+    from ledgerdash.client import LedgerClient
+
+    shared_slug, own_slug = _tenants(cfg, "ledgerdash HTTP", index)
+    label = f"bench-http-{index}@{os.getpid()}"
+    clients = {
+        slug: LedgerClient(cfg["base_url"], cfg["tokens"][slug], agent=label) for slug in (shared_slug, own_slug)
+    }
+    prefix = f"{cfg['run']}-{os.getpid()}"
+
+    def call(i: int, spread: bool) -> None:
+        client = clients[own_slug if spread else shared_slug]
+        recorded = client.record_intent(
+            task_id=f"task-{prefix}", tool_name=TOOL, idempotency_key=f"{prefix}:{i}", args=tool_args(i)
+        )
+        attempt = client.dispatch(recorded.attempt.id, fence=recorded.attempt.fence)
+        client.confirm(attempt.id, fence=attempt.fence, provider_request_id=f"req-{prefix}-{i}")
+
+    return Agent(call)  # it holds no database connection: gunicorn's workers do
+
+
+# --- the floor: three statements per call ------------------------------------------------
+#
+# Each step is one autocommitted statement, a data-modifying CTE: the
+# attempt's change (the intent's INSERT, or a compare-and-set UPDATE on
+# (id, state, fence)) guarded by the tenant's current authority, then, only
+# if the change happened, the tenant's chain head locked (FOR UPDATE waits
+# for the latest committed head and reads it), the event's link computed
+# from it by the server, the head moved and the event inserted. The change
+# and its event commit together or not at all (a missing chain head makes
+# the event's seq NULL and the whole statement fails), the intent commits
+# before the dispatch is claimed, and the head stays locked only while the
+# server executes and commits, never across a round trip.
+
+#: The tenant is active and its current policy (checked to be the version
+#: the agent recorded under) allows the tool with these scopes.
+_AUTHORITY = """
+    SELECT FROM ledger_tenant t JOIN ledger_policy p ON p.tenant_id = t.id
+    WHERE t.id = %(tenant)s AND t.is_active AND p.version = %(version)s
+      AND p.version = (SELECT max(version) FROM ledger_policy WHERE tenant_id = t.id)
+      AND (p.tools -> %(tool)s) @> %(scopes)s::jsonb
+"""
+
+_APPEND = """
+head AS (
+    SELECT seq, hash FROM ledger_chainhead
+    WHERE tenant_id = %(tenant)s AND EXISTS (SELECT FROM changed) FOR UPDATE
+), link AS (
+    SELECT seq + 1 AS seq, hash AS prev_hash,
+           encode(sha256(decode(hash, 'hex') || decode(%(content_hash)s, 'hex')), 'hex') AS hash
+    FROM head
+), head_moved AS (
+    UPDATE ledger_chainhead SET seq = link.seq, hash = link.hash FROM link
+    WHERE ledger_chainhead.tenant_id = %(tenant)s
+)
+INSERT INTO ledger_attemptevent (
+    tenant_id, seq, attempt_id, kind, actor_kind, actor_user_id, actor_label, from_state, to_state,
+    fence, reason, details, created_at, content_hash, prev_hash, hash
+)
+SELECT %(tenant)s, link.seq, changed.id, 'transition', 'agent', NULL, %(label)s, %(from_state)s, %(to_state)s,
+       %(fence)s, %(reason)s, %(details)s, %(now)s, %(content_hash)s, link.prev_hash, link.hash
+FROM changed LEFT JOIN link ON true
+RETURNING seq
+"""
+
+MINIMAL_INTENT = f"""
+WITH changed AS (
+    INSERT INTO ledger_attempt (
+        id, tenant_id, task_id, tool_name, idempotency_key, provider_key, args, args_hash, state, policy_version,
+        credential_scope, parent_id, owner_id, requested_by_id, approved_by_id, approved_at, fence, dispatch_fence,
+        dispatch_count, first_dispatched_at, provider_request_id, result_ref, result, next_check_at, check_count,
+        last_error, last_lookup, last_note, created_at, updated_at
+    )
+    SELECT %(id)s, %(tenant)s, %(task)s, %(tool)s, %(key)s, %(key)s, %(args)s, %(args_hash)s, 'INTENT_RECORDED',
+           %(version)s, %(scope)s, NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, NULL, '', '', NULL, %(lease)s, 0,
+           '', '', 'intent recorded', %(now)s, %(now)s
+    WHERE EXISTS ({_AUTHORITY})
+    ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING
+    RETURNING id
+), {_APPEND}"""
+
+MINIMAL_DISPATCH = f"""
+WITH changed AS (
+    UPDATE ledger_attempt SET fence = fence + 1, state = 'DISPATCHED', updated_at = %(now)s, last_note = 'dispatched',
+        dispatch_fence = fence + 1, dispatch_count = dispatch_count + 1, check_count = 0,
+        next_check_at = %(now)s + make_interval(secs => coalesce(
+            (SELECT dispatch_lease_seconds FROM ledger_tool WHERE name = %(tool)s), %(default_lease)s)),
+        first_dispatched_at = coalesce(first_dispatched_at, %(now)s)
+    WHERE id = %(id)s AND state = 'INTENT_RECORDED' AND fence = 0 AND EXISTS ({_AUTHORITY})
+    RETURNING id
+), {_APPEND}"""
+
+MINIMAL_CONFIRM = f"""
+WITH changed AS (
+    UPDATE ledger_attempt SET fence = fence + 1, state = 'OUTCOME_CONFIRMED', updated_at = %(now)s,
+        last_note = 'outcome confirmed', provider_request_id = %(request_id)s, result_ref = '', result = NULL,
+        next_check_at = NULL
+    WHERE id = %(id)s AND state = 'DISPATCHED' AND fence = 1
+    RETURNING id
+), {_APPEND}"""
+
+#: Every parameter's type, written into the statements: a parameter used in
+#: several places must have one type for the server to prepare the statement.
+_TYPES = {
+    "tenant": "bigint", "id": "bigint", "version": "integer", "fence": "bigint", "tool": "varchar",
+    "task": "varchar", "key": "varchar", "args": "jsonb", "args_hash": "varchar", "scope": "varchar",
+    "scopes": "jsonb", "label": "varchar", "from_state": "varchar", "to_state": "varchar", "reason": "text",
+    "details": "jsonb", "content_hash": "varchar", "request_id": "varchar", "now": "timestamptz",
+    "lease": "timestamptz", "default_lease": "float8",
+}  # fmt: skip
+
+
+def _typed(sql: str) -> str:
+    return re.sub(r"%\((\w+)\)s(?!::)", lambda m: f"%({m[1]})s::{_TYPES[m[1]]}", sql)
+
+
+MINIMAL_INTENT, MINIMAL_DISPATCH, MINIMAL_CONFIRM = (
+    _typed(sql) for sql in (MINIMAL_INTENT, MINIMAL_DISPATCH, MINIMAL_CONFIRM)
+)
+
+#: Attempt ids are taken from the table's sequence in blocks, one round trip per block.
+ID_BLOCK = 256
+
+
+def _content_hash(tenant_id: int, attempt_id: int, label: str, step: dict[str, Any], now: datetime) -> str:
+    """The event's content hash, as ledgerdash.ledger.chain computes it (RFC 8785 JSON, sha256)."""
+    import rfc8785
+
+    content = {
+        "tenant_id": tenant_id,
+        "attempt_id": attempt_id,
+        "kind": "transition",
+        "actor_kind": "agent",
+        "actor_user_id": None,
+        "actor_label": label,
+        "from_state": step["from_state"],
+        "to_state": step["to_state"],
+        "fence": step["fence"],
+        "reason": step["reason"],
+        "details": step["details"],
+        "created_at": now.astimezone(UTC).isoformat(timespec="microseconds"),
+    }
+    return hashlib.sha256(rfc8785.dumps(content)).hexdigest()
+
+
+class MinimalPeer:
+    """The floor's tool call on one psycopg connection in autocommit mode:
+    each step one statement, so one round trip and one commit."""
+
+    def __init__(self, conn: Any, label: str, *, dispatch_lease: float = 60.0, intent_lease: float = 900.0) -> None:
+        self.conn = conn
+        self.label = label
+        self.dispatch_lease = dispatch_lease
+        self.intent_lease = timedelta(seconds=intent_lease)
+        self._ids: Iterator[int] = iter(())
+        #: tenant id -> its policy version as last read (every statement re-checks it is still current)
+        self._versions: dict[int, int] = {}
+
+    def _next_id(self) -> int:
+        for attempt_id in self._ids:
+            return attempt_id
+        rows = self.conn.execute(
+            "SELECT nextval(pg_get_serial_sequence('ledger_attempt', 'id')) FROM generate_series(1, %s)", [ID_BLOCK]
+        ).fetchall()
+        self._ids = iter(int(row[0]) for row in rows)
+        return next(self._ids)
+
+    def _step(self, sql: str, params: dict[str, Any], step: dict[str, Any], refused: str) -> None:
+        from psycopg.types.json import Jsonb
+
+        now = datetime.now(UTC)
+        content_hash = _content_hash(params["tenant"], params["id"], self.label, step, now)
+        params.update(step, details=Jsonb(step["details"]), now=now, content_hash=content_hash, label=self.label)
+        if self.conn.execute(sql, params).fetchone() is None:
+            raise RuntimeError(f"attempt {params['id']}: {refused}; nothing was written")
+
+    def _base(self, attempt: dict[str, Any]) -> dict[str, Any]:
+        from psycopg.types.json import Jsonb
+
+        return {
+            "tenant": attempt["tenant_id"],
+            "id": attempt["id"],
+            "tool": TOOL,
+            "version": attempt["policy_version"],
+            "scopes": Jsonb(sorted(SCOPES)),
+        }
+
+    def record_intent(self, *, tenant_id: int, task_id: str, key: str, args: dict[str, Any]) -> dict[str, Any]:
+        """INSERT the attempt in INTENT_RECORDED with its event; returns the attempt as the next steps need it."""
+        import rfc8785
+        from psycopg.types.json import Jsonb
+
+        if tenant_id not in self._versions:
+            self._versions[tenant_id] = _policy_version(self.conn, tenant_id)
+        attempt = {"id": self._next_id(), "tenant_id": tenant_id, "policy_version": self._versions[tenant_id]}
+        args_hash = hashlib.sha256(rfc8785.dumps(args)).hexdigest()
+        scope = " ".join(sorted(SCOPES))
+        step = {
+            "from_state": "",
+            "to_state": "INTENT_RECORDED",
+            "fence": 0,
+            "reason": "intent recorded",
+            "details": {
+                "task_id": task_id,
+                "tool_name": TOOL,
+                "idempotency_key": key,
+                "args_hash": args_hash,
+                "policy_version": attempt["policy_version"],
+                "credential_scope": scope,
+            },
+        }
+        params = {
+            **self._base(attempt),
+            "task": task_id,
+            "key": key,
+            "args": Jsonb(args),
+            "args_hash": args_hash,
+            "scope": scope,
+            "lease": datetime.now(UTC) + self.intent_lease,
+        }
+        try:
+            self._step(MINIMAL_INTENT, params, step, "the key is recorded already, or the authority does not allow it")
+        except RuntimeError:
+            self._versions.pop(tenant_id, None)  # read the policy again next time
+            raise
+        return {**attempt, "key": key}
+
+    def dispatch(self, attempt: dict[str, Any]) -> None:
+        """Claim the attempt (INTENT_RECORDED, fence 0) for dispatch, re-checking the authority."""
+        step = {
+            "from_state": "INTENT_RECORDED",
+            "to_state": "DISPATCHED",
+            "fence": 1,
+            "reason": "dispatched",
+            "details": {"provider_key": attempt["key"], "dispatch": 1},
+        }
+        params = {**self._base(attempt), "default_lease": self.dispatch_lease}
+        self._step(MINIMAL_DISPATCH, params, step, "lost the claim, or the authority changed")
+
+    def confirm(self, attempt: dict[str, Any], *, request_id: str) -> None:
+        """DISPATCHED (fence 1) -> OUTCOME_CONFIRMED with the provider's request id."""
+        step = {
+            "from_state": "DISPATCHED",
+            "to_state": "OUTCOME_CONFIRMED",
+            "fence": 2,
+            "reason": "outcome confirmed",
+            "details": {"provider_request_id": request_id, "result_ref": ""},
+        }
+        self._step(MINIMAL_CONFIRM, {**self._base(attempt), "request_id": request_id}, step, "stale fence")
+
+    def call(self, *, tenant_id: int, task_id: str, key: str, args: dict[str, Any], request_id: str) -> int:
+        """One tool call: intent, dispatch, confirm; returns the attempt's id."""
+        attempt = self.record_intent(tenant_id=tenant_id, task_id=task_id, key=key, args=args)
+        self.dispatch(attempt)
+        self.confirm(attempt, request_id=request_id)
+        return int(attempt["id"])
+
+
+def _policy_version(conn: Any, tenant_id: int) -> int:
+    row = conn.execute("SELECT max(version) FROM ledger_policy WHERE tenant_id = %s", [tenant_id]).fetchone()
+    if row is None or row[0] is None:
+        raise RuntimeError(f"tenant {tenant_id} has no policy")
+    return int(row[0])
+
+
+def _tenant_ids(conn: Any, slugs: tuple[str, str]) -> tuple[int, int]:
+    ids = dict(conn.execute("SELECT slug, id FROM ledger_tenant WHERE slug = ANY(%s)", [list(slugs)]).fetchall())
+    return int(ids[slugs[0]]), int(ids[slugs[1]])
+
+
+def minimal_agent(cfg: dict[str, Any], index: int) -> Agent:
+    conn = _Connection(cfg["database_url"])
+    shared, own = _tenant_ids(conn.get(), _tenants(cfg, "minimal psycopg", index))
+    peer = MinimalPeer(
+        None,
+        f"bench-minimal-{index}@{os.getpid()}",
+        dispatch_lease=float(cfg["dispatch_lease_seconds"]),
+        intent_lease=float(cfg["intent_lease_seconds"]),
+    )
+    prefix = f"{cfg['run']}-{os.getpid()}"
+
+    def call(i: int, spread: bool) -> None:
+        key = f"{prefix}:{i}"
+        peer.conn = conn.get()
+        peer.call(
+            tenant_id=own if spread else shared,
+            task_id=f"task-{prefix}",
+            key=key,
+            args=tool_args(i),
+            request_id=f"req-{key}",
+        )
+
+    return Agent(call, release=conn.release)
+
+
+# --- raw psycopg, naive transactions ----------------------------------------------------
+
+NAIVE_INSERT_ATTEMPT = """
+INSERT INTO ledger_attempt (
+    tenant_id, task_id, tool_name, idempotency_key, provider_key, args, args_hash, state, policy_version,
+    credential_scope, fence, dispatch_count, provider_request_id, result_ref, next_check_at, check_count,
+    last_error, last_lookup, last_note, created_at, updated_at
+) VALUES (%s, %s, %s, %s, %s, %s, %s, 'INTENT_RECORDED', %s, %s, 0, 0, '', '', %s, 0, '', '', 'intent recorded', %s, %s)
+RETURNING id
+"""
+NAIVE_DISPATCH = """
+UPDATE ledger_attempt SET state = 'DISPATCHED', fence = fence + 1, dispatch_fence = fence + 1,
+    dispatch_count = dispatch_count + 1, check_count = 0, next_check_at = %s, first_dispatched_at = %s,
+    updated_at = %s, last_note = 'dispatched'
+WHERE id = %s AND state = 'INTENT_RECORDED' AND fence = 0
+"""
+NAIVE_CONFIRM = """
+UPDATE ledger_attempt SET state = 'OUTCOME_CONFIRMED', fence = fence + 1, provider_request_id = %s,
+    result_ref = '', next_check_at = NULL, updated_at = %s, last_note = 'outcome confirmed'
+WHERE id = %s AND state = 'DISPATCHED' AND fence = 1
+"""
+NAIVE_LOCK_HEAD = "SELECT seq, hash FROM ledger_chainhead WHERE tenant_id = %s FOR UPDATE"
+NAIVE_INSERT_EVENT = """
+INSERT INTO ledger_attemptevent (
+    tenant_id, seq, attempt_id, kind, actor_kind, actor_label, from_state, to_state, fence, reason, details,
+    created_at, content_hash, prev_hash, hash
+) VALUES (%s, %s, %s, 'transition', 'agent', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+NAIVE_UPDATE_HEAD = "UPDATE ledger_chainhead SET seq = %s, hash = %s WHERE tenant_id = %s"
+
+
+def naive_agent(cfg: dict[str, Any], index: int) -> Agent:
+    import rfc8785
+    from psycopg.types.json import Jsonb
+
+    connection = _Connection(cfg["database_url"])
+    shared, own = _tenant_ids(connection.get(), _tenants(cfg, "naive psycopg", index))
+    label = f"bench-naive-{index}@{os.getpid()}"
+    prefix = f"{cfg['run']}-{os.getpid()}"
+    versions = {tenant_id: _policy_version(connection.get(), tenant_id) for tenant_id in (shared, own)}
+
+    def event(tenant_id: int, cur: Any, attempt_id: int, step: dict[str, Any], now: datetime) -> None:
+        seq, prev = cur.execute(NAIVE_LOCK_HEAD, [tenant_id]).fetchone()
+        content_hash = _content_hash(tenant_id, attempt_id, label, step, now)
+        this = hashlib.sha256(bytes.fromhex(prev) + bytes.fromhex(content_hash)).hexdigest()
+        cur.execute(
+            NAIVE_INSERT_EVENT,
+            [
+                tenant_id, seq + 1, attempt_id, label, step["from_state"], step["to_state"], step["fence"],
+                step["reason"], Jsonb(step["details"]), now, content_hash, prev, this,
+            ],
+        )  # fmt: skip
+        cur.execute(NAIVE_UPDATE_HEAD, [seq + 1, this, tenant_id])
+
+    def call(i: int, spread: bool) -> None:
+        tenant_id = own if spread else shared
+        key = f"{prefix}:{i}"
+        args = tool_args(i)
+        args_hash = hashlib.sha256(rfc8785.dumps(args)).hexdigest()
+        scope = " ".join(sorted(SCOPES))
+        version = versions[tenant_id]
+        conn = connection.get()
+        cur = conn.cursor()
+        now = datetime.now(UTC)
+        with conn.transaction():
+            inserted = cur.execute(
+                NAIVE_INSERT_ATTEMPT,
+                [
+                    tenant_id, f"task-{prefix}", TOOL, key, key, Jsonb(args), args_hash, version, scope,
+                    now + timedelta(minutes=15), now, now,
+                ],
+            ).fetchone()  # fmt: skip
+            assert inserted is not None
+            attempt_id = int(inserted[0])
+            details = {
+                "task_id": f"task-{prefix}",
+                "tool_name": TOOL,
+                "idempotency_key": key,
+                "args_hash": args_hash,
+                "policy_version": version,
+                "credential_scope": scope,
+            }
+            intent = {"from_state": "", "to_state": "INTENT_RECORDED", "fence": 0, "reason": "intent recorded"}
+            event(tenant_id, cur, attempt_id, {**intent, "details": details}, now)
+        now = datetime.now(UTC)
+        with conn.transaction():
+            cur.execute(NAIVE_DISPATCH, [now + timedelta(seconds=60), now, now, attempt_id])
+            if cur.rowcount != 1:
+                raise RuntimeError("lost the dispatch claim")
+            dispatch = {"from_state": "INTENT_RECORDED", "to_state": "DISPATCHED", "fence": 1, "reason": "dispatched"}
+            event(tenant_id, cur, attempt_id, {**dispatch, "details": {"provider_key": key, "dispatch": 1}}, now)
+        now = datetime.now(UTC)
+        with conn.transaction():
+            cur.execute(NAIVE_CONFIRM, [f"req-{key}", now, attempt_id])
+            if cur.rowcount != 1:
+                raise RuntimeError("stale fence at confirm")
+            confirm = {
+                "from_state": "DISPATCHED",
+                "to_state": "OUTCOME_CONFIRMED",
+                "fence": 2,
+                "reason": "outcome confirmed",
+                "details": {"provider_request_id": f"req-{key}", "result_ref": ""},
+            }
+            event(tenant_id, cur, attempt_id, confirm, now)
+
+    return Agent(call, release=connection.release)
+
+
+# --- DBOS -------------------------------------------------------------------------------
+
+#: Connections each DBOS process may hold in its system database's pool (its
+#: default is 20): one agent runs one workflow at a time.
+DBOS_POOL = 2
+
+
+def dbos_agent(cfg: dict[str, Any], index: int) -> Agent:
+    from dbos import DBOS
+
+    DBOS(
+        config={
+            "name": "ledgerdash-bench",
+            "system_database_url": cfg["dbos_url"],
+            "sys_db_pool_size": DBOS_POOL,
+            "executor_id": f"bench-{index}-{os.getpid()}",
+            "application_version": "bench",
+            "log_level": "WARNING",
+            "enable_otlp": False,
+        }
+    )
+
+    @DBOS.step()
+    def no_op_step(i: int) -> int:
+        return i
+
+    @DBOS.workflow()
+    def tool_call(i: int) -> int:
+        return no_op_step(i)
+
+    DBOS.launch()
+
+    def call(i: int, spread: bool) -> None:
+        tool_call(i)
+
+    # DBOS keeps its pool and its LISTEN connection for as long as it runs.
+    return Agent(call, stop=DBOS.destroy)
+
+
+AGENTS: dict[str, Callable[[dict[str, Any], int], Agent]] = {
+    "ledgerdash": ledgerdash_agent,
+    "ledgerdash HTTP": http_agent,
+    "minimal psycopg": minimal_agent,
+    "naive psycopg": naive_agent,
+    "DBOS": dbos_agent,
+}

@@ -1,0 +1,133 @@
+"""The recording benchmark's floor (bench/peers.py ``MinimalPeer``) does the
+ledger's job, only with fewer round trips: it writes the rows the ledger
+writes, keeps a tenant's chain verifiable under concurrent agents, commits a
+change with its event or not at all, and re-checks the authority at dispatch.
+A floor that skipped any of this would flatter nobody but itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from bench.peers import SCOPES, TOOL, MinimalPeer, tool_args
+from ledgerdash.ledger import audit, recording
+from ledgerdash.ledger.drill.runner import database_url
+from ledgerdash.ledger.models import Attempt, AttemptEvent, Policy, State, Tenant
+from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.transitions import Actor
+from tests.conftest import together
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+LABEL = "bench-agent@host"
+#: Columns that differ between two calls by design: identity, keys, and when.
+PER_CALL = {"id", "idempotency_key", "provider_key", "provider_request_id", "created_at", "updated_at"}
+
+
+@pytest.fixture
+def conn() -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(database_url(), autocommit=True) as connection:
+        yield connection
+
+
+def _tenant(slug: str) -> Tenant:
+    tenant = Tenant.objects.create(slug=slug, name=slug)
+    policy_publish(tenant=tenant, tools={TOOL: SCOPES}, actor=Actor.system("test"))
+    return tenant
+
+
+def _attempt_row(attempt_id: int) -> dict[str, Any]:
+    row = Attempt.objects.filter(pk=attempt_id).values().get()
+    assert row["first_dispatched_at"] is not None
+    row["first_dispatched_at"] = "set"
+    return {k: v for k, v in row.items() if k not in PER_CALL}
+
+
+def _event_rows(attempt_id: int, key: str, request_id: str) -> list[dict[str, Any]]:
+    rows = []
+    for event in AttemptEvent.objects.filter(attempt_id=attempt_id).order_by("seq"):
+        details = {
+            name: {key: "<key>", request_id: "<request id>"}.get(value, value) if isinstance(value, str) else value
+            for name, value in event.details.items()
+        }
+        rows.append(
+            {
+                "kind": event.kind,
+                "actor": (event.actor_kind, event.actor_user_id, event.actor_label),
+                "move": (event.from_state, event.to_state, event.fence),
+                "reason": event.reason,
+                "details": details,
+            }
+        )
+    return rows
+
+
+def test_the_minimal_peer_writes_the_rows_the_ledger_writes(conn: psycopg.Connection[Any]) -> None:
+    tenant = _tenant("floor")
+    actor = Actor.agent(LABEL)
+    recorded = recording.record_intent(
+        tenant=tenant, task_id="task-1", tool_name=TOOL, idempotency_key="k-ledger", args=tool_args(7), actor=actor
+    )
+    dispatched = recording.mark_dispatched(recorded.attempt, actor=actor)
+    recording.confirm(dispatched, provider_request_id="req-ledger", actor=actor)
+
+    peer = MinimalPeer(conn, LABEL)
+    floor_id = peer.call(
+        tenant_id=tenant.pk, task_id="task-1", key="k-floor", args=tool_args(7), request_id="req-floor"
+    )
+
+    assert _attempt_row(floor_id) == _attempt_row(recorded.attempt.pk)
+    assert Attempt.objects.get(pk=floor_id).state == State.OUTCOME_CONFIRMED
+    assert _event_rows(floor_id, "k-floor", "req-floor") == _event_rows(recorded.attempt.pk, "k-ledger", "req-ledger")
+    result = audit.verify_tenant(tenant)
+    assert result.ok, result.describe()
+    assert result.events == 1 + 3 + 3  # the policy, then each call's three
+
+
+def test_concurrent_minimal_agents_keep_one_tenants_chain_intact() -> None:
+    tenant = _tenant("floor-busy")
+    agents, calls = 6, 10
+
+    def work(index: int) -> None:
+        with psycopg.connect(database_url(), autocommit=True) as own:
+            peer = MinimalPeer(own, f"agent-{index}")
+            for i in range(calls):
+                key = f"a{index}:{i}"
+                peer.call(tenant_id=tenant.pk, task_id="t", key=key, args=tool_args(i), request_id=f"req-{key}")
+
+    together(work, list(range(agents)))
+
+    result = audit.verify_tenant(tenant)
+    assert result.ok, result.describe()
+    assert result.events == 1 + agents * calls * 3
+    assert Attempt.objects.filter(tenant=tenant, state=State.OUTCOME_CONFIRMED).count() == agents * calls
+
+
+def test_the_minimal_peer_writes_no_change_without_its_event(conn: psycopg.Connection[Any]) -> None:
+    # A policy written directly records no event, so this tenant has no chain head to link to.
+    tenant = Tenant.objects.create(slug="no-head", name="No head")
+    Policy.objects.create(tenant=tenant, version=1, tools={TOOL: SCOPES})
+
+    with pytest.raises(psycopg.errors.NotNullViolation):
+        MinimalPeer(conn, LABEL).record_intent(tenant_id=tenant.pk, task_id="t", key="k", args=tool_args(1))
+
+    assert not Attempt.objects.filter(tenant=tenant).exists()
+    assert not AttemptEvent.objects.filter(tenant=tenant).exists()
+
+
+def test_the_minimal_peer_refuses_to_dispatch_after_the_policy_changed(conn: psycopg.Connection[Any]) -> None:
+    tenant = _tenant("floor-policy")
+    peer = MinimalPeer(conn, LABEL)
+    attempt = peer.record_intent(tenant_id=tenant.pk, task_id="t", key="k", args=tool_args(1))
+    policy_publish(tenant=tenant, tools={"open_ticket": ["tickets:write"]}, actor=Actor.system("test"))
+
+    with pytest.raises(RuntimeError, match="authority changed"):
+        peer.dispatch(attempt)
+
+    assert Attempt.objects.get(pk=attempt["id"]).state == State.INTENT_RECORDED
+    assert AttemptEvent.objects.filter(attempt_id=attempt["id"]).count() == 1
+    assert audit.verify_tenant(tenant).ok
