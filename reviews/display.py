@@ -155,12 +155,22 @@ def _markers(scan: _Scan) -> SafeString:
     )
 
 
-def untrusted(value: Any, limit: int | None = None, *, block: bool = False) -> SafeString:
+#: A run this long without whitespace may break anywhere; shorter words never
+#: break mid-word (in a table, breaking anywhere lets a column shrink to one
+#: letter: "send_e|mail").
+_LONG_RUN = re.compile(r"\S{16}")
+#: Values up to this long keep to one line in a table cell ("oncall-|a" helps
+#: nobody); longer ones are marked "wraps".
+SHORT = 24
+
+
+def untrusted(value: Any, limit: int | None = None, *, block: bool = False, whole_in_title: bool = True) -> SafeString:
     """``value`` as isolated, visible, escaped markup (see the module's doc).
 
     ``limit``: show at most that many characters and say how many more
     there are; the whole value (hidden characters written out) is the
-    title. ``block``: line feeds and tabs are kept as layout (``<pre>``).
+    title unless ``whole_in_title`` is false. ``block``: line feeds and
+    tabs are kept as layout (``<pre>``).
     """
     text = "" if value is None else str(value)
     cut = 0
@@ -173,11 +183,20 @@ def untrusted(value: Any, limit: int | None = None, *, block: bool = False) -> S
     # The title lists the hidden characters of the whole value, cut or not.
     hidden = _scan(text, block=block).hidden if cut else scan.hidden
     titles = []
-    if cut:
+    if cut and whole_in_title:
         titles.append(visible_text(text))
     if hidden:
         titles.append(_hidden_summary(hidden))
-    classes = "u hidden-chars" if hidden else "u"
+    classes = " ".join(
+        name
+        for name, present in (
+            ("u", True),
+            ("wraps", len(shown) > SHORT or block),
+            ("long", _LONG_RUN.search(shown)),
+            ("hidden-chars", hidden),
+        )
+        if present
+    )
     if titles:
         html = format_html('<bdi class="{}" title="{}">{}</bdi>', classes, "\n".join(titles), _markers(scan))
     else:
@@ -187,6 +206,21 @@ def untrusted(value: Any, limit: int | None = None, *, block: bool = False) -> S
             '{}<span class="cut">… ({} more character{})</span>', html, f"{cut:,}", "s" if cut != 1 else ""
         )
     return html
+
+
+def expandable(value: Any, limit: int, *, block: bool = False) -> SafeString:
+    """``value`` cut after ``limit`` characters, with the whole of it one
+    click away (``<details>``): for long reasons and notes on a page."""
+    text = "" if value is None else str(value)
+    if len(text) <= limit:
+        return untrusted(text, block=block)
+    return format_html(
+        '<span class="expandable">{}<details class="whole"><summary>show all {} characters</summary>{}</details>'
+        "</span>",
+        untrusted(text, limit, block=block, whole_in_title=False),
+        f"{len(text):,}",
+        untrusted(text, block=block),
+    )
 
 
 def shortened(value: Any, limit: int) -> tuple[Any, int]:

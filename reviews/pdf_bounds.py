@@ -1,16 +1,16 @@
 """How much of a report a PDF shows, so that any valid attempt renders in bounded time.
 
-WeasyPrint's time grows with the pages it lays out (about 0.1 s a page on
-an idle 2-core machine, several times that under load) and with the square
-of a run of text without break opportunities: a 32,000-character string
-without spaces took 22 s alone, 60,000 would take minutes. What a report
-holds is not bounded: arguments up to 64 KiB, reasons of 4,000 characters,
-any number of events, linked attempts and changed arguments. So a PDF
-shows a bounded part of each, and says on its first page and at each cut
-what it left out; the HTML report (which prints from the browser) and the
-exports hold everything.
+WeasyPrint's time grows with the pages it lays out (0.2 to 0.5 s a page
+on this project's shared 2-core machine, depending on its load) and with
+the square of a run of text without break opportunities: a 32,000-character
+string without spaces took 22 s alone, 60,000 would take minutes. What a
+report holds is not bounded: arguments up to 64 KiB, reasons of 4,000
+characters, any number of events, linked attempts and changed arguments.
+So a PDF shows a bounded part of each, and says on its first page and at
+each cut what it left out; the HTML report (which prints from the browser)
+and the exports hold everything.
 
-The bounds keep the worst case to about twenty pages; ``tests/test_pdf_bounds.py``
+The bounds keep the worst case to about fifteen pages; ``tests/test_pdf_bounds.py``
 renders one and counts them.
 """
 

@@ -9,7 +9,7 @@ import pytest
 from django.template import Context, Template
 from django.utils.safestring import SafeString
 
-from reviews.display import describe, is_hidden, shortened, untrusted, visible_text
+from reviews.display import describe, expandable, is_hidden, shortened, untrusted, visible_text
 
 RLO = "\u202e"
 ZWSP = "\u200b"
@@ -22,7 +22,7 @@ def render(source: str, **context: object) -> str:
 def test_it_escapes_before_it_marks() -> None:
     html = untrusted('<img src=x onerror="alert(1)">&amp;')
     assert isinstance(html, SafeString)
-    assert html == '<bdi class="u">&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;amp;</bdi>'
+    assert html == '<bdi class="u wraps long">&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;amp;</bdi>'
 
 
 def test_a_bidi_override_becomes_a_named_marker_inside_an_isolate() -> None:
@@ -73,7 +73,7 @@ def test_ordinary_text_of_any_script_is_left_alone(text: str) -> None:
 
 
 def test_line_breaks_are_layout_in_a_block_and_marked_on_a_line() -> None:
-    assert untrusted("a\nb\tc", block=True) == '<bdi class="u">a\nb\tc</bdi>'
+    assert untrusted("a\nb\tc", block=True) == '<bdi class="u wraps">a\nb\tc</bdi>'
     inline = untrusted("a\nb")
     assert "U+000A" in inline
     assert "\n" not in inline
@@ -82,12 +82,12 @@ def test_line_breaks_are_layout_in_a_block_and_marked_on_a_line() -> None:
 def test_a_long_value_is_cut_with_the_rest_on_demand() -> None:
     task = "t" * 255
     html = untrusted(task, 64)
-    shown = re.search(r'<bdi class="u" title="(t+)">(t+)</bdi>', html)
+    shown = re.search(r'<bdi class="u wraps long" title="(t+)">(t+)</bdi>', html)
     assert shown is not None
     assert shown.group(1) == task  # the whole value, on hover
     assert shown.group(2) == "t" * 64
     assert html.endswith('<span class="cut">… (191 more characters)</span>')
-    assert untrusted("t" * 64, 64) == f'<bdi class="u">{"t" * 64}</bdi>'
+    assert untrusted("t" * 64, 64) == f'<bdi class="u wraps long">{"t" * 64}</bdi>'
 
 
 def test_a_cut_value_still_names_the_hidden_characters_past_the_cut() -> None:
@@ -130,3 +130,24 @@ def test_shortened_keeps_two_long_keys_with_the_same_start_apart() -> None:
     cut, count = shortened({"a" * 50 + "1": 1, "a" * 50 + "2": 2}, 10)
     assert count == 2
     assert sorted(cut.values()) == [1, 2]
+
+
+def test_only_a_long_run_without_spaces_may_break_anywhere() -> None:
+    # In a table, a value that may break anywhere lets its column shrink to a
+    # letter ("send_e|mail"); only runs of 16 or more characters need it.
+    assert untrusted("send_email") == '<bdi class="u">send_email</bdi>'
+    assert untrusted("a fifteen-letter word") == '<bdi class="u">a fifteen-letter word</bdi>'
+    assert untrusted("x" * 16).startswith('<bdi class="u long">')
+    assert untrusted("a " + "x" * 16 + " b").startswith('<bdi class="u long">')
+    # Short values keep to one line in a table cell; longer ones may wrap.
+    assert untrusted("oncall-a") == '<bdi class="u">oncall-a</bdi>'
+    assert untrusted("a value of twenty-five ch").startswith('<bdi class="u wraps">')
+
+
+def test_an_expandable_value_shows_a_part_and_keeps_the_whole_one_click_away() -> None:
+    assert expandable("short", 10) == '<bdi class="u">short</bdi>'
+    html = expandable("E" * 3900, 300)
+    assert html.startswith('<span class="expandable"><bdi class="u wraps long">' + "E" * 300 + "</bdi>")
+    assert "… (3,600 more characters)" in html
+    assert "<summary>show all 3,900 characters</summary>" in html
+    assert html.count("E") == 4200  # the part, then the whole (not a third time in a title)

@@ -78,6 +78,7 @@ def test_the_pdf_says_what_it_cut_and_where_the_whole_value_is(sixty_k: Attempt,
     assert "1 string longer than 1000 characters is cut short below" in html
     assert "the full arguments are on the attempt's page and in the exports" in html
     assert "The HTML report and the exports (CSV, NDJSON) hold everything." in html
+    assert "values are cut after 1000 characters" in html
 
 
 def test_the_html_report_and_the_page_keep_the_whole_value(sixty_k: Attempt, viewer_a: Any) -> None:

@@ -88,6 +88,12 @@ def untrusted_block(value: Any, limit: Any = None) -> SafeString:
 
 
 @register.filter
+def untrusted_more(value: Any, limit: Any = 300) -> SafeString:
+    """Untrusted text cut after ``limit`` characters, the rest one click away."""
+    return display.expandable(value, _limit(limit) or 300, block=True)
+
+
+@register.filter
 def visible(value: Any) -> str:
     """Untrusted text where markup cannot go (attributes, ``<title>``,
     ``<option>``): hidden characters written as ``[U+202E]``."""
