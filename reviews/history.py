@@ -59,9 +59,9 @@ def owner_change(event: AttemptEvent, names: Mapping[int, str]) -> OwnerChange |
         return OwnerChange(_name(details.get("from_user_id"), names), _name(details.get("to_user_id"), names))
     assigned = details.get("owner_assigned")
     if isinstance(assigned, dict):
-        return OwnerChange(
-            None, _name(assigned.get("user_id"), names), chosen_by=str(assigned.get("by") or ""), knows_before=False
-        )
+        # The ledger says "nobody: <why>" when it found no one; the page says "no owner" itself.
+        chosen_by = str(assigned.get("by") or "").removeprefix("nobody: ")
+        return OwnerChange(None, _name(assigned.get("user_id"), names), chosen_by=chosen_by, knows_before=False)
     return None
 
 

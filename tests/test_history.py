@@ -136,3 +136,12 @@ def test_a_linked_attempt_a_person_asked_for_names_them(tenant_a: Tenant, operat
 def test_a_root_attempt_names_the_agent_that_recorded_it(tenant_a: Tenant, viewer_a: Any) -> None:
     attempt = record(tenant_a, "root")
     assert created_by(detail(viewer_a, attempt)) == "agent agent-test: recorded the intent"
+
+
+def test_an_attempt_that_found_no_owner_says_why_once(tenant_a: Tenant, viewer_a: Any) -> None:
+    Tenant.objects.filter(pk=tenant_a.pk).update(default_owner=None)
+    record(tenant_a, "nobody-home")
+    with pytest.raises(IdempotencyConflict) as conflict:
+        record(tenant_a, "nobody-home", args={"to": "elsewhere@example.com"})
+    page = text(detail(viewer_a, conflict.value.attempt))
+    assert "no owner: the tenant has no default owner and nobody is on call" in page
