@@ -3,11 +3,14 @@ made visible, long values cut with the rest on demand (reviews/display.py)."""
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
 from django.template import Context, Template
 from django.utils.safestring import SafeString
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reviews.display import describe, expandable, is_hidden, shortened, untrusted, visible_text
 
@@ -151,3 +154,20 @@ def test_an_expandable_value_shows_a_part_and_keeps_the_whole_one_click_away() -
     assert "… (3,600 more characters)" in html
     assert "<summary>show all 3,900 characters</summary>" in html
     assert html.count("E") == 4200  # the part, then the whole (not a third time in a title)
+
+
+@given(st.text(max_size=80), st.one_of(st.none(), st.integers(min_value=1, max_value=40)), st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_any_text_comes_out_escaped_and_whole(text: str, limit: int | None, block: bool) -> None:
+    """Whatever the text, the only tags are the renderer's own, and the
+    text read back (tags dropped, entities decoded, markers read as their
+    code points) is what was shown of it."""
+    markup = str(untrusted(text, limit, block=block))
+    tags = re.findall(r"<[^>]*>", markup)
+    assert all(re.fullmatch(r'</?(bdi|span)( class="[a-z -]+")?( title="[^"<>]*")?>', tag) for tag in tags), tags
+    shown = text[:limit] if limit else text
+    read_back = html.unescape(re.sub(r"<[^>]*>", "", re.sub(r'<span class="cut">.*?</span>$', "", markup)))
+    expected = "".join(
+        f"U+{ord(char):04X}" if is_hidden(char) and not (block and char in "\n\t") else char for char in shown
+    )
+    assert read_back == expected
