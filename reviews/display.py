@@ -164,8 +164,9 @@ def _markers(scan: _Scan) -> str:
 #: letter: "send_e|mail").
 _LONG_RUN = re.compile(r"\S{16}")
 #: Values up to this long keep to one line in a table cell ("oncall-|a" helps
-#: nobody); longer ones are marked "wraps".
-SHORT = 24
+#: nobody); longer ones are marked "wraps". Short enough that a queue row of
+#: such values in every column still fits a 1440 px window.
+SHORT = 16
 
 
 def untrusted(value: Any, limit: int | None = None, *, block: bool = False, whole_in_title: bool = True) -> SafeString:

@@ -48,6 +48,9 @@ LONG_TASK = "task-" + "0123456789abcdef" * 15 + "t" * 10  # 255 characters, no s
 LONG_REASON = "E" * 3900  # no spaces
 SIXTY_K = "0123456789abcdef" * 3750
 HEBREW_OPERATOR = "\u05d0\u05d5\u05e8\u05d9"  # a username in a right-to-left script
+HOSTILE_TOOL = f"notify{RLO}{ZWSP}_" + "t" * 200  # a tool name a policy allows
+#: The widest values that still keep to one line in a table cell, in every column of one row.
+WIDE = "wide wide wide w"
 AGENT = Actor.agent(f"agent{RLO}evil")
 
 #: Everything a page's text may not contain: bidi controls and isolates,
@@ -93,6 +96,17 @@ def unknown(attempt: Attempt, reason: str = "timeout") -> Attempt:
 def hostile(tenant_a: Tenant, operator_a: Any, make_user: Any) -> Hostile:
     hebrew = make_user(HEBREW_OPERATOR)
     Membership.objects.create(user=hebrew, tenant=tenant_a, role="operator")
+    policy_publish(
+        tenant=tenant_a,
+        tools={**TOOLS_V1, HOSTILE_TOOL: ["email:send"], WIDE: ["email:send"]},
+        actor=Actor.system("tests"),
+        note="v2",
+    )
+    unknown(record(tenant_a, "hostile-tool", tool_name=HOSTILE_TOOL))
+    wide = recording.mark_dispatched(record(tenant_a, "key key key key!", tool_name=WIDE, task_id=WIDE), actor=AGENT)
+    wide = recording.record_request_id(wide, "req req req req!", actor=AGENT)
+    unknown_wide = recording.mark_unknown(wide, reason=WIDE, actor=AGENT)
+    assert unknown_wide.provider_request_id == "req req req req!"
     rlo = unknown(record(tenant_a, RLO_KEY, args={"memo": f"pay{RLO}{ZWSP}now", "to": "ap@example.com"}), LONG_REASON)
     transitions.attempt_assign(attempt_id=rlo.pk, owner=hebrew, actor=Actor.user(operator_a), reason=f"yours{RLO}")
     transitions.attempt_comment(attempt_id=rlo.pk, actor=Actor.user(operator_a), text=f"looked{RLO} at it " + "c" * 600)

@@ -139,12 +139,13 @@ def test_only_a_long_run_without_spaces_may_break_anywhere() -> None:
     # In a table, a value that may break anywhere lets its column shrink to a
     # letter ("send_e|mail"); only runs of 16 or more characters need it.
     assert untrusted("send_email") == '<bdi class="u">send_email</bdi>'
-    assert untrusted("a fifteen-letter word") == '<bdi class="u">a fifteen-letter word</bdi>'
+    assert untrusted("a fifteen-letter word") == '<bdi class="u wraps">a fifteen-letter word</bdi>'
     assert untrusted("x" * 16).startswith('<bdi class="u long">')
-    assert untrusted("a " + "x" * 16 + " b").startswith('<bdi class="u long">')
+    assert untrusted("a " + "x" * 16 + " b").startswith('<bdi class="u wraps long">')
     # Short values keep to one line in a table cell; longer ones may wrap.
     assert untrusted("oncall-a") == '<bdi class="u">oncall-a</bdi>'
-    assert untrusted("a value of twenty-five ch").startswith('<bdi class="u wraps">')
+    assert untrusted("sixteen char val") == '<bdi class="u">sixteen char val</bdi>'
+    assert untrusted("seventeen chr val").startswith('<bdi class="u wraps">')
 
 
 def test_an_expandable_value_shows_a_part_and_keeps_the_whole_one_click_away() -> None:
