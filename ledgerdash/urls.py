@@ -13,3 +13,6 @@ urlpatterns = [
     path("api/v1/", api.urls()),
     path("", include("reviews.urls")),
 ]
+
+# The 500 page renders without the database, a session or URL reversing (reviews/errors.py).
+handler500 = "reviews.errors.server_error"

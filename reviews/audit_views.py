@@ -10,6 +10,7 @@ tenant).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_safe
 
 from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun
-from reviews import diffs, drills, exports, queries
+from reviews import diffs, drills, exports, history, pdf_bounds, queries
 from reviews.forms import ListForm
 from reviews.models import Role
 from reviews.views import _actor, _attempt_for_user, _form_errors, _tenants_or_403
@@ -111,31 +112,101 @@ def _is_decision(event: AttemptEvent) -> bool:
     return event.actor_kind == "user" or event.kind == "approval_refused"
 
 
-def _report_context(request: HttpRequest, attempt: Attempt, *, incident: bool) -> dict[str, Any]:
+def _report_context(request: HttpRequest, attempt: Attempt, *, incident: bool, pdf: bool = False) -> dict[str, Any]:
+    """What a report shows; in a PDF, a bounded part of it (see reviews.pdf_bounds)."""
     chain = queries.chain_of(attempt)
     subjects = chain if incident else [attempt]
     timeline = list(queries.events_of_chain(subjects))
     drill = _drill_case(attempt)
     (status,) = queries.chain_status(request.user, tenants=[attempt.tenant])
+    decisions = [e for e in timeline if _is_decision(e)]
+    by_pk = {a.pk: a for a in chain}
+
+    def subject(a: Attempt) -> dict[str, Any]:
+        parent_diff = diffs.diff(by_pk[a.parent_id], a) if a.parent_id in by_pk else None
+        if pdf:
+            args_json, args_cut = pdf_bounds.args_json(a.args)
+        else:
+            args_json, args_cut = diffs.as_json(a.args), 0
+        return {
+            "attempt": a,
+            "args_json": args_json,
+            "args_cut": args_cut,
+            "origin": history.origin(a, history.creating_event(a, timeline)),
+            "parent_diff": pdf_bounds.bounded_diff(parent_diff) if pdf and parent_diff else parent_diff,
+        }
+
+    def event_seq(event: AttemptEvent) -> str:
+        return f"seq {event.seq}"
+
+    def attempt_no(a: Attempt) -> str:
+        return f"#{a.pk}"
+
+    shown_subjects: list[Any] = list(subjects)
+    shown_chain: list[Any] = list(chain)
+    shown_timeline: list[Any] = list(timeline)
+    shown_decisions: list[Any] = list(decisions)
+    if pdf:
+        # The attempt the report is about, and its parent, are always shown.
+        def mine(a: Attempt) -> bool:
+            return a.pk in (attempt.pk, attempt.parent_id)
+
+        shown_subjects = pdf_bounds.pick(subjects, pdf_bounds.SUBJECTS, label=attempt_no, keep=mine)
+        shown_chain = pdf_bounds.pick(chain, pdf_bounds.ROWS, label=attempt_no, keep=mine)
+        shown_timeline = pdf_bounds.pick(timeline, pdf_bounds.ROWS, label=event_seq)
+        shown_decisions = pdf_bounds.pick(decisions, pdf_bounds.ROWS, label=event_seq)
     return {
         "attempt": attempt,
         "incident": incident,
-        "subjects": [
-            {
-                "attempt": a,
-                "args_json": diffs.as_json(a.args),
-                "parent_diff": diffs.diff(next(p for p in chain if p.pk == a.parent_id), a) if a.parent_id else None,
-            }
-            for a in subjects
-        ],
-        "chain": chain,
-        "timeline": timeline,
-        "decisions": [e for e in timeline if _is_decision(e)],
+        "subjects": [item if isinstance(item, pdf_bounds.Gap) else subject(item) for item in shown_subjects],
+        "chain": shown_chain,
+        "chain_total": len(chain),
+        "chain_states": chain,
+        "timeline": shown_timeline,
+        "events_total": len(timeline),
+        "decisions": shown_decisions,
+        "decisions_total": len(decisions),
+        # Every user an owner change names, in one query for the report.
+        "names": history.user_names(timeline),
         "drill_run": drill[0] if drill else None,
         "drill_case": drill[1] if drill else None,
         "chain_status": status,
         "generated_at": timezone.now(),
+        **pdf_bounds.context(
+            pdf=pdf, subjects=sum(1 for item in shown_subjects if not isinstance(item, pdf_bounds.Gap))
+        ),
     }
+
+
+@functools.cache
+def _print_setup() -> tuple[Any, Any]:
+    """The URL fetcher that fetches nothing and the parsed print stylesheet,
+    made once per process: each costs a noticeable part of a PDF's time (a
+    fetcher builds an SSL context and loads the system's certificates)."""
+    import weasyprint
+    from weasyprint.urls import URLFetcher, URLFetchingError
+
+    class NoFetching(URLFetcher):
+        def fetch(self, url: str, headers: Any = None) -> Any:
+            raise URLFetchingError(f"a report fetches nothing ({url})")
+
+    fetcher = NoFetching()
+    css = Path(str(finders.find("ledgerdash/report.css"))).read_text(encoding="utf-8")
+    return fetcher, weasyprint.CSS(string=css, url_fetcher=fetcher)
+
+
+def preload_pdf_renderer() -> None:
+    """Load WeasyPrint (Pango, fontconfig: seconds on a busy machine), parse
+    the print stylesheet and lay out one line when a worker starts
+    (``ledgerdash/wsgi.py``), so that the first PDF a worker serves does not
+    pay for it. Where Pango is missing the PDF views say so (503); starting
+    up does not fail."""
+    try:
+        import weasyprint
+    except (ImportError, OSError):
+        return
+    fetcher, stylesheet = _print_setup()
+    weasyprint.HTML(string="<p>ledgerdash</p>", url_fetcher=fetcher).write_pdf(stylesheets=[stylesheet])
 
 
 def _pdf(request: HttpRequest, template: str, context: dict[str, Any], filename: str) -> HttpResponse:
@@ -143,22 +214,15 @@ def _pdf(request: HttpRequest, template: str, context: dict[str, Any], filename:
     and nothing fetched from anywhere (the content is attacker-controlled text)."""
     try:
         import weasyprint
-        from weasyprint.urls import URLFetcher, URLFetchingError
     except (ImportError, OSError) as exc:  # OSError: Pango missing from the system
         return HttpResponse(
             f"PDF rendering is unavailable here ({exc}); print the HTML report instead.",
             status=503,
             content_type="text/plain",
         )
-
-    class NoFetching(URLFetcher):
-        def fetch(self, url: str, headers: Any = None) -> Any:
-            raise URLFetchingError(f"a report fetches nothing ({url})")
-
+    fetcher, stylesheet = _print_setup()
     html = render_to_string(template, {**context, "pdf": True}, request=request)
-    css = Path(str(finders.find("ledgerdash/report.css"))).read_text(encoding="utf-8")
-    document = weasyprint.HTML(string=html, url_fetcher=NoFetching())
-    pdf = document.write_pdf(stylesheets=[weasyprint.CSS(string=css)])
+    pdf = weasyprint.HTML(string=html, url_fetcher=fetcher).write_pdf(stylesheets=[stylesheet])
     response = HttpResponse(pdf, content_type="application/pdf")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
@@ -166,7 +230,7 @@ def _pdf(request: HttpRequest, template: str, context: dict[str, Any], filename:
 
 def _report(request: HttpRequest, pk: int, *, incident: bool, pdf: bool) -> HttpResponse:
     attempt = _attempt_for_user(request, pk)
-    context = _report_context(request, attempt, incident=incident)
+    context = _report_context(request, attempt, incident=incident, pdf=pdf)
     template = "reviews/audit_report.html"
     if pdf:
         kind = "incident" if incident else "attempt"
@@ -209,6 +273,7 @@ def _drill(request: HttpRequest, pk: int, *, pdf: bool) -> HttpResponse:
         "visible": visible,
         "chain_status": queries.chain_status(request.user, tenants=[run.tenant])[0],
         "generated_at": timezone.now(),
+        **pdf_bounds.context(pdf=pdf),
     }
     if pdf:
         return _pdf(request, "reviews/drill_report.html", context, f"ledgerdash-drill-{run.pk}.pdf")

@@ -45,6 +45,21 @@ def _args_changes(before: Any, after: Any) -> list[Change]:
     return changes
 
 
+def _scope_change(before: frozenset[str], after: frozenset[str]) -> Change:
+    """One row with each side's whole scope, as it is: a row per scope left
+    one side empty, which read as "the retry has no scope" when it had
+    another one. What was dropped or added is named beside it."""
+    dropped = " ".join(sorted(before - after))
+    added = " ".join(sorted(after - before))
+    if not added:
+        what = f"credential scope (narrowed: {dropped} dropped)"
+    elif not dropped:
+        what = f"credential scope (widened: {added} added)"
+    else:
+        what = f"credential scope ({dropped} dropped, {added} added)"
+    return Change(what, " ".join(sorted(before)), " ".join(sorted(after)))
+
+
 def diff(parent: Attempt, child: Attempt) -> Diff:
     """Arguments (key by key), their hash, policy version, tenant, credential
     scope, tool and provider key: what a reviewer must see before letting a
@@ -57,10 +72,7 @@ def diff(parent: Attempt, child: Attempt) -> Diff:
     if parent.tenant_id != child.tenant_id:
         changes.append(Change("tenant", str(parent.tenant_id), str(child.tenant_id)))
     if parent.scopes != child.scopes:
-        for scope in sorted(parent.scopes - child.scopes):
-            changes.append(Change("credential scope", scope, ""))
-        for scope in sorted(child.scopes - parent.scopes):
-            changes.append(Change("credential scope", "", scope))
+        changes.append(_scope_change(parent.scopes, child.scopes))
     if parent.tool_name != child.tool_name:
         changes.append(Change("tool", parent.tool_name, child.tool_name))
     if parent.provider_key != child.provider_key:

@@ -28,13 +28,48 @@ _AGES = {
 }
 SORT_CHOICES = [("oldest", "oldest first"), ("newest", "newest first")]
 
+#: Numbers in forms are ASCII digits. ``str.isdigit()`` also accepts "²" (which
+#: ``int()`` refuses: a 500) and ``\d`` accepts other scripts' digits (which
+#: ``int()`` takes): neither is a number anyone types into a form or a URL.
+_ASCII_NUMBER = re.compile(r"[0-9]{1,18}")
+#: Ids and fences are PostgreSQL bigints.
+_BIGINT_MAX = 2**63 - 1
+_CURSOR = re.compile(r"[0-9]{1,19}-([0-9]{1,19})")
+
+
+def ascii_number(text: str, what: str) -> int:
+    """``text`` (already stripped) as a non-negative integer, or a ValidationError naming it."""
+    if not _ASCII_NUMBER.fullmatch(text):
+        shown = text if len(text) <= 40 else text[:40] + "…"
+        raise forms.ValidationError(
+            "not %(what)s (digits 0-9 only): %(value)s", code="invalid", params={"what": what, "value": shown}
+        )
+    return int(text)
+
+
+class NumberField(forms.IntegerField):
+    """A non-negative whole number in ASCII digits, up to a bigint. Django's
+    IntegerField takes other scripts' digits and "7.0"; a fence is neither."""
+
+    def __init__(self, *, what: str = "a whole number", **kwargs: Any) -> None:
+        self.what = what
+        kwargs.setdefault("min_value", 0)
+        kwargs.setdefault("max_value", _BIGINT_MAX)
+        super().__init__(**kwargs)
+
+    def to_python(self, value: Any) -> int | None:
+        if value in self.empty_values:
+            return None
+        return ascii_number(str(value).strip(), self.what)
+
 
 class CursorField(forms.CharField):
     def to_python(self, value: Any) -> Cursor | None:  # type: ignore[override]
         text = super().to_python(value)
         if not text:
             return None
-        cursor = Cursor.parse(text)
+        match = _CURSOR.fullmatch(text)
+        cursor = Cursor.parse(text) if match is not None and int(match.group(1)) <= _BIGINT_MAX else None
         if cursor is None:
             raise forms.ValidationError("not a position in this list", code="invalid")
         return cursor
@@ -115,9 +150,7 @@ class OwnerSeenField(forms.CharField):
         text = super().to_python(value)
         if not text:
             return None
-        if not text.isdigit():
-            raise forms.ValidationError("not a user id", code="invalid")
-        return int(text)
+        return ascii_number(text, "a user id")
 
 
 class ClaimForm(forms.Form):
@@ -153,7 +186,7 @@ class FenceForm(forms.Form):
     """A decision names the version of the attempt the person saw: if it moved
     on since (another decision, the reconciler), the decision is refused."""
 
-    fence = forms.IntegerField(min_value=0, widget=forms.HiddenInput)
+    fence = NumberField(what="a version of the attempt", widget=forms.HiddenInput)
 
 
 class VerifyForm(FenceForm):
@@ -188,14 +221,14 @@ class RejectForm(FenceForm):
     comment = forms.CharField(label="Comment", max_length=1000, strip=True)
 
 
-_EXPECT = re.compile(r"^(\d{1,18}):(\d{0,18})$")
+_EXPECT = re.compile(r"([0-9]{1,18}):([0-9]{0,18})")
 
 
 class AttemptIdsField(forms.Field):
     """Attempt numbers, as repeated query parameters (``ids=3&ids=7``)."""
 
     widget = forms.MultipleHiddenInput
-    default_error_messages = {"invalid": "not an attempt number: %(value)s", "required": "select some attempts first"}
+    default_error_messages = {"required": "select some attempts first"}
 
     def to_python(self, value: Any) -> list[int]:
         if not value:
@@ -204,10 +237,7 @@ class AttemptIdsField(forms.Field):
             value = [value]
         ids = set()
         for item in value:
-            text = str(item).strip()
-            if not text.isdigit() or len(text) > 18:
-                raise forms.ValidationError(self.error_messages["invalid"], code="invalid", params={"value": text})
-            ids.add(int(text))
+            ids.add(ascii_number(str(item).strip(), "an attempt number"))
         return sorted(ids)
 
 
@@ -218,10 +248,12 @@ class ExpectedOwnersField(forms.Field):
 
     def to_python(self, value: Any) -> dict[int, int | None]:
         expected: dict[int, int | None] = {}
+        if value and not isinstance(value, list | tuple):
+            value = [value]
         for item in value or []:
-            match = _EXPECT.match(str(item))
+            match = _EXPECT.fullmatch(str(item))
             if match is None:
-                raise forms.ValidationError("not an attempt:owner pair", code="invalid")
+                raise forms.ValidationError("not an attempt:owner pair of numbers", code="invalid")
             expected[int(match.group(1))] = int(match.group(2)) if match.group(2) else None
         return expected
 

@@ -39,7 +39,7 @@ def test_the_detail_page_shows_keys_hashes_policy_and_the_timeline(tenant_a: Ten
     for text in [attempt.args_hash, "invoice:9:send", "req-1", "task-1", "v1", "email:send"]:
         assert text in page
     assert "INTENT_RECORDED → DISPATCHED" in page.replace("&nbsp;", " ")
-    assert "by agent <strong>agent-test</strong>" in page
+    assert 'by agent <strong><bdi class="u">agent-test</bdi></strong>' in page
     assert "&quot;ap@example.com&quot;" in page  # the arguments, as JSON text
 
 

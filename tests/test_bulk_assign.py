@@ -96,7 +96,7 @@ def test_the_preview_lists_what_it_will_touch_and_writes_nothing(two: list[Attem
     assert "Preview: what this assignment will touch" in page
     for attempt in two:
         assert f'name="expect" value="{attempt.pk}:{attempt.owner_id}"' in page
-    assert "Assign 2 selected to operator-a" in page
+    assert 'Assign 2 selected to <bdi class="u">operator-a</bdi>' in page
     assert ledger_snapshot() == before
 
 
@@ -114,7 +114,7 @@ def test_the_preview_says_whom_it_skips_and_why(
     only_a = make_user("only-a")
     Membership.objects.create(user=only_a, tenant=tenant_a, role="operator")
     page = as_user(operator_a).get(BULK, {"ids": [two[0].pk, elsewhere.pk], "owner": only_a.pk}).content.decode()
-    assert "skipped: not an operator of globex" in page
+    assert 'skipped: <bdi class="u wraps">not an operator of globex</bdi>' in page
     assert "Assign 2 selected" in page  # the plan lists both; only one is touched
     response = as_user(operator_a).post(
         BULK, {"ids": [two[0].pk, elsewhere.pk], "owner": only_a.pk, "expect": expect([two[0], elsewhere])}

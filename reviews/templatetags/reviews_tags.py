@@ -7,8 +7,10 @@ from typing import Any
 
 from django import template
 from django.utils import timezone
+from django.utils.safestring import SafeString
 
-from reviews import queries
+from ledgerdash.ledger.models import Attempt, AttemptEvent
+from reviews import display, history, queries
 
 register = template.Library()
 
@@ -60,6 +62,56 @@ def count_label(value: int | None) -> str:
 @register.filter
 def compact_json(value: Any) -> str:
     """One-line JSON with sorted keys: dense enough for a printed report."""
-    import json
+    return display.compact_json(value)
 
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
+
+def _limit(arg: Any) -> int | None:
+    # Templates pass a number, or a context variable that is empty where
+    # nothing is cut (the screen) and a number where it is (a PDF).
+    try:
+        return int(arg) if arg else None
+    except (TypeError, ValueError):
+        return None
+
+
+@register.filter
+def untrusted(value: Any, limit: Any = None) -> SafeString:
+    """Untrusted text on one line: escaped, isolated (``<bdi>``), hidden
+    characters marked, cut after ``limit`` characters if given."""
+    return display.untrusted(value, _limit(limit))
+
+
+@register.filter
+def untrusted_block(value: Any, limit: Any = None) -> SafeString:
+    """Untrusted text in a ``<pre>``: as :func:`untrusted`, line feeds and tabs kept."""
+    return display.untrusted(value, _limit(limit), block=True)
+
+
+@register.filter
+def untrusted_more(value: Any, limit: Any = 300) -> SafeString:
+    """Untrusted text cut after ``limit`` characters, the rest one click away."""
+    return display.expandable(value, _limit(limit) or 300, block=True)
+
+
+@register.filter
+def visible(value: Any) -> str:
+    """Untrusted text where markup cannot go (attributes, ``<title>``,
+    ``<option>``): hidden characters written as ``[U+202E]``."""
+    return display.visible_text(value)
+
+
+@register.simple_tag
+def owner_names(events: list[AttemptEvent]) -> dict[int, str]:
+    """The usernames owner changes in ``events`` name, in one query for the page."""
+    return history.user_names(events)
+
+
+@register.filter
+def owner_change(event: AttemptEvent, names: dict[int, str]) -> history.OwnerChange | None:
+    return history.owner_change(event, names or {})
+
+
+@register.simple_tag
+def origin_of(attempt: Attempt, events: list[AttemptEvent]) -> history.Origin:
+    """What created ``attempt``, read from its first event among ``events``."""
+    return history.origin(attempt, history.creating_event(attempt, events))
