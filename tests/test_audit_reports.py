@@ -236,6 +236,7 @@ def test_another_tenants_drill_is_404_and_posts_are_refused(
 # --- the overview's chain badge -------------------------------------------------------------------
 
 
+@tamper.commits
 def test_the_overview_shows_each_chain_as_verify_audit_left_it(tenant_a: Tenant, operator_a: Any) -> None:
     attempt = attempt_in(State.OUTCOME_CONFIRMED, tenant_a, key="k")
     client = as_user(operator_a)

@@ -16,19 +16,16 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from tests.database_roles import admin_url
 from tests.live import PYTHON, ROOT, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(900)]
 
 
 def _bench_url() -> str:
-    """A scratch database name of this test run's own, on the test server."""
-    db = settings.DATABASES["default"]
-    auth = db.get("USER") or "postgres"
-    if db.get("PASSWORD"):
-        auth += f":{db['PASSWORD']}"
-    name = f"{db['NAME']}_bench".removeprefix("test_")
-    return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{name}"
+    """A scratch database name of this test run's own, on the test server, as the superuser
+    (the benchmarks create and drop their databases)."""
+    return admin_url(f"{settings.DATABASES['default']['NAME']}_bench".removeprefix("test_"))
 
 
 def _positive(value: Any) -> bool:

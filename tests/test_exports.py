@@ -187,6 +187,7 @@ def test_a_cut_short_file_fails_offline(stuck: dict[str, Attempt], tmp_path: Pat
     assert "no head row: the file was cut short" in result.stdout
 
 
+@tamper.commits
 def test_an_export_of_a_tampered_ledger_fails_offline(stuck: dict[str, Attempt], tmp_path: Path) -> None:
     victim = AttemptEvent.objects.filter(attempt=stuck["a_done"]).order_by("seq").last()
     assert victim is not None

@@ -51,6 +51,7 @@ def test_an_untouched_ledger_verifies(ledger: list[AttemptEvent], tenant_a: Tena
     assert check.verified_seq == head.seq == len(ledger)
 
 
+@tamper.commits
 def test_it_names_an_edited_event(ledger: list[AttemptEvent], tenant_a: Tenant) -> None:
     victim = ledger[4]
     tamper.edit(victim.pk, reason="nothing to see here")
@@ -61,6 +62,7 @@ def test_it_names_an_edited_event(ledger: list[AttemptEvent], tenant_a: Tenant) 
     assert (check.ok, check.problem, check.break_seq, check.break_event_id) == (False, "edited", victim.seq, victim.pk)
 
 
+@tamper.commits
 def test_it_names_an_event_edited_with_its_own_hashes_recomputed(ledger: list[AttemptEvent], tenant_a: Tenant) -> None:
     victim, after = ledger[3], ledger[4]
     victim.details = {"forged": True}
@@ -74,6 +76,7 @@ def test_it_names_an_event_edited_with_its_own_hashes_recomputed(ledger: list[At
     assert "is not in the chain any more" in broken.message
 
 
+@tamper.commits
 def test_it_names_the_gap_a_deleted_event_leaves(ledger: list[AttemptEvent], tenant_a: Tenant) -> None:
     victim, after = ledger[2], ledger[3]
     tamper.delete(victim.pk)
@@ -83,6 +86,7 @@ def test_it_names_the_gap_a_deleted_event_leaves(ledger: list[AttemptEvent], ten
     assert ChainCheck.objects.get(tenant=tenant_a).problem == "missing"
 
 
+@tamper.commits
 def test_it_notices_the_newest_events_removed(ledger: list[AttemptEvent], tenant_a: Tenant) -> None:
     tamper.delete(ledger[-1].pk, ledger[-2].pk)
     broken = only(tenant_a).broken
@@ -91,6 +95,7 @@ def test_it_notices_the_newest_events_removed(ledger: list[AttemptEvent], tenant
     assert f"ends at seq {len(ledger) - 2} but its head says {len(ledger)}" in broken.message
 
 
+@tamper.commits
 def test_it_names_reordered_events(ledger: list[AttemptEvent], tenant_a: Tenant) -> None:
     first, second = ledger[5], ledger[6]
     tamper.swap(first.pk, second.pk)
