@@ -68,3 +68,21 @@ def swap(first_id: int, second_id: int) -> None:
         cursor.execute(f"UPDATE {TABLE} SET seq = %s WHERE id = %s", [10**15, first_id])
         cursor.execute(f"UPDATE {TABLE} SET seq = %s WHERE id = %s", [seqs[first_id], second_id])
         cursor.execute(f"UPDATE {TABLE} SET seq = %s WHERE id = %s", [seqs[second_id], first_id])
+
+
+def execute(statement: str, params: list[Any] | None = None) -> None:
+    """Any statement, with the triggers off (moving a chain head, emptying a table)."""
+    with triggers_off() as cursor:
+        cursor.execute(statement, params)
+
+
+def cut_tail(tenant_id: int, keep: int) -> None:
+    """Remove a tenant's events after seq ``keep`` and move its head back, so
+    the shortened chain is consistent in itself."""
+    with triggers_off() as cursor:
+        cursor.execute(f"DELETE FROM {TABLE} WHERE tenant_id = %s AND seq > %s", [tenant_id, keep])
+        cursor.execute(f"SELECT hash FROM {TABLE} WHERE tenant_id = %s AND seq = %s", [tenant_id, keep])
+        (digest,) = cursor.fetchone() if keep else ("0" * 64,)
+        cursor.execute(
+            "UPDATE ledger_chainhead SET seq = %s, hash = %s WHERE tenant_id = %s", [keep, digest, tenant_id]
+        )

@@ -107,7 +107,12 @@ def test_djangos_flush_is_refused_and_the_ledger_keeps_its_rows(ledger: Attempt,
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update(DATABASE_URL=database_roles.owner_url(), DEBUG="true", LEDGERDASH_VAR_DIR=str(tmp_path))
     result = subprocess.run(
-        [PYTHON, "manage.py", "flush", "--no-input", "--traceback"], cwd=ROOT, env=env, capture_output=True, text=True, check=False
+        [PYTHON, "manage.py", "flush", "--no-input", "--traceback"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode != 0
     assert "the ledger never loses rows: TRUNCATE refused" in result.stderr

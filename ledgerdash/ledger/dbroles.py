@@ -28,6 +28,26 @@ APPEND_ONLY = ("ledger_attemptevent",)
 #: Rows the app changes but never removes.
 NEVER_DELETED = ("ledger_attempt", "ledger_chainhead")
 
+_TAKE_OWNERSHIP = """DO $$ DECLARE item record; BEGIN
+  FOR item IN
+    SELECT CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
+                WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE 'TABLE' END AS kind, c.oid::regclass::text AS name
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+      AND c.relowner <> 'OWNER_NAME'::regrole
+      AND NOT (c.relkind = 'S' AND EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+               AND d.objid = c.oid AND d.deptype IN ('a', 'i')))
+  LOOP
+    EXECUTE format('ALTER %s %s OWNER TO %I', item.kind, item.name, 'OWNER_NAME');
+  END LOOP;
+  FOR item IN
+    SELECT p.oid::regprocedure::text AS name FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = 'public' AND p.proowner <> 'OWNER_NAME'::regrole
+  LOOP
+    EXECUTE format('ALTER FUNCTION %s OWNER TO %I', item.name, 'OWNER_NAME');
+  END LOOP;
+END $$"""
+
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -76,25 +96,7 @@ def grant_statements(*, owner: str, runtime: str, database: str) -> list[str]:
         # Tables, views, sequences nobody's column owns, and functions that
         # another role created (an earlier deployment migrating as a
         # superuser) become the owner's: the runtime role must own nothing.
-        "DO $$ DECLARE item record; BEGIN\n"
-        "  FOR item IN\n"
-        "    SELECT CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'\n"
-        "                WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE 'TABLE' END AS kind, c.oid::regclass::text AS name\n"
-        "    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace\n"
-        "    WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'S')\n"
-        f"      AND c.relowner <> '{owner}'::regrole\n"
-        "      AND NOT (c.relkind = 'S' AND EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass\n"
-        "               AND d.objid = c.oid AND d.deptype IN ('a', 'i')))\n"
-        "  LOOP\n"
-        f"    EXECUTE format('ALTER %s %s OWNER TO %I', item.kind, item.name, '{owner}');\n"
-        "  END LOOP;\n"
-        "  FOR item IN\n"
-        "    SELECT p.oid::regprocedure::text AS name FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace\n"
-        f"    WHERE n.nspname = 'public' AND p.proowner <> '{owner}'::regrole\n"
-        "  LOOP\n"
-        f"    EXECUTE format('ALTER FUNCTION %s OWNER TO %I', item.name, '{owner}');\n"
-        "  END LOOP;\n"
-        "END $$",
+        _TAKE_OWNERSHIP.replace("OWNER_NAME", owner),  # a plain name: identifier() checked it
         f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {r}",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {r}",
         f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {r}",
