@@ -132,6 +132,10 @@ def _list_title(state: str) -> str:
     return titles.get(state, "All attempts")
 
 
+#: List parameters an export does not carry: it is every page, in chain order.
+EXPORT_SKIPS = frozenset({"after", "before", "sort", "queue", "links"})
+
+
 @login_required
 @require_safe
 def attempt_list(request: HtmxHttpRequest, queue: str = "") -> HttpResponse:
@@ -157,6 +161,11 @@ def attempt_list(request: HtmxHttpRequest, queue: str = "") -> HttpResponse:
         "state": state,
         "title": _list_title(state),
         "operator_tenants": operator_tenants,
+        # The export form carries the list's filters (not its page or sort).
+        "export_fields": [
+            *((name, value) for name, values in request.GET.lists() if name not in EXPORT_SKIPS for value in values),
+            *([("queue", queue)] if queue else []),
+        ],
         "bulk_owners": owners,
         "tools": queries.known_tools(tenant_ids),
         "counts": queries.queue_counts(request.user, tenant_ids=tenant_ids),
