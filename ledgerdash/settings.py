@@ -5,6 +5,7 @@ See ``.env.example`` for every variable this reads.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -41,6 +42,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_htmx",
+    "axes",
     "ledgerdash.ledger",
     "reviews",
 ]
@@ -57,6 +59,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes requires: it answers a locked account's sign-in.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "ledgerdash.urls"
@@ -126,6 +130,27 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# django-axes first: it refuses a locked account before any password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Sign-in throttling (reviews/accounts.py): an account is locked after this
+# many failed sign-ins in a row, on /login/ and /admin/ alike, for the
+# cool-off or until an admin of one of its tenants unlocks it.
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 60, minimum=1))
+# By account, not by address: behind a proxy every client shares one address
+# (one attacker would lock everyone out), and an account tried from many
+# addresses must still lock. Spraying one password over many accounts from
+# one address is for the proxy's rate limit (README, Security).
+AXES_LOCKOUT_PARAMETERS = ["username"]
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]  # "no ip_address in AXES_LOCKOUT_PARAMETERS": on purpose, above
+AXES_RESET_ON_SUCCESS = True
+# A refused attempt during a lockout neither extends it nor writes anything.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "reviews.accounts.lockout_response"
+AXES_VERBOSE = False
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "reviews:home"
 LOGOUT_REDIRECT_URL = "login"

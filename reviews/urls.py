@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from reviews import audit_views, drills, views
+from reviews import account_views, audit_views, drills, views
 
 app_name = "reviews"
 
@@ -23,6 +23,8 @@ urlpatterns = [
     path("attempts/<int:pk>/retry/", views.retry_request, name="retry_request"),
     path("attempts/<int:pk>/approve/", views.retry_approve, name="approve"),
     path("attempts/<int:pk>/reject/", views.retry_reject, name="reject"),
+    path("members/", account_views.members, name="members"),
+    path("members/unlock/", account_views.member_unlock, name="member_unlock"),
     path("drills/", drills.drill_list, name="drills"),
     path("drills/<int:pk>/", drills.drill_detail, name="drill"),
     path("attempts/<int:pk>/report/", audit_views.attempt_report, name="attempt_report"),

@@ -124,6 +124,7 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
     if not _partial(request):
         context["latest_drills"] = list(queries.drill_runs_for(request.user, tenant_ids=tenant_ids)[:3])
         context["chains"] = queries.chain_status(request.user, tenants=tenants)
+        context["administers"] = bool(queries.tenant_ids_for(request.user, Role.ADMIN))
     return _render(request, "reviews/home.html", "counts", context)
 
 
