@@ -151,6 +151,33 @@ AXES_RESET_ON_SUCCESS = True
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_CALLABLE = "reviews.accounts.lockout_response"
 AXES_VERBOSE = False
+# Single sign-on with OpenID Connect (reviews/sso.py), beside local accounts,
+# which stay for break-glass. Roles come from the provider's groups claim:
+# OIDC_GROUP_ROLES="acme-ops=acme:operator,acme-leads=acme:approver".
+OIDC_ENABLED = env_bool("OIDC_ENABLED", False)
+if OIDC_ENABLED:
+
+    def _oidc(name: str) -> str:
+        value = env_str(name)
+        if not value:
+            raise ImproperlyConfigured(f"{name} must be set when OIDC_ENABLED is on (see .env.example)")
+        return value
+
+    AUTHENTICATION_BACKENDS.append("reviews.sso.TenantRolesBackend")
+    OIDC_OP_ISSUER = _oidc("OIDC_OP_ISSUER")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = _oidc("OIDC_OP_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = _oidc("OIDC_OP_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = _oidc("OIDC_OP_USER_ENDPOINT")
+    OIDC_OP_JWKS_ENDPOINT = _oidc("OIDC_OP_JWKS_ENDPOINT")
+    OIDC_RP_CLIENT_ID = _oidc("OIDC_RP_CLIENT_ID")
+    OIDC_RP_CLIENT_SECRET = _oidc("OIDC_RP_CLIENT_SECRET")
+    OIDC_RP_SIGN_ALGO = "RS256"  # the provider's published key, never the shared secret
+    OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid email profile groups")
+    OIDC_USE_PKCE = True
+    OIDC_TIMEOUT = 10
+    OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+    OIDC_GROUP_ROLES = env_str("OIDC_GROUP_ROLES")
+    LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=failed"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "reviews:home"
 LOGOUT_REDIRECT_URL = "login"

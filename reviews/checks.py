@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.checks import Tags, Warning, register
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
 
 from ledgerdash.ledger.models import Tenant
@@ -42,3 +43,21 @@ def default_owners_are_members(app_configs: Any = None, **kwargs: Any) -> list[W
                 )
             )
     return problems
+
+
+@register()
+def single_sign_on_group_roles(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """OIDC_GROUP_ROLES must parse, or nobody could sign in through the provider."""
+    if not getattr(settings, "OIDC_ENABLED", False):
+        return []
+    from reviews.sso import parse_group_roles
+
+    try:
+        mapping = parse_group_roles(settings.OIDC_GROUP_ROLES)
+    except ValueError as exc:
+        return [Error(f"OIDC_GROUP_ROLES: {exc}", hint="group=tenant:role, comma-separated", id="ledgerdash.E010")]
+    if not mapping:
+        return [
+            Error("OIDC_ENABLED is on but OIDC_GROUP_ROLES grants nothing: nobody could sign in", id="ledgerdash.E011")
+        ]
+    return []
