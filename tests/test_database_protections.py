@@ -154,3 +154,21 @@ def test_db_roles_applied_again_changes_nothing_the_app_needs(ledger: Attempt, t
 def test_db_roles_refuses_names_it_would_have_to_quote() -> None:
     with pytest.raises(dbroles.RoleNameError):
         dbroles.identifier('app"; DROP TABLE ledger_attemptevent; --')
+
+
+def test_the_deploy_check_warns_when_the_app_would_connect_as_a_superuser(db: None, tmp_path: Any) -> None:
+    from reviews.checks import runtime_role_owns_nothing
+
+    assert runtime_role_owns_nothing() == []  # the suite's own connection: the runtime role
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(DATABASE_URL=database_roles.admin_url(), DEBUG="true", LEDGERDASH_VAR_DIR=str(tmp_path))
+    result = subprocess.run(
+        [PYTHON, "manage.py", "check", "--deploy", "--database", "default"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "ledgerdash.W010" in result.stderr + result.stdout
+    assert "a superuser: it could switch the ledger's triggers off" in result.stderr + result.stdout
