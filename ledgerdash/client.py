@@ -29,7 +29,7 @@ attempt for dispatch is retried only when the request certainly never left
 client: a re-run learns from the ledger whether it may.
 
 This module needs only the standard library (and two small stdlib-only
-modules of the ledger: its tool-side exceptions and crash points), so it can
+modules of the ledger: its tool-side exceptions, crash points and key rule), so it can
 run in an agent's environment without Django.
 """
 
@@ -54,6 +54,7 @@ from http.client import HTTPException
 from typing import Any
 
 from ledgerdash import toolcalls
+from ledgerdash.ledger import keys
 from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
 from ledgerdash.toolcalls import ToolCall
 
@@ -140,6 +141,14 @@ class InvalidKey(InvalidInput):
 
 class InvalidField(InvalidInput):
     code = "invalid_field"
+
+
+def _check_key(key: object) -> None:
+    """Refuse, before sending, a key the ledger would refuse (the same rule:
+    :mod:`ledgerdash.ledger.keys`), so an agent learns it without a round trip."""
+    problem = keys.key_problem(key)
+    if problem is not None:
+        raise InvalidKey(problem, status=0, body={"code": InvalidKey.code, "message": problem})
 
 
 class MissingEvidence(InvalidInput):
@@ -532,6 +541,7 @@ class LedgerClient:
         Raises :class:`IdempotencyConflict` (naming the linked attempt) when
         the key was used with other arguments: do not call the tool.
         """
+        _check_key(idempotency_key)
         body: dict[str, Any] = {
             "task_id": task_id,
             "tool_name": tool_name,
@@ -627,6 +637,7 @@ class LedgerClient:
 
     def find(self, idempotency_key: str) -> list[Attempt]:
         """The key's attempts, newest first (the first recorded and its linked attempts)."""
+        _check_key(idempotency_key)
         return self._list({"idempotency_key": idempotency_key}, None)
 
     def needs_attention(self, *, limit: int | None = 1000) -> list[Attempt]:

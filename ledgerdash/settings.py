@@ -5,6 +5,7 @@ See ``.env.example`` for every variable this reads.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -41,6 +42,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_htmx",
+    "axes",
     "ledgerdash.ledger",
     "reviews",
 ]
@@ -52,10 +54,13 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "ledgerdash.middleware.NoStoreMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes requires: it answers a locked account's sign-in.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "ledgerdash.urls"
@@ -125,6 +130,54 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# django-axes first: it refuses a locked account before any password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Sign-in throttling (reviews/accounts.py): an account is locked after this
+# many failed sign-ins in a row, on /login/ and /admin/ alike, for the
+# cool-off or until an admin of one of its tenants unlocks it.
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 60, minimum=1))
+# By account, not by address: behind a proxy every client shares one address
+# (one attacker would lock everyone out), and an account tried from many
+# addresses must still lock. Spraying one password over many accounts from
+# one address is for the proxy's rate limit (README, Security).
+AXES_LOCKOUT_PARAMETERS = ["username"]
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]  # "no ip_address in AXES_LOCKOUT_PARAMETERS": on purpose, above
+AXES_RESET_ON_SUCCESS = True
+# A refused attempt during a lockout neither extends it nor writes anything.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "reviews.accounts.lockout_response"
+AXES_VERBOSE = False
+# Single sign-on with OpenID Connect (reviews/sso.py), beside local accounts,
+# which stay for break-glass. Roles come from the provider's groups claim:
+# OIDC_GROUP_ROLES="acme-ops=acme:operator,acme-leads=acme:approver".
+OIDC_ENABLED = env_bool("OIDC_ENABLED", False)
+if OIDC_ENABLED:
+
+    def _oidc(name: str) -> str:
+        value = env_str(name)
+        if not value:
+            raise ImproperlyConfigured(f"{name} must be set when OIDC_ENABLED is on (see .env.example)")
+        return value
+
+    AUTHENTICATION_BACKENDS.append("reviews.sso.TenantRolesBackend")
+    OIDC_OP_ISSUER = _oidc("OIDC_OP_ISSUER")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = _oidc("OIDC_OP_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = _oidc("OIDC_OP_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = _oidc("OIDC_OP_USER_ENDPOINT")
+    OIDC_OP_JWKS_ENDPOINT = _oidc("OIDC_OP_JWKS_ENDPOINT")
+    OIDC_RP_CLIENT_ID = _oidc("OIDC_RP_CLIENT_ID")
+    OIDC_RP_CLIENT_SECRET = _oidc("OIDC_RP_CLIENT_SECRET")
+    OIDC_RP_SIGN_ALGO = "RS256"  # the provider's published key, never the shared secret
+    OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid email profile groups")
+    OIDC_USE_PKCE = True
+    OIDC_TIMEOUT = 10
+    OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+    OIDC_GROUP_ROLES = env_str("OIDC_GROUP_ROLES")
+    LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=failed"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "reviews:home"
 LOGOUT_REDIRECT_URL = "login"

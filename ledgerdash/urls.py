@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
@@ -7,7 +8,7 @@ from django.urls import include, path
 from ledgerdash.ledger import api
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", auth_views.LoginView.as_view(extra_context={"sso": settings.OIDC_ENABLED}), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls()),
@@ -16,3 +17,5 @@ urlpatterns = [
 
 # The 500 page renders without the database, a session or URL reversing (reviews/errors.py).
 handler500 = "reviews.errors.server_error"
+if settings.OIDC_ENABLED:
+    urlpatterns.insert(0, path("oidc/", include("mozilla_django_oidc.urls")))

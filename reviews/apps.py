@@ -9,4 +9,4 @@ class ReviewsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from reviews import checks  # noqa: F401 - registers the system checks
+        from reviews import accounts, checks  # noqa: F401 - registers the system checks and the lockout receiver

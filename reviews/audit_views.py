@@ -23,8 +23,9 @@ from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils import timezone
-from django.views.decorators.http import require_safe
+from django.views.decorators.http import require_POST, require_safe
 
+from ledgerdash.ledger import transitions
 from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun
 from reviews import diffs, drills, exports, history, pdf_bounds, queries
 from reviews.forms import ListForm
@@ -35,16 +36,17 @@ CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "ndjson": "application/x-ndjs
 
 
 def _export_request(request: HttpRequest, fmt: str) -> exports.ExportRequest | HttpResponse:
-    """The export the query string asks for, authorized, or the response refusing it."""
+    """The export the form asks for (the list's filters), authorized, or the response refusing it."""
     tenants = _tenants_or_403(request)
-    queue = request.GET.get("queue", "")
+    asked = request.POST
+    queue = asked.get("queue", "")
     if queue and queue not in queries.QUEUES:
         raise Http404("no such queue")
-    slug = request.GET.get("tenant", "")
+    slug = asked.get("tenant", "")
     if slug and slug not in {t.slug for t in tenants}:
         # Whether another tenant exists is not the user's business.
         raise Http404("no such tenant")
-    form = ListForm(request.GET, tenants=tenants, queue_state=queries.QUEUES[queue] if queue else "")
+    form = ListForm(asked, tenants=tenants, queue_state=queries.QUEUES[queue] if queue else "")
     if not form.is_valid():
         # A list shows what it can of a bad query string; an export must not
         # quietly select something other than what was asked for.
@@ -62,22 +64,22 @@ def _export_request(request: HttpRequest, fmt: str) -> exports.ExportRequest | H
         actor=_actor(request),
         query=None if set(filters) <= {"tenant"} else query,
         owner_user=request.user,
-        links=request.GET.get("links") == "1",
+        links=asked.get("links") == "1",
         filters=filters,
     )
 
 
 @login_required
-@require_safe
+@require_POST
 def export(request: HttpRequest, fmt: str) -> HttpResponseBase:
-    """The list's selection (its query string) as a CSV or NDJSON download, streamed."""
+    """The list's selection (the filters its export form carries) as a CSV or
+    NDJSON download, streamed. A POST with the CSRF token: the export is an
+    audit event, and a link on another site must not make an operator write one."""
     if fmt not in exports.FORMATS:
         raise Http404("no such export format")
     export_request = _export_request(request, fmt)
     if isinstance(export_request, HttpResponse):
         return export_request
-    if request.method == "HEAD":
-        return HttpResponse(content_type=CONTENT_TYPES[fmt])
     names = "-".join(t.slug for t in export_request.tenants)
     filename = f"ledgerdash-audit-{names}-{timezone.now():%Y%m%dT%H%M%SZ}.{fmt}"
     response = StreamingHttpResponse(exports.stream(export_request), content_type=CONTENT_TYPES[fmt])
@@ -228,14 +230,32 @@ def _pdf(request: HttpRequest, template: str, context: dict[str, Any], filename:
     return response
 
 
+def _record_reading(request: HttpRequest, response: HttpResponse, tenant_id: int, **subject: Any) -> HttpResponse:
+    """Who read which audit report, as an event in the tenant's chain: reading
+    audit data is itself on the record. Only a report actually delivered
+    counts (not a HEAD, not a refused or failed PDF)."""
+    if request.method == "GET" and response.status_code == 200:
+        pdf = response["Content-Type"] == "application/pdf"
+        transitions.event_record(
+            tenant=tenant_id,
+            kind="report",
+            actor=_actor(request),
+            reason=f"{subject['report']} report {'downloaded as PDF' if pdf else 'viewed'}",
+            details={**subject, "format": "pdf" if pdf else "html"},
+        )
+    return response
+
+
 def _report(request: HttpRequest, pk: int, *, incident: bool, pdf: bool) -> HttpResponse:
     attempt = _attempt_for_user(request, pk)
     context = _report_context(request, attempt, incident=incident, pdf=pdf)
     template = "reviews/audit_report.html"
+    kind = "incident" if incident else "attempt"
     if pdf:
-        kind = "incident" if incident else "attempt"
-        return _pdf(request, template, context, f"ledgerdash-{kind}-{attempt.pk}.pdf")
-    return render(request, template, context)
+        response = _pdf(request, template, context, f"ledgerdash-{kind}-{attempt.pk}.pdf")
+    else:
+        response = render(request, template, context)
+    return _record_reading(request, response, attempt.tenant_id, report=kind, attempt=attempt.pk)
 
 
 @login_required
@@ -276,8 +296,10 @@ def _drill(request: HttpRequest, pk: int, *, pdf: bool) -> HttpResponse:
         **pdf_bounds.context(pdf=pdf),
     }
     if pdf:
-        return _pdf(request, "reviews/drill_report.html", context, f"ledgerdash-drill-{run.pk}.pdf")
-    return render(request, "reviews/drill_report.html", context)
+        response = _pdf(request, "reviews/drill_report.html", context, f"ledgerdash-drill-{run.pk}.pdf")
+    else:
+        response = render(request, "reviews/drill_report.html", context)
+    return _record_reading(request, response, run.tenant_id, report="drill", drill_run=run.pk)
 
 
 @login_required

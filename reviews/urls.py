@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from reviews import audit_views, drills, incidents, views
+from reviews import account_views, audit_views, drills, incidents, views
 
 app_name = "reviews"
 
@@ -28,6 +28,8 @@ urlpatterns = [
     path("incidents/<int:pk>/", incidents.incident_detail, name="incident"),
     path("incidents/<int:pk>/claim/", incidents.incident_claim, name="incident_claim"),
     path("incidents/<int:pk>/resolve/", incidents.incident_resolve, name="incident_resolve"),
+    path("members/", account_views.members, name="members"),
+    path("members/unlock/", account_views.member_unlock, name="member_unlock"),
     path("drills/", drills.drill_list, name="drills"),
     path("drills/<int:pk>/", drills.drill_detail, name="drill"),
     path("attempts/<int:pk>/report/", audit_views.attempt_report, name="attempt_report"),

@@ -125,12 +125,17 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
     if not _partial(request):
         context["latest_drills"] = list(queries.drill_runs_for(request.user, tenant_ids=tenant_ids)[:3])
         context["chains"] = queries.chain_status(request.user, tenants=tenants)
+        context["administers"] = bool(queries.tenant_ids_for(request.user, Role.ADMIN))
     return _render(request, "reviews/home.html", "counts", context)
 
 
 def _list_title(state: str) -> str:
     titles: dict[str, str] = {State.UNKNOWN: "UNKNOWN queue", State.MANUAL_REVIEW: "MANUAL_REVIEW queue"}
     return titles.get(state, "All attempts")
+
+
+#: List parameters an export does not carry: it is every page, in chain order.
+EXPORT_SKIPS = frozenset({"after", "before", "sort", "queue", "links"})
 
 
 @login_required
@@ -158,6 +163,11 @@ def attempt_list(request: HtmxHttpRequest, queue: str = "") -> HttpResponse:
         "state": state,
         "title": _list_title(state),
         "operator_tenants": operator_tenants,
+        # The export form carries the list's filters (not its page or sort).
+        "export_fields": [
+            *((name, value) for name, values in request.GET.lists() if name not in EXPORT_SKIPS for value in values),
+            *([("queue", queue)] if queue else []),
+        ],
         "bulk_owners": owners,
         "tools": queries.known_tools(tenant_ids),
         "counts": queries.queue_counts(request.user, tenant_ids=tenant_ids),

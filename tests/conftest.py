@@ -31,6 +31,7 @@ from ledgerdash.ledger import recording
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.transitions import Actor
+from tests.database_roles import django_db_setup  # noqa: F401 - PostgreSQL as the runtime role
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 

@@ -13,6 +13,19 @@ os.environ.setdefault("SECRET_KEY", "tests-only-" + "k" * 50)
 os.environ.setdefault("SECURE_SSL_REDIRECT", "false")
 os.environ.setdefault("SECURE_COOKIES", "false")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
+# Single sign-on on, against a provider tests/test_sso.py starts (its
+# endpoints are set there); nothing listens at these until then.
+os.environ.setdefault("OIDC_ENABLED", "true")
+os.environ.setdefault("OIDC_OP_ISSUER", "http://127.0.0.1:9")
+os.environ.setdefault("OIDC_OP_AUTHORIZATION_ENDPOINT", "http://127.0.0.1:9/authorize")
+os.environ.setdefault("OIDC_OP_TOKEN_ENDPOINT", "http://127.0.0.1:9/token")
+os.environ.setdefault("OIDC_OP_USER_ENDPOINT", "http://127.0.0.1:9/userinfo")
+os.environ.setdefault("OIDC_OP_JWKS_ENDPOINT", "http://127.0.0.1:9/jwks")
+os.environ.setdefault("OIDC_RP_CLIENT_ID", "ledgerdash-tests")
+os.environ.setdefault("OIDC_RP_CLIENT_SECRET", "tests-only-client-secret")
+os.environ.setdefault(
+    "OIDC_GROUP_ROLES", "acme-ops=acme:operator,acme-leads=acme:approver,globex-all=globex:viewer,ops=nowhere:admin"
+)
 
 from ledgerdash.settings import *  # noqa: F403
 

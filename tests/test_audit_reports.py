@@ -135,10 +135,35 @@ def test_reports_need_a_log_in(incident: tuple[Attempt, Attempt], client: Client
 
 
 @pytest.mark.slow  # renders PDFs
-def test_reading_a_report_writes_nothing(incident: tuple[Attempt, Attempt], viewer_a: Any) -> None:
+def test_reading_a_report_is_recorded_in_the_tenants_chain(
+    incident: tuple[Attempt, Attempt], viewer_a: Any, tenant_a: Tenant
+) -> None:
+    """Reading audit data is on the record: each report delivered is an event
+    naming the reader; nothing else changes."""
+    retry = incident[1]
+    attempts_before = ledger_snapshot()[2]
+    client = as_user(viewer_a)
+    for url in urls(retry.pk):
+        before = AttemptEvent.objects.filter(tenant=tenant_a).count()
+        assert client.get(url).status_code == 200
+        (event,) = AttemptEvent.objects.filter(tenant=tenant_a, kind="report").order_by("-seq")[:1]
+        assert AttemptEvent.objects.filter(tenant=tenant_a).count() == before + 1
+        assert (event.attempt_id, event.actor_user_id, event.details["attempt"]) == (None, viewer_a.pk, retry.pk)
+        pdf = url.endswith(".pdf")
+        assert event.details["format"] == ("pdf" if pdf else "html")
+        assert event.details["report"] == ("incident" if "incident" in url else "attempt")
+        assert event.reason.endswith("downloaded as PDF" if pdf else "viewed")
+    assert ledger_snapshot()[2] == attempts_before
+
+
+@pytest.mark.slow  # renders PDFs
+def test_a_head_request_or_a_refused_report_records_nothing(
+    incident: tuple[Attempt, Attempt], viewer_a: Any, outsider_b: Any
+) -> None:
     before = ledger_snapshot()
     for url in urls(incident[1].pk):
-        as_user(viewer_a).get(url)
+        assert as_user(viewer_a).head(url).status_code == 200
+        assert as_user(outsider_b).get(url).status_code == 404
     assert ledger_snapshot() == before
 
 
@@ -218,6 +243,11 @@ def test_the_drill_report_shows_each_case_with_its_evidence(drill_run: tuple[Dri
     assert reverse("reviews:incident_report", args=[attempt.pk]) in page
     pdf = as_user(viewer_a).get(reverse("reviews:drill_report_pdf", args=[run.pk]))
     assert pdf.content.startswith(b"%PDF-")
+    read = AttemptEvent.objects.filter(tenant=run.tenant, kind="report").order_by("seq")
+    assert [(e.details["report"], e.details["drill_run"], e.details["format"], e.actor_user_id) for e in read] == [
+        ("drill", run.pk, "html", viewer_a.pk),
+        ("drill", run.pk, "pdf", viewer_a.pk),
+    ]
 
 
 def test_an_attempt_from_a_drill_carries_the_drill_evidence(drill_run: tuple[DrillRun, Attempt], viewer_a: Any) -> None:
@@ -239,6 +269,7 @@ def test_another_tenants_drill_is_404_and_posts_are_refused(
 # --- the overview's chain badge -------------------------------------------------------------------
 
 
+@tamper.commits
 def test_the_overview_shows_each_chain_as_verify_audit_left_it(tenant_a: Tenant, operator_a: Any) -> None:
     attempt = attempt_in(State.OUTCOME_CONFIRMED, tenant_a, key="k")
     client = as_user(operator_a)

@@ -15,9 +15,9 @@ import psycopg
 import pytest
 from django.core.management import call_command
 
-from ledgerdash.ledger.drill.runner import database_url
 from ledgerdash.ledger.models import AttemptEvent, ChainHead, State, Tenant
 from tests import tamper
+from tests.database_roles import admin_url
 from tests.factories import attempt_in
 from tests.live import PYTHON, ROOT
 from tests.tamper import _triggers
@@ -154,9 +154,10 @@ def test_restore_refuses_what_is_not_a_backup(tmp_path: Path) -> None:
 
 @pytest.fixture
 def scratch_databases() -> Iterator[Any]:
-    """Make empty databases of this test's own on the same server; drop them after."""
+    """Make empty databases of this test's own on the same server; drop them after. A restore
+    creates tables, so it runs as the superuser, not as the app's runtime role."""
     made: list[str] = []
-    base = database_url().rsplit("/", 1)[0]
+    base = admin_url("postgres").rsplit("/", 1)[0]
 
     def make() -> str:
         name = f"ledgerdash_restore_{uuid.uuid4().hex[:12]}"

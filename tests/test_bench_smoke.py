@@ -19,20 +19,18 @@ import pytest
 from django.conf import settings
 
 from bench.common import DatabaseExists, Databases
+from tests.database_roles import admin_url
 from tests.live import PYTHON, ROOT, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.bench, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _bench_url() -> str:
-    """The test server, and a prefix for the benchmark's database names that
-    says they are this test run's (the run adds an id of its own to it)."""
-    db = settings.DATABASES["default"]
-    auth = db.get("USER") or "postgres"
-    if db.get("PASSWORD"):
-        auth += f":{db['PASSWORD']}"
-    name = str(db["NAME"]).removeprefix("test_")[:20]
-    return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/test_{name}_bench"
+    """The test server as the superuser the suite was given (the benchmarks
+    create and drop databases), and a prefix for the benchmark's database
+    names that says they are this test run's (the run adds an id of its own)."""
+    name = str(settings.DATABASES["default"]["NAME"]).removeprefix("test_")[:20]
+    return admin_url(f"test_{name}_bench")
 
 
 def _existing(dbs: Databases, names: list[str]) -> list[str]:

@@ -187,6 +187,7 @@ def test_a_cut_short_file_fails_offline(stuck: dict[str, Attempt], tmp_path: Pat
     assert "no head row: the file was cut short" in result.stdout
 
 
+@tamper.commits
 def test_an_export_of_a_tampered_ledger_fails_offline(stuck: dict[str, Attempt], tmp_path: Path) -> None:
     victim = AttemptEvent.objects.filter(attempt=stuck["a_done"]).order_by("seq").last()
     assert victim is not None
@@ -281,7 +282,7 @@ def _download(response: Any) -> list[dict[str, Any]]:
 def test_operators_download_their_queue_with_its_filters(
     stuck: dict[str, Attempt], operator_a: Any, tenant_a: Tenant
 ) -> None:
-    response = as_user(operator_a).get(EXPORT_CSV, {"queue": "unknown", "tenant": "acme", "after": "1-1"})
+    response = as_user(operator_a).post(EXPORT_CSV, {"queue": "unknown", "tenant": "acme", "after": "1-1"})
     assert response.status_code == 200
     assert response["Content-Type"] == "text/csv; charset=utf-8"
     assert response["Content-Disposition"].startswith('attachment; filename="ledgerdash-audit-acme-')
@@ -293,20 +294,33 @@ def test_operators_download_their_queue_with_its_filters(
 
 
 def test_the_ndjson_download(stuck: dict[str, Attempt], operator_a: Any) -> None:
-    response = as_user(operator_a).get(reverse("reviews:export", args=["ndjson"]))
+    response = as_user(operator_a).post(reverse("reviews:export", args=["ndjson"]))
     assert response["Content-Type"] == "application/x-ndjson; charset=utf-8"
     lines = [json.loads(line) for line in b"".join(response.streaming_content).decode().splitlines()]
     assert lines[0]["details"]["scope"] == "full"
     assert {line["tenant"] for line in lines[1:]} == {"acme"}
 
 
-def test_the_export_refuses_posts(operator_a: Any) -> None:
-    assert as_user(operator_a).post(EXPORT_CSV).status_code == 405
+def test_the_export_is_a_post_with_the_csrf_token(stuck: dict[str, Attempt], operator_a: Any) -> None:
+    """An export writes an audit event: a link (or a form) on another site must not start one."""
+    before = ledger_snapshot()
+    client = as_user(operator_a)
+    assert client.get(EXPORT_CSV).status_code == 405
+    assert client.head(EXPORT_CSV).status_code == 405
+    client.handler.enforce_csrf_checks = True
+    assert client.post(EXPORT_CSV, {"tenant": "acme"}).status_code == 403
+    assert ledger_snapshot() == before
+    page = client.get(reverse("reviews:search"))
+    token = page.context["csrf_token"]
+    response = client.post(EXPORT_CSV, {"tenant": "acme", "csrfmiddlewaretoken": str(token)})
+    assert response.status_code == 200
+    assert _download(response)
+    assert AttemptEvent.objects.filter(kind="export").count() == 1
 
 
 def test_another_tenant_in_the_filter_is_404_and_exports_nothing(stuck: dict[str, Attempt], outsider_b: Any) -> None:
     before = ledger_snapshot()
-    response = as_user(outsider_b).get(EXPORT_CSV, {"tenant": "acme"})
+    response = as_user(outsider_b).post(EXPORT_CSV, {"tenant": "acme"})
     assert response.status_code == 404
     assert b"a-unknown" not in response.content
     assert ledger_snapshot() == before
@@ -314,26 +328,30 @@ def test_another_tenant_in_the_filter_is_404_and_exports_nothing(stuck: dict[str
 
 def test_viewers_may_not_export(stuck: dict[str, Attempt], viewer_a: Any) -> None:
     before = ledger_snapshot()
-    assert as_user(viewer_a).get(EXPORT_CSV).status_code == 403
+    assert as_user(viewer_a).post(EXPORT_CSV).status_code == 403
     assert ledger_snapshot() == before
 
 
 def test_a_bad_filter_is_refused_rather_than_widened(stuck: dict[str, Attempt], operator_a: Any) -> None:
-    response = as_user(operator_a).get(EXPORT_CSV, {"owner": "everyone"})
+    response = as_user(operator_a).post(EXPORT_CSV, {"owner": "everyone"})
     assert response.status_code == 400
     assert b"not exported" in response.content
 
 
 def test_an_unknown_format_or_queue_is_404(operator_a: Any) -> None:
     client = as_user(operator_a)
-    assert client.get(reverse("reviews:export", args=["xlsx"])).status_code == 404
-    assert client.get(EXPORT_CSV, {"queue": "everything"}).status_code == 404
+    assert client.post(reverse("reviews:export", args=["xlsx"])).status_code == 404
+    assert client.post(EXPORT_CSV, {"queue": "everything"}).status_code == 404
 
 
-def test_the_list_pages_link_to_exports_of_what_they_show(stuck: dict[str, Attempt], operator_a: Any) -> None:
-    page = as_user(operator_a).get(reverse("reviews:queue", args=["unknown"]), {"tool": "send_email"}).content
-    assert b'href="/export.csv?tool=send_email&amp;queue=unknown"' in page
-    assert b'href="/export.ndjson?tool=send_email&amp;queue=unknown"' in page
+def test_the_list_pages_carry_their_filters_into_the_export_form(stuck: dict[str, Attempt], operator_a: Any) -> None:
+    client = as_user(operator_a)
+    page = client.get(reverse("reviews:queue", args=["unknown"]), {"tool": "send_email", "after": "1-1"}).content
+    assert b'<form class="exports" method="post" action="/export.csv">' in page
+    assert b'formaction="/export.ndjson"' in page
+    assert b'<input type="hidden" name="tool" value="send_email">' in page
+    assert b'<input type="hidden" name="queue" value="unknown">' in page
+    assert b'name="after"' not in page.split(b'class="exports"')[1].split(b"</form>")[0]  # every page, not one
 
 
 def test_viewers_get_no_export_links(stuck: dict[str, Attempt], viewer_a: Any) -> None:
@@ -361,10 +379,10 @@ def test_exporting_every_tenant_needs_the_operator_role_in_each(
 
     Membership.objects.create(user=operator_a, tenant=tenant_b, role="viewer")
     client = as_user(operator_a)
-    refused = client.get(EXPORT_CSV)
+    refused = client.post(EXPORT_CSV)
     assert refused.status_code == 403
     assert AttemptEvent.objects.filter(kind="export").count() == 0
-    assert client.get(EXPORT_CSV, {"tenant": "acme"}).status_code == 200
+    assert client.post(EXPORT_CSV, {"tenant": "acme"}).status_code == 200
 
 
 @pytest.mark.postgres

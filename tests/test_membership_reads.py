@@ -30,8 +30,8 @@ def unknown(tenant_a: Tenant) -> Attempt:
 @pytest.mark.parametrize(
     ("page", "reads"),
     [
-        # which tenants the user sees
-        ("home", 1),
+        # which tenants the user sees, whether they administer one (the Members link)
+        ("home", 2),
         # which tenants they see, which they operate in, whom work can go to
         ("queue", 3),
         # which tenants they see (the attempt's scope), their role in its

@@ -27,6 +27,7 @@ from ledgerdash.ledger.models import State, Tenant
 from reviews import queries
 from reviews.models import Membership
 from reviews.queries import Cursor, ListQuery
+from tests.database_roles import admin_connect
 
 # Transactional, so the filled table can be vacuumed (not inside a transaction).
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -75,9 +76,11 @@ def big_ledger(tenant_a: Tenant, tenant_b: Tenant, operator_a: Any, approver_a: 
     owners = [operator_a.pk, approver_a.pk, make_user("someone").pk]
     with connection.cursor() as cursor:
         cursor.execute(FILL, {"rows": ROWS, "tenants": [t.pk for t in tenants], "owners": owners})
-        # As autovacuum leaves a table in service: statistics and a visibility
-        # map (so the planner may count and page from the index alone).
-        cursor.execute("VACUUM ANALYZE ledger_attempt")
+    # As autovacuum leaves a table in service: statistics and a visibility
+    # map (so the planner may count and page from the index alone). Only the
+    # table's owner may vacuum it, not the app's runtime role.
+    with admin_connect() as admin:
+        admin.execute("VACUUM ANALYZE ledger_attempt")
     return operator_a
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -121,3 +122,23 @@ def test_options_in_the_database_url_are_kept(url: str, kept: dict[str, object],
     assert isinstance(options, dict)
     assert kept.items() <= options.items()
     assert added in options
+
+
+def test_pages_answers_and_exports_are_never_stored_by_caches(client: Any, operator_a: Any, tenant_a: Any) -> None:
+    from django.urls import reverse
+
+    from tests.api_support import Api, issue_token
+    from tests.conftest import as_user
+
+    logged_in = as_user(operator_a)
+    for response in (
+        logged_in.get(reverse("reviews:home")),
+        logged_in.get(reverse("reviews:search")),
+        logged_in.post(reverse("reviews:export", args=["csv"]), {"tenant": "acme"}),
+        Api(issue_token(tenant_a)).get("/attempts", {"needs_attention": "true"}),
+        client.get(reverse("login")),
+    ):
+        assert "no-store" in response["Cache-Control"], response
+    static = client.get("/static/ledgerdash/app.css")
+    assert static.status_code == 200
+    assert "no-store" not in static.get("Cache-Control", "")

@@ -3,6 +3,7 @@ was edited, removed or moved behind the application's back."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,6 +52,7 @@ def test_an_untouched_ledger_verifies(ledger: list[AttemptEvent], tenant_a: Tena
     assert check.verified_seq == head.seq == len(ledger)
 
 
+@tamper.commits
 def test_it_names_an_edited_event(ledger: list[AttemptEvent], tenant_a: Tenant) -> None:
     victim = ledger[4]
     tamper.edit(victim.pk, reason="nothing to see here")
@@ -61,6 +63,7 @@ def test_it_names_an_edited_event(ledger: list[AttemptEvent], tenant_a: Tenant) 
     assert (check.ok, check.problem, check.break_seq, check.break_event_id) == (False, "edited", victim.seq, victim.pk)
 
 
+@tamper.commits
 def test_it_names_an_event_edited_with_its_own_hashes_recomputed(ledger: list[AttemptEvent], tenant_a: Tenant) -> None:
     victim, after = ledger[3], ledger[4]
     victim.details = {"forged": True}
@@ -74,6 +77,7 @@ def test_it_names_an_event_edited_with_its_own_hashes_recomputed(ledger: list[At
     assert "is not in the chain any more" in broken.message
 
 
+@tamper.commits
 def test_it_names_the_gap_a_deleted_event_leaves(ledger: list[AttemptEvent], tenant_a: Tenant) -> None:
     victim, after = ledger[2], ledger[3]
     tamper.delete(victim.pk)
@@ -83,6 +87,7 @@ def test_it_names_the_gap_a_deleted_event_leaves(ledger: list[AttemptEvent], ten
     assert ChainCheck.objects.get(tenant=tenant_a).problem == "missing"
 
 
+@tamper.commits
 def test_it_notices_the_newest_events_removed(ledger: list[AttemptEvent], tenant_a: Tenant) -> None:
     tamper.delete(ledger[-1].pk, ledger[-2].pk)
     broken = only(tenant_a).broken
@@ -91,6 +96,7 @@ def test_it_notices_the_newest_events_removed(ledger: list[AttemptEvent], tenant
     assert f"ends at seq {len(ledger) - 2} but its head says {len(ledger)}" in broken.message
 
 
+@tamper.commits
 def test_it_names_reordered_events(ledger: list[AttemptEvent], tenant_a: Tenant) -> None:
     first, second = ledger[5], ledger[6]
     tamper.swap(first.pk, second.pk)
@@ -135,3 +141,117 @@ def test_the_walk_reads_in_chunks(ledger: list[AttemptEvent], tenant_a: Tenant, 
     result = only(tenant_a)
     assert result.ok
     assert result.events == len(ledger)
+
+
+# --- heads kept elsewhere: a chain that lost its tail, or was rewritten ---------------------------
+
+
+def _head(tenant: Tenant) -> tuple[int, str]:
+    head = ChainHead.objects.get(tenant=tenant)
+    return head.seq, head.hash
+
+
+@tamper.commits
+def test_a_tail_cut_with_its_head_moved_back_is_caught_by_a_kept_head(
+    ledger: list[AttemptEvent], tenant_a: Tenant
+) -> None:
+    seq, digest = _head(tenant_a)
+    tamper.cut_tail(tenant_a.pk, seq - 2)
+    assert verify_output("--tenant", "acme", "--no-save")[1] == 0  # consistent in itself: the walk alone is fooled
+    output, code = verify_output("--tenant", "acme", "--known-head", f"acme:{seq}:{digest}")
+    assert code == 1
+    assert (
+        f"acme: BROKEN (tail lost) tenant acme: the chain ends at seq {seq - 2}, but --known-head (acme:{seq}) "
+        f"saw it reach seq {seq} ({digest[:16]}…): seq {seq - 1} to {seq} were removed"
+    ) in output
+    assert ChainCheck.objects.get(tenant=tenant_a).problem == "tail lost"
+
+
+@tamper.commits
+def test_the_furthest_head_an_earlier_run_verified_is_kept_and_checked(
+    ledger: list[AttemptEvent], tenant_a: Tenant
+) -> None:
+    assert verify_output()[1] == 0
+    seq, digest = _head(tenant_a)
+    check = ChainCheck.objects.get(tenant=tenant_a)
+    assert (check.reached_seq, check.reached_hash) == (seq, digest)
+    tamper.cut_tail(tenant_a.pk, seq - 1)
+    output, code = verify_output()
+    assert code == 1
+    assert f"the chain ends at seq {seq - 1}, but the verify_audit of " in output
+    assert f"saw it reach seq {seq} ({digest[:16]}…): seq {seq} were removed" in output
+    assert "globex: ok" in output
+    # A broken walk does not lower the head it must reach: the next run still says so.
+    check.refresh_from_db()
+    assert (check.ok, check.reached_seq) == (False, seq)
+    assert verify_output()[1] == 1
+
+
+@tamper.commits
+def test_an_emptied_ledger_is_caught_by_the_head_an_earlier_run_kept(
+    ledger: list[AttemptEvent], tenant_a: Tenant
+) -> None:
+    assert verify_output()[1] == 0
+    seq, _ = _head(tenant_a)
+    tamper.execute("DELETE FROM ledger_attemptevent WHERE tenant_id = %s", [tenant_a.pk])
+    tamper.execute("UPDATE ledger_chainhead SET seq = 0, hash = %s WHERE tenant_id = %s", ["0" * 64, tenant_a.pk])
+    tamper.execute("DELETE FROM ledger_attempt WHERE tenant_id = %s", [tenant_a.pk])
+    output, code = verify_output("--tenant", "acme")
+    assert code == 1
+    assert "the chain ends at seq 0, but the verify_audit of" in output
+    assert f"seq 1 to {seq} were removed" in output
+
+
+@tamper.commits
+def test_a_history_rewritten_with_every_hash_recomputed_is_caught_at_a_kept_head(
+    ledger: list[AttemptEvent], tenant_a: Tenant
+) -> None:
+    seq, digest = _head(tenant_a)
+    victim = ledger[2]
+    prev = ledger[1].hash
+    for event in ledger[2:]:  # forge one event, then re-link everything after it
+        values: dict[str, Any] = {}
+        if event.pk == victim.pk:
+            event.details = {"forged": True}
+            values["details"] = '{"forged": true}'
+        content = chain.content_hash(chain.event_content(event))
+        linked = chain.link(prev, content)
+        tamper.edit(event.pk, **values, content_hash=content, prev_hash=prev, hash=linked)
+        prev = linked
+    tamper.execute("UPDATE ledger_chainhead SET hash = %s WHERE tenant_id = %s", [prev, tenant_a.pk])
+    assert verify_output("--tenant", "acme", "--no-save")[1] == 0  # every link recomputed: the walk alone is fooled
+    output, code = verify_output("--tenant", "acme", "--known-head", f"acme:{seq}:{digest}")
+    assert code == 1
+    assert f"acme: BROKEN (rewritten) tenant acme seq {seq} (event id {ledger[-1].pk}) is not the head" in output
+    assert "the history up to it was rewritten" in output
+
+
+@tamper.commits
+def test_kept_heads_are_read_from_an_export_and_from_backup_output(
+    ledger: list[AttemptEvent], tenant_a: Tenant, tmp_path: Path
+) -> None:
+    export = tmp_path / "acme.csv"
+    call_command("export_audit", "--tenant", "acme", "--out", str(export))
+    backup_lines = tmp_path / "backup.txt"
+    seq, digest = _head(tenant_a)
+    backup_lines.write_text(f"backed up …\n  acme: chain head at backup time seq {seq} {digest}\n")
+    assert verify_output("--known-heads", str(export), "--known-heads", str(backup_lines), "--no-save")[1] == 0
+    tamper.cut_tail(tenant_a.pk, seq - 3)
+    for source in (export, backup_lines):
+        output, code = verify_output("--tenant", "acme", "--known-heads", str(source), "--no-save")
+        assert code == 1
+        assert f"but {source} (acme:" in output
+        assert "(tail lost)" in output
+
+
+def test_a_kept_head_that_does_not_parse_or_names_no_tenant_is_an_error(
+    ledger: list[AttemptEvent], tmp_path: Path
+) -> None:
+    assert "is not TENANT:SEQ:HASH" in verify_output("--known-head", "acme:7")[0]
+    assert "is not TENANT:SEQ:HASH" in verify_output("--known-head", "acme:x:" + "0" * 64)[0]
+    assert "names no tenant of this ledger: nobody" in verify_output("--known-head", "nobody:1:" + "a" * 64)[0]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("nothing here\n")
+    output, code = verify_output("--known-heads", str(notes))
+    assert code == 1
+    assert "names no chain head" in output

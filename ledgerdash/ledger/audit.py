@@ -16,18 +16,31 @@ mismatch**: e.g. the newest events were removed) and that every attempt of
 the tenant has at least one event (**attempt without events**). The first
 break is reported with the event named; the walk stops there.
 
-What a walk cannot see: someone with write access who rewrites an event
-*and* recomputes every hash after it *and* moves the head. That is what
-exported heads are for: an auditor who kept an earlier head (it is in every
-export's trailer) finds it no longer on the chain.
+What a walk alone cannot see: someone with write access who rewrites an
+event *and* recomputes every hash after it *and* moves the head, or who
+removes the newest events (or truncates the table) *and* moves the head
+back. That is what heads kept elsewhere are for. Each :class:`KnownHead`
+(one from an export's trailer, ``backup_ledger``'s output, or a
+``--known-head`` argument, and the furthest head an earlier walk verified,
+kept in :class:`ChainCheck`) must still be on the chain: the event at its
+seq must carry its hash (else the history up to it was **rewritten**), and
+the chain must reach it (else its **tail was lost**). The ``export`` events
+in the chain record heads too, but they sit after the head they name, so
+whoever cuts the tail removes them with it: only a head kept outside the
+chain (or an earlier walk's) can tell the chain was longer.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,6 +58,8 @@ MISSING = "missing"
 REORDERED = "reordered"
 HEAD_MISMATCH = "head mismatch"
 NO_EVENTS = "attempt without events"
+REWRITTEN = "rewritten"
+TAIL_LOST = "tail lost"
 
 _FIELDS = ("id", "seq", *(f for f in chain.HASHED_FIELDS if f != "tenant_id"), "content_hash", "prev_hash", "hash")
 
@@ -55,6 +70,15 @@ class Break:
     message: str
     seq: int | None = None
     event_id: int | None = None
+
+
+@dataclass(frozen=True)
+class KnownHead:
+    """A head of a tenant's chain seen earlier, and where it was seen."""
+
+    seq: int
+    hash: str
+    source: str
 
 
 @dataclass
@@ -114,8 +138,28 @@ def _unlinked(tenant: Tenant, row: dict[str, Any], expected_seq: int) -> Break:
     )
 
 
-def verify_tenant(tenant: Tenant) -> ChainResult:
+def _kept_head_problem(tenant: Tenant, known: Iterable[KnownHead], verified_seq: int) -> Break | None:
+    beyond = [k for k in known if k.seq > verified_seq]
+    if not beyond:
+        return None
+    furthest = max(beyond, key=lambda k: k.seq)
+    lost = (
+        f"seq {verified_seq + 1}" if furthest.seq == verified_seq + 1 else f"seq {verified_seq + 1} to {furthest.seq}"
+    )
+    return Break(
+        TAIL_LOST,
+        f"tenant {tenant.slug}: the chain ends at seq {verified_seq}, but {furthest.source} saw it reach seq "
+        f"{furthest.seq} ({furthest.hash[:16]}…): {lost} were removed",
+        verified_seq + 1,
+    )
+
+
+def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = ()) -> ChainResult:
     started = time.monotonic()
+    known = list(known)
+    kept_at: dict[int, list[KnownHead]] = {}
+    for head_kept in known:
+        kept_at.setdefault(head_kept.seq, []).append(head_kept)
     head = ChainHead.objects.filter(tenant_id=tenant.pk).first()
     head_seq, head_hash = (head.seq, head.hash) if head else (0, chain.GENESIS)
     expected_seq, prev, count = 1, chain.GENESIS, 0
@@ -130,6 +174,16 @@ def verify_tenant(tenant: Tenant) -> ChainResult:
         if row["seq"] != expected_seq or row["prev_hash"] != prev:
             broken = _unlinked(tenant, row, expected_seq)
             break
+        other = next((k for k in kept_at.get(row["seq"], ()) if k.hash != row["hash"]), None)
+        if other is not None:
+            broken = Break(
+                REWRITTEN,
+                f"{_name(tenant, row)} is not the head {other.source} saw at seq {other.seq} "
+                f"({other.hash[:16]}…, now {row['hash'][:16]}…): the history up to it was rewritten",
+                row["seq"],
+                row["id"],
+            )
+            break
         prev, expected_seq, count = row["hash"], expected_seq + 1, count + 1
     verified_seq = expected_seq - 1
     if broken is None and (verified_seq != head_seq or prev != head_hash):
@@ -143,6 +197,8 @@ def verify_tenant(tenant: Tenant) -> ChainResult:
                 f"(seq {verified_seq}, {prev[:16]}…)",
                 verified_seq,
             )
+    if broken is None:
+        broken = _kept_head_problem(tenant, known, verified_seq)
     if broken is None:
         silent = (
             Attempt.objects.filter(tenant_id=tenant.pk)
@@ -165,10 +221,29 @@ def verify_tenant(tenant: Tenant) -> ChainResult:
     )
 
 
-def verify(tenants: Iterable[Tenant] | None = None, *, save: bool = True) -> list[ChainResult]:
-    """Walk each tenant's chain (all tenants by default); with ``save``,
-    keep each result as the tenant's :class:`ChainCheck` for the dashboard."""
-    results = [verify_tenant(t) for t in (tenants if tenants is not None else Tenant.objects.order_by("slug"))]
+def verify(
+    tenants: Iterable[Tenant] | None = None,
+    *,
+    save: bool = True,
+    known: dict[str, list[KnownHead]] | None = None,
+) -> list[ChainResult]:
+    """Walk each tenant's chain (all tenants by default) against the heads
+    ``known`` by tenant slug and the furthest head an earlier walk verified;
+    with ``save``, keep each result as the tenant's :class:`ChainCheck` for
+    the dashboard."""
+    chosen = list(tenants if tenants is not None else Tenant.objects.order_by("slug"))
+    earlier = {
+        check.tenant_id: KnownHead(
+            check.reached_seq, check.reached_hash, f"the verify_audit of {check.reached_at:%Y-%m-%d %H:%M:%S} UTC"
+        )
+        for check in ChainCheck.objects.filter(tenant__in=chosen, reached_seq__gt=0, reached_at__isnull=False)
+    }
+    results = []
+    for tenant in chosen:
+        kept = list((known or {}).get(tenant.slug, ()))
+        if tenant.pk in earlier:
+            kept.append(earlier[tenant.pk])
+        results.append(verify_tenant(tenant, kept))
     if save:
         for result in results:
             record_check(result)
@@ -189,5 +264,73 @@ def record_check(result: ChainResult) -> None:
             "break_event_id": broken.event_id if broken else None,
             "message": broken.message if broken else "",
             "duration_ms": result.duration_ms,
+            # Only a chain that verified moves the furthest head seen: a
+            # broken walk must not forget how far the chain once reached.
+            **(
+                {"reached_seq": result.verified_seq, "reached_hash": result.head_hash, "reached_at": result.checked_at}
+                if result.ok
+                else {}
+            ),
         },
     )
+
+
+# --- heads kept elsewhere ---------------------------------------------------------------------
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+#: ``backup_ledger``'s lines: "  acme: chain head at backup time seq 12 <hash>"
+_BACKUP_LINE = re.compile(r"^\s*(?P<tenant>\S+): chain head at backup time seq (?P<seq>\d+) (?P<hash>[0-9a-f]{64})\s*$")
+
+
+class KnownHeadError(ValueError):
+    pass
+
+
+def parse_known_head(text: str, source: str = "--known-head") -> tuple[str, KnownHead]:
+    """``TENANT:SEQ:HASH`` as a (tenant slug, head) pair."""
+    try:
+        tenant, seq, digest = text.strip().rsplit(":", 2)
+        number = int(seq)
+    except ValueError:
+        raise KnownHeadError(f"{text!r} is not TENANT:SEQ:HASH") from None
+    if not tenant or number < 1 or not _HEX64.fullmatch(digest):
+        raise KnownHeadError(f"{text!r} is not TENANT:SEQ:HASH (seq from 1, a sha256 in lower-case hex)")
+    return tenant, KnownHead(number, digest, f"{source} ({tenant}:{number})")
+
+
+def read_known_heads(path: Path) -> list[tuple[str, KnownHead]]:
+    """The heads a file names: an export's ``head`` rows (CSV or NDJSON),
+    ``backup_ledger``'s output, or lines of ``TENANT:SEQ:HASH``."""
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KnownHeadError(f"cannot read {source}: {exc}") from None
+    heads: list[tuple[str, KnownHead]] = []
+    if text.startswith("record,"):
+        for row in csv.DictReader(io.StringIO(text, newline="")):
+            # Undo the export's formula neutralization (one leading quote).
+            cells = {k: (v[1:] if v and v.startswith("'") else v) for k, v in row.items()}
+            if cells.get("record") == "head":
+                heads.append(parse_known_head(f"{cells['tenant']}:{cells['event_seq']}:{cells['hash']}", source))
+    elif text.startswith("{"):
+        for line in text.splitlines():
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    raise KnownHeadError(f"{source}: a line is not JSON") from None
+                if row.get("record") == "head":
+                    heads.append(parse_known_head(f"{row['tenant']}:{row['event_seq']}:{row['hash']}", source))
+    else:
+        for line in text.splitlines():
+            match = _BACKUP_LINE.match(line)
+            if match:
+                heads.append(parse_known_head(f"{match['tenant']}:{match['seq']}:{match['hash']}", source))
+            elif line.count(":") >= 2 and _HEX64.search(line):
+                heads.append(parse_known_head(line, source))
+    if not heads:
+        raise KnownHeadError(
+            f"{source} names no chain head (an export, backup_ledger's output, or TENANT:SEQ:HASH lines)"
+        )
+    return heads

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ledgerdash.ledger import keys
+
 if TYPE_CHECKING:
     from ledgerdash.ledger.models import Attempt
 
@@ -36,10 +38,14 @@ class InvalidArgs(InvalidInput):
 
 
 class InvalidKey(InvalidInput):
+    """The key breaks :mod:`ledgerdash.ledger.keys`' rule; the message says which part."""
+
     code = "invalid_idempotency_key"
-    EMPTY = "idempotency key must not be empty"
-    TOO_LONG = "idempotency key is {length} characters; the limit is 255"
-    CONTROL = "idempotency key must not contain control characters"
+    EMPTY = keys.EMPTY
+    TOO_LONG = keys.TOO_LONG
+    INVISIBLE = keys.INVISIBLE
+    NOT_NFC = keys.NOT_NFC
+    NOT_NFKC = keys.NOT_NFKC
 
 
 class InvalidField(InvalidInput):

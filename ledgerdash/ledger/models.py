@@ -588,6 +588,11 @@ class ChainCheck(models.Model):
     break_event_id = models.BigIntegerField(null=True, blank=True)
     message = models.TextField(blank=True)
     duration_ms = models.PositiveIntegerField(default=0)
+    #: The furthest head a walk ever verified (moved only by walks that held):
+    #: a later walk whose chain no longer reaches it reports the lost tail.
+    reached_seq = models.PositiveBigIntegerField(default=0)
+    reached_hash = models.CharField(max_length=64, blank=True)
+    reached_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.tenant_id}: {'ok' if self.ok else self.problem} @ {self.checked_at:%Y-%m-%d %H:%M}"

@@ -46,7 +46,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from ledgerdash import toolcalls
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import keys, transitions
 from ledgerdash.ledger.authority import authority_of, scope_string
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
@@ -101,7 +101,7 @@ __all__ = [
 ]
 
 
-MAX_KEY = 255
+MAX_KEY = keys.MAX_KEY
 MAX_NAME = 255
 
 
@@ -138,13 +138,11 @@ def _has_control(value: str) -> bool:
 
 
 def validate_key(key: Any) -> str:
-    if not isinstance(key, str) or not key.strip():
-        raise InvalidKey(InvalidKey.EMPTY)
-    if len(key) > MAX_KEY:
-        raise InvalidKey(InvalidKey.TOO_LONG.format(length=len(key)))
-    if _has_control(key):
-        raise InvalidKey(InvalidKey.CONTROL)
-    return key
+    """The key as given, or InvalidKey saying why not (the rule: :mod:`ledgerdash.ledger.keys`)."""
+    problem = keys.key_problem(key)
+    if problem is not None:
+        raise InvalidKey(problem)
+    return str(key)
 
 
 def validate_name(value: Any, field: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -13,13 +14,29 @@ from ledgerdash.ledger.models import Tenant
 class Command(BaseCommand):
     help = (
         "Verify the hash-chained event log of each tenant (all by default): seq contiguity, content hashes, "
-        "links, the chain head, and that every attempt has events. Exit 1 on the first break."
+        "links, the chain head, that every attempt has events, and that each head kept earlier (--known-head, "
+        "--known-heads, the furthest an earlier run verified) is still on the chain. Exit 1 on the first break."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", action="append", default=[], help="a tenant's slug (repeat for several)")
         parser.add_argument(
             "--no-save", action="store_true", help="do not store the result for the dashboard's chain badge"
+        )
+        parser.add_argument(
+            "--known-head",
+            action="append",
+            default=[],
+            metavar="TENANT:SEQ:HASH",
+            help="a head kept earlier: the chain must still reach it, with that hash (repeatable)",
+        )
+        parser.add_argument(
+            "--known-heads",
+            action="append",
+            default=[],
+            type=Path,
+            metavar="FILE",
+            help="the heads in FILE: an export (CSV or NDJSON), backup_ledger's output, or TENANT:SEQ:HASH lines",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -31,7 +48,19 @@ class Command(BaseCommand):
             if unknown:
                 raise CommandError(f"no such tenant: {', '.join(unknown)}")
             tenants = [t for t in tenants if t.slug in slugs]
-        results = audit.verify(tenants, save=not options["no_save"])
+        kept: dict[str, list[audit.KnownHead]] = {}
+        try:
+            pairs = [audit.parse_known_head(text) for text in options["known_head"]]
+            for path in options["known_heads"]:
+                pairs += audit.read_known_heads(path)
+        except audit.KnownHeadError as exc:
+            raise CommandError(str(exc)) from None
+        slugs_known = {t.slug for t in Tenant.objects.all()}
+        for slug, head in pairs:
+            if slug not in slugs_known:
+                raise CommandError(f"a known head names no tenant of this ledger: {slug}")
+            kept.setdefault(slug, []).append(head)
+        results = audit.verify(tenants, save=not options["no_save"], known=kept)
         for result in results:
             style = self.style.SUCCESS if result.ok else self.style.ERROR
             self.stdout.write(style(result.describe()) + f" [{result.duration_ms} ms]")
