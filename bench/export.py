@@ -86,9 +86,9 @@ def _event_rows(
 
 
 def _prepare(ctx: Any, events: int) -> dict[str, Any]:
+    from ledgerdash.ledger.events import Actor
     from ledgerdash.ledger.models import ChainHead, Tenant
     from ledgerdash.ledger.policies import policy_publish
-    from ledgerdash.ledger.transitions import Actor
 
     ctx.dbs.fresh_main()
     tenant = Tenant.objects.create(slug=TENANT, name="Audited")

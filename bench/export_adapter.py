@@ -32,8 +32,8 @@ def stream_export(tenant_slug: str, out: BinaryIO) -> str:
     """Write ``tenant_slug``'s full audit export as CSV to ``out`` through
     the real streaming export (the code behind the dashboard's download and
     ``manage.py export_audit``); returns which entry point ran."""
+    from ledgerdash.ledger.events import Actor
     from ledgerdash.ledger.models import Tenant
-    from ledgerdash.ledger.transitions import Actor
 
     try:
         from reviews import exports

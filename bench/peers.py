@@ -89,8 +89,8 @@ def ledgerdash_agent(cfg: dict[str, Any], index: int) -> Agent:
 
     django.setup()
     from ledgerdash.ledger import recording
+    from ledgerdash.ledger.events import Actor
     from ledgerdash.ledger.models import Tenant
-    from ledgerdash.ledger.transitions import Actor
 
     shared_slug, own_slug = _tenants(cfg, "ledgerdash", index)
     shared, own = Tenant.objects.get(slug=shared_slug), Tenant.objects.get(slug=own_slug)

@@ -99,9 +99,9 @@ def attempt_rows(total: int, tenant_ids: list[int], owner_ids: list[int], first_
 def _prepare(ctx: Any, total: int) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
 
+    from ledgerdash.ledger.events import Actor
     from ledgerdash.ledger.models import Tenant
     from ledgerdash.ledger.policies import policy_publish
-    from ledgerdash.ledger.transitions import Actor
     from reviews.models import Membership
 
     users = get_user_model()

@@ -105,9 +105,9 @@ def _prepare_ledger(ctx: Any, total: int) -> None:
     from django.contrib.auth import get_user_model
 
     from ledgerdash.ledger.canonical import normalize_args
+    from ledgerdash.ledger.events import Actor
     from ledgerdash.ledger.models import Tenant, Tool
     from ledgerdash.ledger.policies import policy_publish
-    from ledgerdash.ledger.transitions import Actor
     from ledgerdash.sandbox import http_adapter_config
 
     ctx.dbs.fresh_main()

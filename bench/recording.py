@@ -197,9 +197,9 @@ class Pool:
 def _prepare_tenants(run: str) -> dict[str, list[str]]:
     """Tenants for the peers that write to the ledger's tables: one shared by
     all of a peer's agents, then one per agent; each with a policy and the tool."""
+    from ledgerdash.ledger.events import Actor
     from ledgerdash.ledger.models import Tenant, Tool
     from ledgerdash.ledger.policies import policy_publish
-    from ledgerdash.ledger.transitions import Actor
     from ledgerdash.sandbox import http_adapter_config
 
     Tool.objects.get_or_create(
@@ -219,9 +219,9 @@ def _prepare_tenants(run: str) -> dict[str, list[str]]:
 
 def _tokens(slugs: list[str]) -> dict[str, str]:
     """An API token with the write scope for each of these tenants."""
+    from ledgerdash.ledger.events import Actor
     from ledgerdash.ledger.models import Tenant, TokenScope
     from ledgerdash.ledger.tokens import token_create
-    from ledgerdash.ledger.transitions import Actor
 
     tokens = {}
     for slug in slugs:

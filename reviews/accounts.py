@@ -28,11 +28,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from ledgerdash.ledger.transitions import Actor, event_record
+from ledgerdash.ledger.events import Actor, EventKind, event_record
 from reviews.models import Membership, Role
 
-LOCKED = "account_locked"
-UNLOCKED = "account_unlocked"
+LOCKED = EventKind.ACCOUNT_LOCKED
+UNLOCKED = EventKind.ACCOUNT_UNLOCKED
 THROTTLE = Actor.system("sign-in throttling")
 
 LOCKED_MESSAGE = (

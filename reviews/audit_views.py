@@ -25,7 +25,8 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import events
+from ledgerdash.ledger.events import EventKind
 from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun
 from reviews import diffs, drills, exports, history, pdf_bounds, queries
 from reviews.forms import ListForm
@@ -236,9 +237,9 @@ def _record_reading(request: HttpRequest, response: HttpResponse, tenant_id: int
     counts (not a HEAD, not a refused or failed PDF)."""
     if request.method == "GET" and response.status_code == 200:
         pdf = response["Content-Type"] == "application/pdf"
-        transitions.event_record(
+        events.event_record(
             tenant=tenant_id,
-            kind="report",
+            kind=EventKind.REPORT,
             actor=_actor(request),
             reason=f"{subject['report']} report {'downloaded as PDF' if pdf else 'viewed'}",
             details={**subject, "format": "pdf" if pdf else "html"},

@@ -42,9 +42,9 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from ledgerdash.ledger import chain
+from ledgerdash.ledger.events import Actor, EventKind, event_record
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, Tenant
 from ledgerdash.ledger.queries import events_by_seq
-from ledgerdash.ledger.transitions import Actor, event_record
 from reviews.queries import ListQuery, attempt_filter
 
 log = logging.getLogger(__name__)
@@ -460,7 +460,7 @@ def _record_exports(
         what = "exported" if complete else "export interrupted after"
         event_record(
             tenant=tenant,
-            kind="export",
+            kind=EventKind.EXPORT,
             actor=request.actor,
             reason=f"{what} {tally.events} event rows of {tenant.slug} as {request.format}",
             details={

@@ -17,7 +17,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import moves
 from ledgerdash.ledger.errors import LedgerError
 from ledgerdash.ledger.models import AttemptEvent, Incident
 from reviews import queries
@@ -80,8 +80,8 @@ def incident_claim(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, _form_errors(form))
     else:
         try:
-            transitions.incident_assign(
-                incident_id=incident.pk,
+            moves.incident_assign(
+                incident=incident,
                 owner=request.user,  # type: ignore[arg-type]
                 actor=_actor(request),
                 expected_owner_id=form.cleaned_data["owner_seen"],
@@ -103,11 +103,11 @@ def incident_resolve(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, _form_errors(form))
     else:
         try:
-            transitions.incident_resolve(
-                incident_id=incident.pk,
+            moves.incident_resolve(
+                incident=incident,
                 actor=_actor(request),
                 resolution=form.cleaned_data["resolution"],
-                fence_seen=form.cleaned_data["fence"],
+                fence=form.cleaned_data["fence"],
             )
             messages.success(request, f"Incident #{incident.pk} is resolved.")
         except LedgerError as exc:

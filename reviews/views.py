@@ -26,11 +26,12 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from django_htmx.middleware import HtmxDetails
 
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import moves
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import ApprovalRefused, LedgerError
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import OWNED_STATES, Attempt, State, Tenant
-from ledgerdash.ledger.transitions import Actor, original_standing
+from ledgerdash.ledger.rules import original_standing
 from reviews import diffs, queries
 from reviews.forms import (
     AbandonForm,
@@ -324,8 +325,8 @@ def _act(
 @require_POST
 def attempt_claim(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        transitions.attempt_assign(
-            attempt_id=attempt.pk,
+        moves.attempt_assign(
+            attempt=attempt,
             owner=request.user,  # type: ignore[arg-type]
             actor=actor,
             reason="claimed",
@@ -344,8 +345,8 @@ def attempt_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
         owner = get_user_model().objects.get(pk=data["owner"])
-        transitions.attempt_assign(
-            attempt_id=attempt.pk,
+        moves.attempt_assign(
+            attempt=attempt,
             owner=owner,
             actor=actor,
             reason=data["reason"] or f"assigned to {owner.get_username()}",
@@ -360,8 +361,8 @@ def attempt_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def attempt_unassign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        transitions.attempt_assign(
-            attempt_id=attempt.pk,
+        moves.attempt_assign(
+            attempt=attempt,
             owner=None,
             actor=actor,
             reason=data["reason"] or "unassigned",
@@ -376,7 +377,7 @@ def attempt_unassign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def attempt_comment(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        transitions.attempt_comment(attempt_id=attempt.pk, actor=actor, text=data["text"])
+        moves.attempt_comment(attempt=attempt, actor=actor, text=data["text"])
         return "Comment recorded."
 
     return _act(request, pk, CommentForm(request.POST), Role.OPERATOR, do)
@@ -386,7 +387,7 @@ def attempt_comment(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def attempt_recheck(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        transitions.attempt_recheck(attempt_id=attempt.pk, actor=actor, reason=data["reason"])
+        moves.attempt_recheck(attempt=attempt, actor=actor, reason=data["reason"])
         return f"The reconciler will look #{attempt.pk} up again now."
 
     return _act(request, pk, RecheckForm(request.POST), Role.OPERATOR, do)
@@ -396,12 +397,12 @@ def attempt_recheck(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def attempt_verify(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        transitions.attempt_verify(
-            attempt_id=attempt.pk,
+        moves.attempt_verify(
+            attempt=attempt,
             actor=actor,
             evidence=data["evidence"],
             provider_request_id=data["provider_request_id"],
-            fence_seen=data["fence"],
+            fence=data["fence"],
         )
         return f"#{attempt.pk} is confirmed, with your evidence."
 
@@ -412,9 +413,7 @@ def attempt_verify(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def attempt_mark_failed(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        transitions.attempt_mark_failed(
-            attempt_id=attempt.pk, actor=actor, reason=data["reason"], fence_seen=data["fence"]
-        )
+        moves.attempt_mark_failed(attempt=attempt, actor=actor, reason=data["reason"], fence=data["fence"])
         return f"#{attempt.pk} is marked failed."
 
     # Failing a linked attempt that awaits approval is rejecting it: an approver's call.
@@ -428,7 +427,7 @@ def attempt_mark_failed(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def attempt_abandon(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        transitions.intent_abandon(attempt_id=attempt.pk, actor=actor, reason=data["reason"], fence_seen=data["fence"])
+        moves.intent_abandon(attempt=attempt, actor=actor, reason=data["reason"], fence=data["fence"])
         return f"#{attempt.pk} was given up before it was sent."
 
     return _act(request, pk, AbandonForm(request.POST), Role.OPERATOR, do)
@@ -438,7 +437,7 @@ def attempt_abandon(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def retry_request(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        retry = transitions.retry_request(attempt_id=attempt.pk, actor=actor, reason=data["reason"])
+        retry = moves.retry_request(attempt=attempt, actor=actor, reason=data["reason"])
         return f"Linked retry #{retry.pk} recorded; another person must approve it."
 
     return _act(request, pk, RetryRequestForm(request.POST), Role.OPERATOR, do)
@@ -448,13 +447,13 @@ def retry_request(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def retry_approve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        transitions.retry_approve(
-            attempt_id=attempt.pk,
+        moves.retry_approve(
+            attempt=attempt,
             actor=actor,
             comment=data["comment"],
             may_act=may_act_as(request.user, Role.APPROVER),
             safe_because=data["safe_because"],
-            fence_seen=data["fence"],
+            fence=data["fence"],
         )
         return f"Retry #{attempt.pk} approved: it may be dispatched now."
 
@@ -465,7 +464,7 @@ def retry_approve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def retry_reject(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
-        transitions.retry_reject(attempt_id=attempt.pk, actor=actor, comment=data["comment"], fence_seen=data["fence"])
+        moves.retry_reject(attempt=attempt, actor=actor, comment=data["comment"], fence=data["fence"])
         return f"Retry #{attempt.pk} rejected."
 
     return _act(request, pk, RejectForm(request.POST), Role.APPROVER, do)
@@ -522,7 +521,7 @@ def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
     if request.method == "POST":
         touch = [row.attempt.pk for row in plan if not row.skip]
         try:
-            transitions.attempts_assign(
+            moves.attempts_assign(
                 attempt_ids=touch,
                 owner=owner,
                 actor=_actor(request),

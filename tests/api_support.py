@@ -8,9 +8,9 @@ from typing import Any
 
 from django.test import Client
 
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import TokenScope
 from ledgerdash.ledger.tokens import token_create
-from ledgerdash.ledger.transitions import Actor
 
 BASE = "/api/v1"
 READ = TokenScope.READ.value

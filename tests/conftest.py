@@ -28,9 +28,9 @@ from django.db import connection
 from django.test import Client
 
 from ledgerdash.ledger import recording
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.transitions import Actor
 from tests.database_roles import django_db_setup  # noqa: F401 - PostgreSQL as the runtime role
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}

@@ -15,7 +15,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from ledgerdash.ledger import clock, recording, transitions
+from ledgerdash.ledger import clock, moves, recording
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, State, Tenant
 from tests.conftest import AGENT, RECONCILER, record
 
@@ -55,18 +56,16 @@ def attempt_in(state: str, tenant: Tenant, *, key: str = "k-1", requester: Any =
     attempt = landed_already(recording.mark_unknown(attempt, reason="timeout", actor=AGENT))
     if state == State.UNKNOWN:
         return attempt
-    attempt = transitions.attempt_escalate(
-        attempt=attempt, actor=RECONCILER, fence=attempt.fence, reason="not idempotent"
-    )
+    attempt = moves.attempt_escalate(attempt=attempt, actor=RECONCILER, fence=attempt.fence, reason="not idempotent")
     if state == State.MANUAL_REVIEW:
         return attempt
     assert state == State.RECONCILED, state
     assert requester is not None
     assert approver is not None
-    retry = transitions.retry_request(attempt_id=attempt.pk, actor=transitions.Actor.user(requester), reason="resend")
-    transitions.retry_approve(
-        attempt_id=retry.pk,
-        actor=transitions.Actor.user(approver),
+    retry = moves.retry_request(attempt=attempt, actor=Actor.user(requester), reason="resend")
+    moves.retry_approve(
+        attempt=retry,
+        actor=Actor.user(approver),
         comment="verified not delivered",
         may_act=_allow_all,
         safe_because="provider support confirmed it was never delivered",
@@ -80,13 +79,11 @@ def linked_retry(tenant: Tenant, requester: Any, *, key: str = "k-1", lookup: st
     review with the provider's last lookup saying ``lookup``; ``requester``
     asked for the retry."""
     original = attempt_in(State.UNKNOWN, tenant, key=key)  # its request can no longer land
-    original = transitions.attempt_escalate(
+    original = moves.attempt_escalate(
         attempt=original,
         actor=RECONCILER,
         fence=original.fence,
         reason="not idempotent",
         lookup={"status": lookup} if lookup else None,
     )
-    return transitions.retry_request(
-        attempt_id=original.pk, actor=transitions.Actor.user(requester), reason="customer says it never arrived"
-    )
+    return moves.retry_request(attempt=original, actor=Actor.user(requester), reason="customer says it never arrived")

@@ -10,10 +10,10 @@ from django.test import Client
 from django.utils import timezone
 
 from ledgerdash.ledger import api as ledger_api
-from ledgerdash.ledger import errors, recording, transitions
+from ledgerdash.ledger import errors, moves, recording
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import ApiToken, Attempt, AttemptEvent, Incident, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.transitions import Actor
 from tests.api_support import BASE, READ, WRITE, Api, intent, issue_token
 from tests.conftest import RECONCILER, TOOLS_V1, ledger_snapshot
 
@@ -144,7 +144,7 @@ def test_dispatch_says_why_the_tool_must_not_be_called(api_a: Api, setup: str, c
     else:
         stored = recording.mark_unknown(stored, reason="timeout", actor=Actor.agent())
         if setup == "review":
-            transitions.attempt_escalate(attempt=stored, actor=RECONCILER, fence=stored.fence, reason="ambiguous")
+            moves.attempt_escalate(attempt=stored, actor=RECONCILER, fence=stored.fence, reason="ambiguous")
     snapshot = ledger_snapshot()
     response = api_a.dispatch(attempt["id"])
     assert response.status_code == 409
@@ -279,7 +279,7 @@ def test_a_report_that_contradicts_the_recorded_one_is_kept_as_evidence_and_open
 def test_a_late_report_after_the_lease_expired_is_accepted_as_evidence(api_a: Api) -> None:
     attempt = _dispatched(api_a)
     stored = Attempt.objects.get(pk=attempt["id"])
-    transitions.attempt_expire_lease(attempt=stored, actor=RECONCILER, fence=stored.fence)
+    moves.attempt_expire_lease(attempt=stored, actor=RECONCILER, fence=stored.fence)
     response = api_a.outcome(attempt["id"], "confirmed", attempt["fence"], provider_request_id="req-late")
     assert response.status_code == 200
     assert response.json()["state"] == S.OUTCOME_CONFIRMED

@@ -4,11 +4,11 @@ from typing import Any
 
 import pytest
 
-from ledgerdash.ledger import recording, transitions
+from ledgerdash.ledger import moves, recording
 from ledgerdash.ledger.errors import ApprovalRefused, IdempotencyConflict, IllegalTransition, SelfApproval, StaleFence
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.transitions import Actor
 from tests.conftest import AGENT, RECONCILER, TOOLS_V1, ledger_snapshot, record, together
 from tests.factories import attempt_in
 
@@ -22,7 +22,7 @@ def allow(_tenant_id: int) -> str | None:
 def under_review(tenant: Tenant, *, lookup: str = "") -> Attempt:
     attempt = attempt_in(S.UNKNOWN, tenant)
     status = {"status": lookup} if lookup else None
-    return transitions.attempt_escalate(
+    return moves.attempt_escalate(
         attempt=attempt, actor=RECONCILER, fence=attempt.fence, reason="not idempotent", lookup=status
     )
 
@@ -30,13 +30,11 @@ def under_review(tenant: Tenant, *, lookup: str = "") -> Attempt:
 @pytest.fixture
 def retry(tenant_a: Tenant, operator_a: Any) -> Attempt:
     original = under_review(tenant_a, lookup="not_found")
-    return transitions.retry_request(attempt_id=original.pk, actor=Actor.user(operator_a), reason="resend it")
+    return moves.retry_request(attempt=original, actor=Actor.user(operator_a), reason="resend it")
 
 
 def approve(retry: Attempt, approver: Any, **extra: Any) -> Attempt:
-    return transitions.retry_approve(
-        attempt_id=retry.pk, actor=Actor.user(approver), comment="checked", may_act=allow, **extra
-    )
+    return moves.retry_approve(attempt=retry, actor=Actor.user(approver), comment="checked", may_act=allow, **extra)
 
 
 def test_approving_a_retry_authorizes_it_and_supersedes_the_original(retry: Attempt, approver_a: Any) -> None:
@@ -121,8 +119,8 @@ def test_a_linked_attempt_is_never_wider_than_the_original(tenant_a: Tenant, app
 def test_it_refuses_when_the_approver_may_not_act_for_the_tenant(retry: Attempt, approver_a: Any) -> None:
     snapshot = ledger_snapshot()
     with pytest.raises(ApprovalRefused, match="not an approver of acme"):
-        transitions.retry_approve(
-            attempt_id=retry.pk,
+        moves.retry_approve(
+            attempt=retry,
             actor=Actor.user(approver_a),
             comment="ok",
             may_act=lambda tenant_id: "not an approver of acme",
@@ -132,7 +130,7 @@ def test_it_refuses_when_the_approver_may_not_act_for_the_tenant(retry: Attempt,
 
 def test_an_approver_cannot_approve_a_retry_they_requested(tenant_a: Tenant, approver_a: Any) -> None:
     original = under_review(tenant_a, lookup="not_found")
-    retry = transitions.retry_request(attempt_id=original.pk, actor=Actor.user(approver_a), reason="resend")
+    retry = moves.retry_request(attempt=original, actor=Actor.user(approver_a), reason="resend")
     with pytest.raises(SelfApproval):
         approve(retry, approver_a)
     assert Attempt.objects.get(pk=retry.pk).state == S.MANUAL_REVIEW
@@ -143,7 +141,7 @@ def test_it_refuses_while_the_original_may_still_have_happened(
     tenant_a: Tenant, operator_a: Any, approver_a: Any
 ) -> None:
     original = under_review(tenant_a, lookup="unavailable")
-    retry = transitions.retry_request(attempt_id=original.pk, actor=Actor.user(operator_a), reason="resend")
+    retry = moves.retry_request(attempt=original, actor=Actor.user(operator_a), reason="resend")
     refusal = _refused(retry, approver_a)
     assert any("has not said the original" in c and "unavailable" in c for c in refusal.changes)
     approved = approve(retry, approver_a, safe_because="provider support: message id absent from their logs")
@@ -158,7 +156,7 @@ def test_a_decision_is_single_use(retry: Attempt, approver_a: Any) -> None:
     with pytest.raises(IllegalTransition):
         approve(retry, approver_a)
     with pytest.raises(IllegalTransition):
-        transitions.retry_reject(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="too late")
+        moves.retry_reject(attempt=retry, actor=Actor.user(approver_a), comment="too late")
 
 
 def test_a_decision_on_a_changed_attempt_is_refused(
@@ -168,13 +166,13 @@ def test_a_decision_on_a_changed_attempt_is_refused(
 
     seen = retry.fence
     other = member(make_user, "approver-2", tenant_a, "approver")
-    transitions.retry_reject(attempt_id=retry.pk, actor=Actor.user(other), comment="duplicate")
+    moves.retry_reject(attempt=retry, actor=Actor.user(other), comment="duplicate")
     with pytest.raises(StaleFence, match="changed since you loaded it"):
-        approve(retry, approver_a, fence_seen=seen)
+        approve(retry, approver_a, fence=seen)
 
 
 def test_rejecting_a_retry_fails_it_and_leaves_the_original(retry: Attempt, approver_a: Any) -> None:
-    rejected = transitions.retry_reject(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="duplicate")
+    rejected = moves.retry_reject(attempt=retry, actor=Actor.user(approver_a), comment="duplicate")
     assert rejected.state == S.FAILED
     assert "duplicate" in rejected.last_note
     assert Attempt.objects.get(pk=retry.parent_id).state == S.MANUAL_REVIEW
@@ -184,7 +182,7 @@ def test_a_comment_is_required(retry: Attempt, approver_a: Any) -> None:
     from ledgerdash.ledger.errors import InvalidField
 
     with pytest.raises(InvalidField):
-        transitions.retry_approve(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="  ", may_act=allow)
+        moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="  ", may_act=allow)
 
 
 def test_only_linked_retries_are_approved(tenant_a: Tenant, approver_a: Any) -> None:
@@ -206,7 +204,7 @@ def test_twenty_parallel_approvals_yield_one(tenant_a: Tenant, operator_a: Any, 
     from tests.conftest import member
 
     original = under_review(tenant_a, lookup="not_found")
-    retry = transitions.retry_request(attempt_id=original.pk, actor=Actor.user(operator_a), reason="resend")
+    retry = moves.retry_request(attempt=original, actor=Actor.user(operator_a), reason="resend")
     approvers = [member(make_user, f"approver-{n}", tenant_a, "approver") for n in range(20)]
     outcomes: list[str] = []
 
@@ -257,7 +255,7 @@ def test_a_never_sent_retry_cannot_be_rechecked_or_verified_around_its_approval(
 ) -> None:
     snapshot = ledger_snapshot()
     with pytest.raises(IllegalTransition, match="never sent"):
-        transitions.attempt_recheck(attempt_id=retry.pk, actor=Actor.user(operator_a))
+        moves.attempt_recheck(attempt=retry, actor=Actor.user(operator_a))
     with pytest.raises(IllegalTransition, match="never sent"):
-        transitions.attempt_verify(attempt_id=retry.pk, actor=Actor.user(operator_a), evidence="looks sent")
+        moves.attempt_verify(attempt=retry, actor=Actor.user(operator_a), evidence="looks sent")
     assert ledger_snapshot() == snapshot

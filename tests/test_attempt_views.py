@@ -14,10 +14,10 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import moves
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.transitions import Actor
 from tests.conftest import TOOLS_V1, as_user, ledger_snapshot, member, record, together
 from tests.factories import attempt_in, linked_retry
 
@@ -192,7 +192,7 @@ def target(action: Action, tenant: Tenant, people: dict[str, Any]) -> Attempt:
         return linked_retry(tenant, people["operator"])
     attempt = attempt_in(action.state, tenant)
     if action.name == "unassign":
-        transitions.attempt_assign(attempt_id=attempt.pk, owner=people["operator"], actor=Actor.system())
+        moves.attempt_assign(attempt=attempt, owner=people["operator"], actor=Actor.system())
         attempt.refresh_from_db()
     return attempt
 
@@ -299,7 +299,7 @@ def test_a_claim_is_refused_when_someone_else_took_it_meanwhile(
 ) -> None:
     attempt = attempt_in(S.UNKNOWN, tenant_a)
     seen = attempt.owner_id
-    transitions.attempt_assign(attempt_id=attempt.pk, owner=approver_a, actor=Actor.user(approver_a))
+    moves.attempt_assign(attempt=attempt, owner=approver_a, actor=Actor.user(approver_a))
     client = as_user(operator_a)
     response = client.post(url("claim", attempt), {"owner_seen": seen}, follow=True)
     assert "owned by someone else" in response.content.decode()
@@ -396,7 +396,7 @@ def test_a_decision_on_a_page_that_changed_is_refused(
     retry = linked_retry(tenant_a, operator_a)
     seen = retry.fence
     other = member(make_user, "approver-2", tenant_a, "approver")
-    transitions.retry_reject(attempt_id=retry.pk, actor=Actor.user(other), comment="duplicate")  # decided meanwhile
+    moves.retry_reject(attempt=retry, actor=Actor.user(other), comment="duplicate")  # decided meanwhile
     response = as_user(approver_a).post(url("approve", retry), {"comment": "ok", "fence": seen}, follow=True)
     assert "changed since you loaded it" in response.content.decode()
     assert Attempt.objects.get(pk=retry.pk).state == S.FAILED

@@ -11,10 +11,10 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import moves
 from ledgerdash.ledger.errors import ApprovalRefused
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun, State, Tenant
-from ledgerdash.ledger.transitions import Actor
 from reviews.permissions import may_act_as
 from tests import tamper
 from tests.conftest import as_user, ledger_snapshot, record
@@ -29,14 +29,14 @@ def incident(tenant_a: Tenant, operator_a: Any, approver_a: Any) -> tuple[Attemp
     original's risk), then approved with the reason."""
     retry = linked_retry(tenant_a, operator_a, lookup="unavailable")
     with pytest.raises(ApprovalRefused):
-        transitions.retry_approve(
-            attempt_id=retry.pk,
+        moves.retry_approve(
+            attempt=retry,
             actor=Actor.user(approver_a),
             comment="looks fine",
             may_act=may_act_as(approver_a, "approver"),
         )
-    transitions.retry_approve(
-        attempt_id=retry.pk,
+    moves.retry_approve(
+        attempt=retry,
         actor=Actor.user(approver_a),
         comment="<b>customer confirmed</b>",
         may_act=may_act_as(approver_a, "approver"),

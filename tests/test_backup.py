@@ -57,7 +57,7 @@ def sqlite_heads(path: Path) -> dict[str, tuple[int, str]]:
 FILL = """
 from ledgerdash.ledger.models import State, Tenant
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.transitions import Actor
+from ledgerdash.ledger.events import Actor
 from tests.conftest import TOOLS_V1
 from tests.factories import attempt_in
 

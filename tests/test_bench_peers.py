@@ -16,9 +16,9 @@ import pytest
 from bench.peers import SCOPES, TOOL, MinimalPeer, tool_args
 from ledgerdash.ledger import audit, recording
 from ledgerdash.ledger.drill.runner import database_url
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, Policy, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.transitions import Actor
 from tests.conftest import together
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -19,9 +19,9 @@ import pytest
 
 from ledgerdash.ledger import recording
 from ledgerdash.ledger.errors import IdempotencyConflict
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.transitions import Actor
 from tests.conftest import AGENT, IN_CI, TOOLS_V1, record
 from tests.factories import attempt_in
 from tests.live import ROOT

@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from ledgerdash.ledger import recording, transitions
+from ledgerdash.ledger import moves, recording
 from ledgerdash.ledger.errors import IdempotencyConflict
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, DrillRun, Tenant
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.transitions import Actor
 from reviews import audit_views
 from reviews.models import Membership
 from tests.conftest import RECONCILER, TOOLS_V1, record
@@ -108,8 +108,8 @@ def hostile(tenant_a: Tenant, operator_a: Any, make_user: Any) -> Hostile:
     unknown_wide = recording.mark_unknown(wide, reason=WIDE, actor=AGENT)
     assert unknown_wide.provider_request_id == "req req req req!"
     rlo = unknown(record(tenant_a, RLO_KEY, args={"memo": f"pay{RLO}{ZWSP}now", "to": "ap@example.com"}), LONG_REASON)
-    transitions.attempt_assign(attempt_id=rlo.pk, owner=hebrew, actor=Actor.user(operator_a), reason=f"yours{RLO}")
-    transitions.attempt_comment(attempt_id=rlo.pk, actor=Actor.user(operator_a), text=f"looked{RLO} at it " + "c" * 600)
+    moves.attempt_assign(attempt=rlo, owner=hebrew, actor=Actor.user(operator_a), reason=f"yours{RLO}")
+    moves.attempt_comment(attempt=rlo, actor=Actor.user(operator_a), text=f"looked{RLO} at it " + "c" * 600)
     lookalike = unknown(record(tenant_a, LOOKALIKE))
     lookalike_zw = unknown(record(tenant_a, LOOKALIKE_ZW))
     long_task = unknown(record(tenant_a, "long-task", task_id=LONG_TASK))
@@ -136,7 +136,7 @@ def hostile(tenant_a: Tenant, operator_a: Any, make_user: Any) -> Hostile:
         actor=Actor.system("security"),
         note="no refunds",
     )
-    _, narrowed = transitions.attempt_escalate_for_retry(
+    _, narrowed = moves.attempt_escalate_for_retry(
         attempt=charge,
         actor=RECONCILER,
         fence=charge.fence,

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import moves
 from ledgerdash.ledger.errors import AttemptNotFound, OwnershipError
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
-from ledgerdash.ledger.transitions import Actor
 from reviews.models import Membership
 from tests.conftest import as_user, ledger_snapshot
 from tests.factories import attempt_in
@@ -34,7 +34,7 @@ def expect(attempts: list[Attempt]) -> list[str]:
 
 def test_attempts_assign_moves_each_and_records_an_event_each(two: list[Attempt], operator_a: Any) -> None:
     previous = {a.pk: a.owner_id for a in two}
-    transitions.attempts_assign(
+    moves.attempts_assign(
         attempt_ids=[a.pk for a in two],
         owner=operator_a,
         actor=Actor.user(operator_a),
@@ -54,10 +54,10 @@ def test_attempts_assign_writes_nothing_when_any_owner_changed(
     two: list[Attempt], operator_a: Any, approver_a: Any
 ) -> None:
     seen = {a.pk: a.owner_id for a in two}
-    transitions.attempt_assign(attempt_id=two[1].pk, owner=approver_a, actor=Actor.user(approver_a))
+    moves.attempt_assign(attempt=two[1], owner=approver_a, actor=Actor.user(approver_a))
     before = ledger_snapshot()
     with pytest.raises(OwnershipError, match=f"#{two[1].pk} changed since the preview"):
-        transitions.attempts_assign(
+        moves.attempts_assign(
             attempt_ids=[a.pk for a in two], owner=operator_a, actor=Actor.user(operator_a), expected_owner_ids=seen
         )
     assert ledger_snapshot() == before
@@ -65,20 +65,20 @@ def test_attempts_assign_writes_nothing_when_any_owner_changed(
 
 def test_attempts_assign_needs_a_preview_for_each_and_existing_attempts(two: list[Attempt], operator_a: Any) -> None:
     with pytest.raises(OwnershipError, match="preview"):
-        transitions.attempts_assign(
+        moves.attempts_assign(
             attempt_ids=[a.pk for a in two], owner=operator_a, actor=Actor.user(operator_a), expected_owner_ids={}
         )
     with pytest.raises(AttemptNotFound):
-        transitions.attempts_assign(
+        moves.attempts_assign(
             attempt_ids=[987654], owner=operator_a, actor=Actor.user(operator_a), expected_owner_ids={987654: None}
         )
 
 
 def test_attempts_assign_leaves_what_the_owner_already_holds(two: list[Attempt], operator_a: Any) -> None:
-    transitions.attempt_assign(attempt_id=two[0].pk, owner=operator_a, actor=Actor.user(operator_a))
+    moves.attempt_assign(attempt=two[0], owner=operator_a, actor=Actor.user(operator_a))
     seen = {a.pk: Attempt.objects.get(pk=a.pk).owner_id for a in two}
     events = AttemptEvent.objects.count()
-    transitions.attempts_assign(
+    moves.attempts_assign(
         attempt_ids=[a.pk for a in two], owner=operator_a, actor=Actor.user(operator_a), expected_owner_ids=seen
     )
     assert AttemptEvent.objects.count() == events + 1
@@ -149,7 +149,7 @@ def test_confirming_a_stale_preview_assigns_nothing_and_shows_it_again(
     two: list[Attempt], operator_a: Any, approver_a: Any
 ) -> None:
     data = {"ids": [a.pk for a in two], "owner": operator_a.pk, "expect": expect(two)}
-    transitions.attempt_assign(attempt_id=two[0].pk, owner=approver_a, actor=Actor.user(approver_a))
+    moves.attempt_assign(attempt=two[0], owner=approver_a, actor=Actor.user(approver_a))
     before = ledger_snapshot()
     response = as_user(operator_a).post(BULK, data)
     page = response.content.decode()

@@ -15,10 +15,10 @@ import pytest
 
 from ledgerdash import client as ledger
 from ledgerdash.ledger import api as ledger_api
-from ledgerdash.ledger import errors, transitions
+from ledgerdash.ledger import errors, moves
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import ApiToken, Attempt, State, Tenant
 from ledgerdash.ledger.tokens import token_revoke
-from ledgerdash.ledger.transitions import Actor
 from tests.api_support import READ, issue_token
 from tests.conftest import RECONCILER
 from tests.live import free_port
@@ -345,7 +345,7 @@ def test_a_rerun_is_told_why_it_must_not_call_the_tool(live: ledger.LedgerClient
     with live.task(task_id="t"), pytest.raises(ledger.OutcomeUnknown):
         send_email(invoice_id="INV-7", to="ap@example.com")
     stored = Attempt.objects.get(pk=attempt_id)
-    transitions.attempt_escalate(attempt=stored, actor=RECONCILER, fence=stored.fence, reason="ambiguous")
+    moves.attempt_escalate(attempt=stored, actor=RECONCILER, fence=stored.fence, reason="ambiguous")
     with live.task(task_id="t"), pytest.raises(ledger.UnderReview):
         send_email(invoice_id="INV-7", to="ap@example.com")
     assert provider.sent == []

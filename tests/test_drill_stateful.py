@@ -27,8 +27,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from ledgerdash.ledger import chain, clock, recording, transitions
+from ledgerdash.ledger import chain, clock, moves, recording
 from ledgerdash.ledger.errors import LedgerError
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import (
     IN_FLIGHT_STATES,
     OWNED_STATES,
@@ -43,7 +44,6 @@ from ledgerdash.ledger.models import (
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.providers.registry import profile_for
 from ledgerdash.ledger.reconciler import Reconciler
-from ledgerdash.ledger.transitions import Actor
 from reviews.models import Role
 from reviews.permissions import may_act_as
 from tests.conftest import TOOLS_V1
@@ -218,7 +218,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if attempt is None:
             return
         with self.at_now(), contextlib.suppress(LedgerError):
-            transitions.retry_request(attempt_id=attempt.pk, actor=Actor.user(self.operator), reason="retry")
+            moves.retry_request(attempt=attempt, actor=Actor.user(self.operator), reason="retry")
 
     @rule(data=st.data())
     def operator_marks_failed(self, data: st.DataObject) -> None:
@@ -227,8 +227,8 @@ class LedgerMachine(RuleBasedStateMachine):
         if attempt is None:
             return
         with self.at_now(), contextlib.suppress(LedgerError):
-            transitions.attempt_mark_failed(
-                attempt_id=attempt.pk, actor=Actor.user(self.operator), reason="the customer says it never arrived"
+            moves.attempt_mark_failed(
+                attempt=attempt, actor=Actor.user(self.operator), reason="the customer says it never arrived"
             )
 
     @rule(data=st.data(), approve=st.booleans())
@@ -243,14 +243,14 @@ class LedgerMachine(RuleBasedStateMachine):
     def _decide(self, retry: Attempt, approve: bool) -> None:
         try:
             if approve:
-                transitions.retry_approve(
-                    attempt_id=retry.pk,
+                moves.retry_approve(
+                    attempt=retry,
                     actor=Actor.user(self.approver),
                     comment="checked",
                     may_act=may_act_as(self.approver, Role.APPROVER),
                 )
             else:
-                transitions.retry_reject(attempt_id=retry.pk, actor=Actor.user(self.approver), comment="no")
+                moves.retry_reject(attempt=retry, actor=Actor.user(self.approver), comment="no")
         except LedgerError:
             pass  # refused: recorded, and nothing moved
 

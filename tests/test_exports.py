@@ -14,7 +14,8 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import moves
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, State, Tenant
 from reviews import exports
 from tests import tamper
@@ -110,9 +111,7 @@ def test_the_command_takes_the_queues_filters(
     assert ids("--tool", "charge_card") == set()
     other = record(tenant_a, "a-charge", tool_name="charge_card", args={"amount": 5})
     assert ids("--tool", "charge_card") == {other.pk}
-    transitions.attempt_assign(
-        attempt_id=stuck["a_done"].pk, owner=operator_a, actor=AGENT, reason="t", expected_owner_id=None
-    )
+    moves.attempt_assign(attempt=stuck["a_done"], owner=operator_a, actor=AGENT, reason="t", expected_owner_id=None)
     assert ids("--owner", "operator-a") == {stuck["a_done"].pk}
     assert ids("--owner", "unassigned") == {other.pk}
     created = stuck["a_review"].created_at.isoformat()
@@ -217,7 +216,7 @@ CONTROL = ["\tcmd", "\r=1"]
 def test_csv_cells_that_would_be_formulas_are_neutralized(tenant_a: Tenant, operator_a: Any, tmp_path: Path) -> None:
     for n, payload in enumerate(PAYLOADS):
         attempt = record(tenant_a, f"{payload}-{n}", task_id=payload, args={"to": payload, "note": CONTROL})
-        transitions.attempt_comment(attempt_id=attempt.pk, actor=transitions.Actor.user(operator_a), text=payload)
+        moves.attempt_comment(attempt=attempt, actor=Actor.user(operator_a), text=payload)
     path = export_cli(tmp_path, "--tenant", "acme")
     with path.open(encoding="utf-8", newline="") as handle:
         cells = [cell for row in csv.reader(handle) for cell in row]
@@ -362,9 +361,7 @@ def test_an_abandoned_download_is_recorded_as_incomplete(
     stuck: dict[str, Attempt], operator_a: Any, tenant_a: Tenant, monkeypatch: Any
 ) -> None:
     monkeypatch.setattr(exports, "FLUSH_BYTES", 1)
-    chunks = exports.stream(
-        exports.ExportRequest(tenants=[tenant_a], format="csv", actor=transitions.Actor.user(operator_a))
-    )
+    chunks = exports.stream(exports.ExportRequest(tenants=[tenant_a], format="csv", actor=Actor.user(operator_a)))
     next(chunks)
     chunks.close()  # the reader went away: the server closes the response, and so the stream
     event = AttemptEvent.objects.filter(tenant=tenant_a, kind="export").get()
@@ -393,7 +390,7 @@ def test_the_server_formatted_export_is_the_same_file(
     cell it must be what the Python path writes, formula payloads included."""
     for n, payload in enumerate(PAYLOADS):
         attempt = record(tenant_a, f"{payload}-{n}", task_id=payload, args={"to": payload, "note": CONTROL})
-        transitions.attempt_comment(attempt_id=attempt.pk, actor=transitions.Actor.user(operator_a), text=payload)
+        moves.attempt_comment(attempt=attempt, actor=Actor.user(operator_a), text=payload)
     head = ChainHead.objects.get(tenant=tenant_a).seq
     (tmp_path / "fast").mkdir()
     (tmp_path / "slow").mkdir()

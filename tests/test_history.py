@@ -11,11 +11,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import moves
 from ledgerdash.ledger.errors import IdempotencyConflict
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.transitions import Actor
 from tests.conftest import RECONCILER, TOOLS_V1, as_user, record
 from tests.factories import attempt_in, linked_retry
 
@@ -40,10 +40,8 @@ def test_owner_events_name_the_new_owner_and_the_old_one(
     tenant_a: Tenant, operator_a: Any, approver_a: Any, viewer_a: Any
 ) -> None:
     attempt = attempt_in(State.UNKNOWN, tenant_a, key="owned")  # the tenant's default owner, oncall-a
-    transitions.attempt_assign(attempt_id=attempt.pk, owner=operator_a, actor=Actor.user(operator_a))
-    transitions.attempt_assign(
-        attempt_id=attempt.pk, owner=approver_a, actor=Actor.user(operator_a), reason="her shift"
-    )
+    moves.attempt_assign(attempt=attempt, owner=operator_a, actor=Actor.user(operator_a))
+    moves.attempt_assign(attempt=attempt, owner=approver_a, actor=Actor.user(operator_a), reason="her shift")
     for page in (text(detail(viewer_a, attempt)), text(report(viewer_a, attempt))):
         assert "owner: oncall-a (tenant default owner)" in page  # chosen by the ledger on entering UNKNOWN
         assert "owner: oncall-a → operator-a" in page
@@ -52,7 +50,7 @@ def test_owner_events_name_the_new_owner_and_the_old_one(
 
 def test_a_bulk_assignment_names_the_owner_too(tenant_a: Tenant, operator_a: Any, viewer_a: Any) -> None:
     attempt = attempt_in(State.UNKNOWN, tenant_a, key="bulk")
-    transitions.attempts_assign(
+    moves.attempts_assign(
         attempt_ids=[attempt.pk],
         owner=operator_a,
         actor=Actor.user(operator_a),
@@ -65,7 +63,7 @@ def test_an_owner_who_no_longer_exists_is_named_by_id(tenant_a: Tenant, operator
     from reviews.history import OwnerChange, owner_change
 
     attempt = attempt_in(State.UNKNOWN, tenant_a, key="gone")
-    transitions.attempt_assign(attempt_id=attempt.pk, owner=operator_a, actor=Actor.user(operator_a))
+    moves.attempt_assign(attempt=attempt, owner=operator_a, actor=Actor.user(operator_a))
     event = attempt.events.filter(kind="owner").get()
     assert owner_change(event, {}) == OwnerChange(
         f"user #{tenant_a.default_owner_id} (no longer exists)", f"user #{operator_a.pk} (no longer exists)"
@@ -80,7 +78,7 @@ def test_usernames_are_read_in_one_query_however_many_owner_events(
         attempt = attempt_in(State.UNKNOWN, tenant_a, key=f"owners-{changes}")
         for i in range(changes):
             owner = operator_a if i % 2 == 0 else approver_a
-            transitions.attempt_assign(attempt_id=attempt.pk, owner=owner, actor=Actor.user(operator_a))
+            moves.attempt_assign(attempt=attempt, owner=owner, actor=Actor.user(operator_a))
         client = as_user(viewer_a)
         with CaptureQueriesContext(connection) as captured:
             assert client.get(reverse(view, args=[attempt.pk])).status_code == 200
@@ -111,7 +109,7 @@ def test_a_linked_attempt_from_an_agents_key_reuse_says_so(tenant_a: Tenant, app
 def test_a_linked_attempt_the_reconciler_made_after_a_policy_change_says_so(tenant_a: Tenant, approver_a: Any) -> None:
     original = attempt_in(State.UNKNOWN, tenant_a, key="policy-moved")
     policy_publish(tenant=tenant_a, tools=TOOLS_V1, actor=Actor.system("security"), note="rotate scopes")
-    _, linked = transitions.attempt_escalate_for_retry(
+    _, linked = moves.attempt_escalate_for_retry(
         attempt=original,
         actor=RECONCILER,
         fence=original.fence,

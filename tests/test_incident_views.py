@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from ledgerdash.ledger import recording, transitions
+from ledgerdash.ledger import moves, recording
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, FailedBecause, Incident, State, Tenant
-from ledgerdash.ledger.transitions import Actor
 from tests.conftest import AGENT, RECONCILER, as_user, record
 from tests.factories import an_hour_ago
 
@@ -25,15 +25,15 @@ def duplicate(tenant_a: Tenant, operator_a: Any, approver_a: Any) -> Incident:
     """The original's request landed after its approved retry went out too."""
     with an_hour_ago():
         dispatched = recording.mark_dispatched(record(tenant_a, "k-dup", tool_name="charge_card"), actor=AGENT)
-    (claimed,) = transitions.attempts_claim_due(limit=1)
-    unknown = transitions.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
-    transitions.attempt_escalate(
+    (claimed,) = moves.attempts_claim_due(limit=1)
+    unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    moves.attempt_escalate(
         attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="x", lookup={"status": "not_found"}
     )
-    retry = transitions.retry_request(attempt_id=dispatched.pk, actor=Actor.user(operator_a), reason="resend")
-    approved = transitions.retry_approve(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="ok", may_act=allow)
-    sent = transitions.attempt_dispatch(attempt=approved, actor=RECONCILER, fence=approved.fence)
-    transitions.attempt_confirm(attempt=sent, fence=sent.fence, actor=RECONCILER, provider_request_id="req-2")
+    retry = moves.retry_request(attempt=dispatched, actor=Actor.user(operator_a), reason="resend")
+    approved = moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+    sent = moves.attempt_dispatch(attempt=approved, actor=RECONCILER, fence=approved.fence)
+    moves.attempt_confirm(attempt=sent, fence=sent.fence, actor=RECONCILER, provider_request_id="req-2")
     recording.confirm(dispatched, provider_request_id="req-1", actor=AGENT)
     return Incident.objects.get(attempt_id=dispatched.pk)
 
@@ -104,7 +104,7 @@ def test_an_operator_claims_then_resolves_an_incident_saying_what_was_done(
 
 def test_resolving_from_a_stale_page_is_refused(duplicate: Incident, operator_a: Any) -> None:
     seen = duplicate.fence
-    transitions.incident_assign(incident_id=duplicate.pk, owner=operator_a, actor=Actor.user(operator_a))
+    moves.incident_assign(incident=duplicate, owner=operator_a, actor=Actor.user(operator_a))
     response = as_user(operator_a).post(
         reverse("reviews:incident_resolve", args=[duplicate.pk]), {"resolution": "done", "fence": seen}, follow=True
     )

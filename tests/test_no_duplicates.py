@@ -26,7 +26,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ledgerdash import client as ledger_client
-from ledgerdash.ledger import clock, recording, transitions
+from ledgerdash.ledger import clock, moves, recording, rules
 from ledgerdash.ledger.errors import (
     ApprovalRefused,
     IllegalTransition,
@@ -34,9 +34,9 @@ from ledgerdash.ledger.errors import (
     LedgerUnavailable,
     StaleFence,
 )
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, FailedBecause, Incident, State, Tenant, Tool
 from ledgerdash.ledger.reconciler import Reconciler
-from ledgerdash.ledger.transitions import Actor
 from tests.conftest import AGENT, RECONCILER, ledger_snapshot, record
 from tests.factories import an_hour_ago, attempt_in
 from tests.sandboxes import Sandbox, unique_key
@@ -129,17 +129,17 @@ def test_a_heartbeat_extends_the_lease_and_the_time_the_request_may_land(tenant_
 
 def test_only_the_current_dispatcher_may_beat(tenant_a: Tenant) -> None:
     dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
-    (claimed,) = transitions.attempts_claim_due(limit=1, now=dispatched.next_check_at)
-    unknown = transitions.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
-    transitions.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
+    (claimed,) = moves.attempts_claim_due(limit=1, now=dispatched.next_check_at)
+    unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    moves.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
     with pytest.raises(StaleFence, match="dispatched again since"):
         recording.heartbeat(dispatched, actor=AGENT)
 
 
 def test_a_beat_after_the_lease_ran_out_still_says_the_request_may_land(tenant_a: Tenant) -> None:
     dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
-    (claimed,) = transitions.attempts_claim_due(limit=1, now=dispatched.next_check_at)
-    unknown = transitions.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    (claimed,) = moves.attempts_claim_due(limit=1, now=dispatched.next_check_at)
+    unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
     assert unknown.lands_by is not None
     later = unknown.lands_by + timedelta(minutes=5)
     with clock.frozen_at(later):
@@ -226,27 +226,27 @@ def test_not_found_before_the_request_could_land_proves_nothing(tenant_a: Tenant
     assert attempt.state == S.MANUAL_REVIEW
     assert attempt.last_lookup_at is not None
     assert attempt.last_lookup_at >= attempt.lands_by
-    assert transitions.original_standing(attempt, now=attempt.last_lookup_at).proof is not None
+    assert rules.original_standing(attempt, now=attempt.last_lookup_at).proof is not None
 
 
 def test_approving_a_retry_over_an_early_not_found_needs_a_reason(
     tenant_a: Tenant, operator_a: Any, approver_a: Any
 ) -> None:
     original = _unknown_non_idempotent(tenant_a)
-    (claimed,) = transitions.attempts_claim_due(limit=1, now=original.next_check_at)
-    escalated = transitions.attempt_escalate(
+    (claimed,) = moves.attempts_claim_due(limit=1, now=original.next_check_at)
+    escalated = moves.attempt_escalate(
         attempt=claimed, actor=RECONCILER, fence=claimed.fence, reason="not idempotent", lookup={"status": "not_found"}
     )
     assert escalated.last_lookup_at is not None
     assert escalated.lands_by is not None
     assert escalated.last_lookup_at < escalated.lands_by
-    retry = transitions.retry_request(attempt_id=original.pk, actor=Actor.user(operator_a), reason="resend")
+    retry = moves.retry_request(attempt=original, actor=Actor.user(operator_a), reason="resend")
     with clock.frozen_at(escalated.lands_by + timedelta(seconds=1)), pytest.raises(ApprovalRefused) as caught:
-        transitions.retry_approve(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+        moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok", may_act=allow)
     assert "was made before its request could no longer land" in str(caught.value)
     with clock.frozen_at(escalated.lands_by + timedelta(seconds=1)):
-        approved = transitions.retry_approve(
-            attempt_id=retry.pk,
+        approved = moves.retry_approve(
+            attempt=retry,
             actor=Actor.user(approver_a),
             comment="ok",
             may_act=allow,
@@ -261,16 +261,16 @@ def test_a_retry_cannot_be_approved_while_the_original_request_may_still_land(
     with an_hour_ago():
         dispatched = recording.mark_dispatched(record(tenant_a, tool_name="charge_card"), actor=AGENT)
         unknown = recording.mark_unknown(dispatched, reason="timeout", actor=AGENT)
-    (claimed,) = transitions.attempts_claim_due(limit=1)
-    transitions.attempt_escalate(
+    (claimed,) = moves.attempts_claim_due(limit=1)
+    moves.attempt_escalate(
         attempt=claimed, actor=RECONCILER, fence=claimed.fence, reason="x", lookup={"status": "not_found"}
     )
     # Its dispatcher is still alive and waiting on the request: it beats.
     assert unknown.dispatch_fence is not None
     recording.heartbeat(unknown, fence=unknown.dispatch_fence, actor=AGENT)
-    retry = transitions.retry_request(attempt_id=unknown.pk, actor=Actor.user(operator_a), reason="resend")
+    retry = moves.retry_request(attempt=unknown, actor=Actor.user(operator_a), reason="resend")
     with pytest.raises(ApprovalRefused, match="may still land at the provider until"):
-        transitions.retry_approve(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+        moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok", may_act=allow)
 
 
 def _retry_went_out(tenant: Tenant, operator: Any, approver: Any) -> tuple[Attempt, Attempt]:
@@ -279,15 +279,15 @@ def _retry_went_out(tenant: Tenant, operator: Any, approver: Any) -> tuple[Attem
     Returns (the dispatcher's copy of the original, the retry)."""
     with an_hour_ago():
         dispatched = recording.mark_dispatched(record(tenant, tool_name="charge_card"), actor=AGENT)
-    (claimed,) = transitions.attempts_claim_due(limit=1)
-    unknown = transitions.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
-    transitions.attempt_escalate(
+    (claimed,) = moves.attempts_claim_due(limit=1)
+    unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    moves.attempt_escalate(
         attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="x", lookup={"status": "not_found"}
     )
-    retry = transitions.retry_request(attempt_id=dispatched.pk, actor=Actor.user(operator), reason="resend")
-    approved = transitions.retry_approve(attempt_id=retry.pk, actor=Actor.user(approver), comment="ok", may_act=allow)
-    sent = transitions.attempt_dispatch(attempt=approved, actor=RECONCILER, fence=approved.fence)
-    transitions.attempt_confirm(attempt=sent, fence=sent.fence, actor=RECONCILER, provider_request_id="req-retry")
+    retry = moves.retry_request(attempt=dispatched, actor=Actor.user(operator), reason="resend")
+    approved = moves.retry_approve(attempt=retry, actor=Actor.user(approver), comment="ok", may_act=allow)
+    sent = moves.attempt_dispatch(attempt=approved, actor=RECONCILER, fence=approved.fence)
+    moves.attempt_confirm(attempt=sent, fence=sent.fence, actor=RECONCILER, provider_request_id="req-retry")
     return dispatched, Attempt.objects.get(pk=retry.pk)
 
 
@@ -309,8 +309,8 @@ def test_a_late_landing_after_a_retry_went_out_is_a_duplicate_incident_never_dro
     assert incident.owner_id == tenant_a.default_owner_id
     assert "may have happened twice" in incident.summary
     # People settle it, saying what they did; that is in the chain too.
-    resolved = transitions.incident_resolve(
-        incident_id=incident.pk, actor=Actor.user(operator_a), resolution="refunded the second charge"
+    resolved = moves.incident_resolve(
+        incident=incident, actor=Actor.user(operator_a), resolution="refunded the second charge"
     )
     assert resolved.status == "resolved"
     assert AttemptEvent.objects.filter(attempt=original, kind="incident", details__action="resolved").exists()
@@ -319,9 +319,9 @@ def test_a_late_landing_after_a_retry_went_out_is_a_duplicate_incident_never_dro
 def test_a_late_confirmation_of_an_attempt_under_review_settles_it(tenant_a: Tenant) -> None:
     with an_hour_ago():
         dispatched = recording.mark_dispatched(record(tenant_a, tool_name="charge_card"), actor=AGENT)
-    (claimed,) = transitions.attempts_claim_due(limit=1)
-    unknown = transitions.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
-    transitions.attempt_escalate(attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="not idempotent")
+    (claimed,) = moves.attempts_claim_due(limit=1)
+    unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    moves.attempt_escalate(attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="not idempotent")
     confirmed = recording.confirm(dispatched, provider_request_id="req-late", actor=AGENT)
     assert confirmed.state == S.OUTCOME_CONFIRMED
     assert confirmed.provider_request_id == "req-late"
@@ -334,15 +334,15 @@ def test_an_original_marked_failed_by_a_person_still_needs_a_reason_to_approve_i
     tenant_a: Tenant, operator_a: Any, approver_a: Any
 ) -> None:
     original = attempt_in(S.MANUAL_REVIEW, tenant_a)
-    retry = transitions.retry_request(attempt_id=original.pk, actor=Actor.user(operator_a), reason="resend")
-    failed = transitions.attempt_mark_failed(
-        attempt_id=original.pk, actor=Actor.user(operator_a), reason="customer says nothing arrived"
+    retry = moves.retry_request(attempt=original, actor=Actor.user(operator_a), reason="resend")
+    failed = moves.attempt_mark_failed(
+        attempt=original, actor=Actor.user(operator_a), reason="customer says nothing arrived"
     )
     assert failed.failed_because == FailedBecause.PERSON
     with pytest.raises(ApprovalRefused, match="marked failed by a person, not by the provider"):
-        transitions.retry_approve(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="ok", may_act=allow)
-    approved = transitions.retry_approve(
-        attempt_id=retry.pk,
+        moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+    approved = moves.retry_approve(
+        attempt=retry,
         actor=Actor.user(approver_a),
         comment="ok",
         may_act=allow,
@@ -354,14 +354,14 @@ def test_an_original_marked_failed_by_a_person_still_needs_a_reason_to_approve_i
 def test_an_original_the_provider_refused_needs_no_reason(tenant_a: Tenant, operator_a: Any, approver_a: Any) -> None:
     with an_hour_ago():
         dispatched = recording.mark_dispatched(record(tenant_a, tool_name="charge_card"), actor=AGENT)
-    (claimed,) = transitions.attempts_claim_due(limit=1)
-    unknown = transitions.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
-    transitions.attempt_escalate(attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="not idempotent")
-    retry = transitions.retry_request(attempt_id=dispatched.pk, actor=Actor.user(operator_a), reason="resend")
+    (claimed,) = moves.attempts_claim_due(limit=1)
+    unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    moves.attempt_escalate(attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="not idempotent")
+    retry = moves.retry_request(attempt=dispatched, actor=Actor.user(operator_a), reason="resend")
     # The original dispatcher finally hears back: the provider refused it.
     failed = recording.fail(dispatched, reason="card declined", actor=AGENT)
     assert (failed.state, failed.failed_because) == (S.FAILED, FailedBecause.PROVIDER)
-    approved = transitions.retry_approve(attempt_id=retry.pk, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+    approved = moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok", may_act=allow)
     assert approved.state == S.INTENT_RECORDED
 
 
@@ -378,7 +378,7 @@ def test_an_agent_abandons_a_never_sent_intent_and_its_reworded_retry_can_be_app
         record(tenant_a, "k-reworded", args={"to": "a@example.com", "note": "please"})
     linked = caught.value.attempt
     with pytest.raises(ApprovalRefused, match="may yet be sent"):
-        transitions.retry_approve(attempt_id=linked.pk, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+        moves.retry_approve(attempt=linked, actor=Actor.user(approver_a), comment="ok", may_act=allow)
     abandoned = recording.abandon(original, reason="re-ran with reworded arguments", actor=AGENT)
     assert (abandoned.state, abandoned.failed_because) == (S.FAILED, FailedBecause.ABANDONED)
     event = AttemptEvent.objects.filter(attempt=original).order_by("seq").last()
@@ -388,9 +388,7 @@ def test_an_agent_abandons_a_never_sent_intent_and_its_reworded_retry_can_be_app
         S.FAILED,
         "re-ran with reworded arguments",
     )
-    approved = transitions.retry_approve(
-        attempt_id=linked.pk, actor=Actor.user(approver_a), comment="ok", may_act=allow
-    )
+    approved = moves.retry_approve(attempt=linked, actor=Actor.user(approver_a), comment="ok", may_act=allow)
     assert approved.state == S.INTENT_RECORDED
 
 

@@ -19,10 +19,10 @@ from django.template.loader import render_to_string
 from django.test import RequestFactory
 from django.urls import reverse
 
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import moves
 from ledgerdash.ledger.errors import IdempotencyConflict
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, Tenant
-from ledgerdash.ledger.transitions import Actor
 from reviews import audit_views, pdf_bounds
 from tests.conftest import AGENT, as_user, record
 
@@ -103,7 +103,7 @@ def test_the_worst_valid_attempt_still_renders_a_bounded_pdf(tenant_a: Tenant, o
     assert linked is not None
     actor = Actor.user(operator_a)
     for i in range(100):
-        transitions.attempt_comment(attempt_id=linked.pk, actor=actor, text=f"{i:03d}" + "y" * 3997)
+        moves.attempt_comment(attempt=linked, actor=actor, text=f"{i:03d}" + "y" * 3997)
     client = as_user(viewer_a)
     for name in ("reviews:attempt_report_pdf", "reviews:incident_report_pdf"):
         response = client.get(reverse(name, args=[linked.pk]))

@@ -11,7 +11,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from ledgerdash.ledger import recording, transitions
+from ledgerdash.ledger import moves, recording
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, State, Tenant
 from reviews import queries
 from reviews.queries import Cursor, ListQuery
@@ -251,7 +252,7 @@ def test_a_cursor_survives_its_round_trip_through_the_url(many: list[Attempt]) -
 
 def test_owner_filter_me_and_unassigned(tenant_a: Tenant, operator_a: Any) -> None:
     mine = attempt_in(S.UNKNOWN, tenant_a, key="mine")
-    transitions.attempt_assign(attempt_id=mine.pk, owner=operator_a, actor=transitions.Actor.user(operator_a))
+    moves.attempt_assign(attempt=mine, owner=operator_a, actor=Actor.user(operator_a))
     theirs = attempt_in(S.UNKNOWN, tenant_a, key="theirs")  # the tenant's default owner
     Tenant.objects.filter(pk=tenant_a.pk).update(default_owner=None)
     nobody = attempt_in(S.UNKNOWN, tenant_a, key="nobody")

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from ledgerdash.ledger import recording
 from ledgerdash.ledger.drill.runner import database_url
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
-from ledgerdash.ledger.transitions import Actor
 from tests.conftest import AGENT, ledger_snapshot, record
 from tests.live import PYTHON, ROOT
 from tests.sandboxes import Sandbox, unique_key

@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from ledgerdash.ledger import recording, transitions
+from ledgerdash.ledger import moves, recording
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import NothingHappened, OutcomeUnknown, ResultUnavailable, StaleFence
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant, Tool
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.providers import registry
 from ledgerdash.ledger.providers.base import Dispatched, Lookup, LookupStatus, ProviderAdapter
 from ledgerdash.ledger.reconciler import Reconciler
-from ledgerdash.ledger.transitions import Actor
 from tests.conftest import AGENT, TOOLS_V1, ledger_snapshot, record
 from tests.sandboxes import Sandbox, unique_key
 
@@ -338,9 +338,9 @@ def test_an_approved_retry_is_dispatched_by_the_reconciler(
     attempt = dispatched_never_sent(tenant_a, tool="charge_card")
     make_due(attempt)
     reconcile()  # not idempotent: MANUAL_REVIEW, last lookup not_found
-    retry = transitions.retry_request(attempt_id=attempt.pk, actor=Actor.user(operator_a), reason="customer asks")
-    transitions.retry_approve(
-        attempt_id=retry.pk,
+    retry = moves.retry_request(attempt=attempt, actor=Actor.user(operator_a), reason="customer asks")
+    moves.retry_approve(
+        attempt=retry,
         actor=Actor.user(approver_a),
         comment="lookup says not found",
         may_act=may_act_as(approver_a, Role.APPROVER),
@@ -366,7 +366,7 @@ def test_a_tool_without_an_adapter_goes_to_a_person(tenant_a: Tenant) -> None:
 def test_a_stale_reconciler_cannot_complete_a_superseded_claim(tenant_a: Tenant, sandbox: Sandbox) -> None:
     attempt = crashed_after_send(tenant_a, sandbox)
     make_due(attempt)
-    (first_claim,) = transitions.attempts_claim_due(limit=1)
+    (first_claim,) = moves.attempts_claim_due(limit=1)
     # The first worker stalls past its claim lease; a second one takes over and settles it.
     Attempt.objects.filter(pk=attempt.pk).update(next_check_at=timezone.now() - timedelta(seconds=1))
     reconcile()

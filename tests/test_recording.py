@@ -23,8 +23,8 @@ from ledgerdash.ledger.errors import (
     UnderReview,
     UnknownTenant,
 )
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
-from ledgerdash.ledger.transitions import Actor
 from tests.conftest import AGENT, events_of, ledger_snapshot, record, together
 
 S = State

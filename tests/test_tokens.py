@@ -15,9 +15,9 @@ from django.test import Client
 from django.utils import timezone
 
 from ledgerdash.ledger.errors import InvalidField, InvalidToken, TokenExpired, TokenRevoked
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import ApiToken, AttemptEvent, Tenant
 from ledgerdash.ledger.tokens import token_authenticate, token_create, token_revoke
-from ledgerdash.ledger.transitions import Actor
 from tests.api_support import READ, WRITE, Api, intent
 
 SYSTEM = Actor.system("tests")

@@ -8,7 +8,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from ledgerdash.ledger import audit, clock, recording, transitions
+from ledgerdash.ledger import audit, clock, moves, recording, rules
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
     ClaimLost,
@@ -19,9 +19,10 @@ from ledgerdash.ledger.errors import (
     RetryPending,
     StaleFence,
 )
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tool
+from ledgerdash.ledger.moves import LEGAL_MOVES
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.transitions import LEGAL_MOVES, Actor
 from tests.conftest import AGENT, RECONCILER, TOOLS_V1, events_of, ledger_snapshot, record, together
 from tests.factories import attempt_in
 
@@ -98,7 +99,7 @@ OPS: dict[str, Op] = {
     "reconciler dispatches": Op(
         S.DISPATCHED,
         "reconciler",
-        lambda a, u: transitions.attempt_dispatch(attempt=a, actor=RECONCILER, fence=a.fence),
+        lambda a, u: moves.attempt_dispatch(attempt=a, actor=RECONCILER, fence=a.fence),
     ),
     "agent confirms": Op(
         S.OUTCOME_CONFIRMED,
@@ -111,9 +112,7 @@ OPS: dict[str, Op] = {
     "reconciler confirms": Op(
         S.OUTCOME_CONFIRMED,
         "reconciler",
-        lambda a, u: transitions.attempt_confirm(
-            attempt=a, fence=a.fence, actor=RECONCILER, provider_request_id="req-9"
-        ),
+        lambda a, u: moves.attempt_confirm(attempt=a, fence=a.fence, actor=RECONCILER, provider_request_id="req-9"),
     ),
     "agent fails": Op(
         S.FAILED,
@@ -130,16 +129,16 @@ OPS: dict[str, Op] = {
     "lease expires": Op(
         S.UNKNOWN,
         "reconciler",
-        lambda a, u: transitions.attempt_expire_lease(attempt=a, actor=RECONCILER, fence=a.fence),
+        lambda a, u: moves.attempt_expire_lease(attempt=a, actor=RECONCILER, fence=a.fence),
         only_from=S.DISPATCHED,
     ),
     "intent abandoned": Op(
-        S.FAILED, "reconciler", lambda a, u: transitions.attempt_abandon(attempt=a, actor=RECONCILER, fence=a.fence)
+        S.FAILED, "reconciler", lambda a, u: moves.attempt_abandon(attempt=a, actor=RECONCILER, fence=a.fence)
     ),
     "reconciler backs off": Op(
         S.UNKNOWN,
         "reconciler",
-        lambda a, u: transitions.attempt_check_later(
+        lambda a, u: moves.attempt_check_later(
             attempt=a, actor=RECONCILER, fence=a.fence, reason="provider down", lookup={"status": "unavailable"}
         ),
         only_from=S.UNKNOWN,
@@ -147,21 +146,21 @@ OPS: dict[str, Op] = {
     "reconciler escalates": Op(
         S.MANUAL_REVIEW,
         "reconciler",
-        lambda a, u: transitions.attempt_escalate(attempt=a, actor=RECONCILER, fence=a.fence, reason="not idempotent"),
+        lambda a, u: moves.attempt_escalate(attempt=a, actor=RECONCILER, fence=a.fence, reason="not idempotent"),
     ),
     "operator verifies": Op(
         S.OUTCOME_CONFIRMED,
         USER,
-        lambda a, u: transitions.attempt_verify(attempt_id=a.pk, actor=_user_actor(u), evidence="seen in dashboard"),
+        lambda a, u: moves.attempt_verify(attempt=a, actor=_user_actor(u), evidence="seen in dashboard"),
     ),
     "operator marks failed": Op(
         S.FAILED,
         USER,
-        lambda a, u: transitions.attempt_mark_failed(attempt_id=a.pk, actor=_user_actor(u), reason="never sent"),
+        lambda a, u: moves.attempt_mark_failed(attempt=a, actor=_user_actor(u), reason="never sent"),
         only_from=S.MANUAL_REVIEW,
     ),
     "operator asks for a re-check": Op(
-        S.UNKNOWN, USER, lambda a, u: transitions.attempt_recheck(attempt_id=a.pk, actor=_user_actor(u))
+        S.UNKNOWN, USER, lambda a, u: moves.attempt_recheck(attempt=a, actor=_user_actor(u))
     ),
     "agent abandons its intent": Op(
         S.FAILED,
@@ -172,13 +171,13 @@ OPS: dict[str, Op] = {
     "operator abandons an intent": Op(
         S.FAILED,
         USER,
-        lambda a, u: transitions.intent_abandon(attempt_id=a.pk, actor=_user_actor(u), reason="agent is gone"),
+        lambda a, u: moves.intent_abandon(attempt=a, actor=_user_actor(u), reason="agent is gone"),
         only_from=S.INTENT_RECORDED,
     ),
     "reconciler waits for the request to land": Op(
         S.UNKNOWN,
         "reconciler",
-        lambda a, u: transitions.attempt_wait_for_landing(
+        lambda a, u: moves.attempt_wait_for_landing(
             attempt=a, actor=RECONCILER, fence=a.fence, lookup={"status": "not_found"}
         ),
         only_from=S.UNKNOWN,
@@ -289,20 +288,20 @@ def test_an_agent_cannot_resend_a_retryable_failure_during_its_back_off(tenant_a
     assert failed.next_check_at is not None
     snapshot = ledger_snapshot()
     with pytest.raises(RetryPending):
-        transitions.attempt_dispatch(attempt=failed, actor=AGENT, fence=failed.fence)
+        moves.attempt_dispatch(attempt=failed, actor=AGENT, fence=failed.fence)
     assert ledger_snapshot() == snapshot
     with clock.frozen_at(failed.next_check_at):
-        assert transitions.attempt_dispatch(attempt=failed, actor=AGENT, fence=failed.fence).state == S.DISPATCHED
+        assert moves.attempt_dispatch(attempt=failed, actor=AGENT, fence=failed.fence).state == S.DISPATCHED
 
 
 def test_the_fence_refuses_a_stale_worker(tenant_a: Any) -> None:
     attempt = recording.mark_dispatched(record(tenant_a), actor=AGENT)
     stale_fence = attempt.fence
-    claimed = transitions.attempts_claim_due(limit=10, now=attempt.next_check_at)
+    claimed = moves.attempts_claim_due(limit=10, now=attempt.next_check_at)
     assert [a.pk for a in claimed] == [attempt.pk]
-    transitions.attempt_expire_lease(attempt=claimed[0], actor=RECONCILER, fence=claimed[0].fence)
-    reclaimed = transitions.attempts_claim_due(limit=10, now=claimed[0].next_check_at)
-    retried = transitions.attempt_dispatch(attempt=reclaimed[0], actor=RECONCILER, fence=reclaimed[0].fence)
+    moves.attempt_expire_lease(attempt=claimed[0], actor=RECONCILER, fence=claimed[0].fence)
+    reclaimed = moves.attempts_claim_due(limit=10, now=claimed[0].next_check_at)
+    retried = moves.attempt_dispatch(attempt=reclaimed[0], actor=RECONCILER, fence=reclaimed[0].fence)
     # The original worker comes back with its old fence: refused, nothing written.
     snapshot = ledger_snapshot()
     with pytest.raises(StaleFence):
@@ -313,22 +312,20 @@ def test_the_fence_refuses_a_stale_worker(tenant_a: Any) -> None:
 
 def test_a_stale_reconciler_cannot_complete_a_superseded_claim(tenant_a: Any) -> None:
     attempt = recording.mark_unknown(recording.mark_dispatched(record(tenant_a), actor=AGENT), reason="t", actor=AGENT)
-    (first,) = transitions.attempts_claim_due(limit=1, now=attempt.next_check_at)
+    (first,) = moves.attempts_claim_due(limit=1, now=attempt.next_check_at)
     # The first worker stalls past its claim lease; a second worker claims it.
-    (second,) = transitions.attempts_claim_due(limit=1, now=first.next_check_at)
+    (second,) = moves.attempts_claim_due(limit=1, now=first.next_check_at)
     assert second.fence == first.fence + 1
     with pytest.raises(StaleFence):
-        transitions.attempt_confirm(attempt=first, fence=first.fence, actor=RECONCILER, provider_request_id="r")
-    confirmed = transitions.attempt_confirm(
-        attempt=second, fence=second.fence, actor=RECONCILER, provider_request_id="r"
-    )
+        moves.attempt_confirm(attempt=first, fence=first.fence, actor=RECONCILER, provider_request_id="r")
+    confirmed = moves.attempt_confirm(attempt=second, fence=second.fence, actor=RECONCILER, provider_request_id="r")
     assert confirmed.state == S.OUTCOME_CONFIRMED
 
 
 def test_a_late_outcome_report_from_the_original_dispatcher_is_accepted(tenant_a: Any) -> None:
     dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
-    (claimed,) = transitions.attempts_claim_due(limit=1, now=dispatched.next_check_at)
-    transitions.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    (claimed,) = moves.attempts_claim_due(limit=1, now=dispatched.next_check_at)
+    moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
     # The agent's response finally arrives; it still holds its dispatch fence.
     confirmed = recording.confirm(dispatched, provider_request_id="req-late", actor=AGENT)
     assert confirmed.state == S.OUTCOME_CONFIRMED
@@ -340,9 +337,9 @@ def test_a_late_outcome_report_from_the_original_dispatcher_is_accepted(tenant_a
 
 def test_a_late_report_after_a_re_dispatch_is_refused(tenant_a: Any) -> None:
     dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
-    (claimed,) = transitions.attempts_claim_due(limit=1, now=dispatched.next_check_at)
-    unknown = transitions.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
-    transitions.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
+    (claimed,) = moves.attempts_claim_due(limit=1, now=dispatched.next_check_at)
+    unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    moves.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
     with pytest.raises(StaleFence):
         recording.confirm(dispatched, provider_request_id="req-late", actor=AGENT)
 
@@ -371,9 +368,9 @@ def test_entering_unknown_assigns_the_tenant_owner_and_keeps_it(tenant_a: Any, o
     unknown = recording.mark_unknown(attempt, reason="timeout", actor=AGENT)
     assert unknown.owner_id == tenant_a.default_owner_id
     assert events_of(unknown)[-1].details["owner_assigned"]["by"] == "tenant default owner"
-    transitions.attempt_assign(attempt_id=unknown.pk, owner=operator_a, actor=Actor.user(operator_a))
+    moves.attempt_assign(attempt=unknown, owner=operator_a, actor=Actor.user(operator_a))
     unknown.refresh_from_db()
-    escalated = transitions.attempt_escalate(attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="x")
+    escalated = moves.attempt_escalate(attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="x")
     assert escalated.owner_id == operator_a.pk  # never silently reassigned
 
 
@@ -395,7 +392,7 @@ def test_on_call_beats_the_default_owner(tenant_a: Any, operator_a: Any) -> None
 def test_an_owned_state_cannot_be_left_unowned(tenant_a: Any, operator_a: Any) -> None:
     unknown = attempt_in(S.UNKNOWN, tenant_a)
     with pytest.raises(OwnershipError):
-        transitions.attempt_assign(attempt_id=unknown.pk, owner=None, actor=Actor.user(operator_a))
+        moves.attempt_assign(attempt=unknown, owner=None, actor=Actor.user(operator_a))
 
 
 def test_a_policy_change_before_dispatch_links_a_reviewed_attempt_instead_of_killing_the_key(tenant_a: Any) -> None:
@@ -418,7 +415,7 @@ def test_a_policy_change_before_dispatch_links_a_reviewed_attempt_instead_of_kil
     assert caught.value.original == original
     assert "email:send is not allowed for send_email by policy v2" in str(caught.value)
     # The original was never sent, so approving the linked attempt needs no reason.
-    assert transitions.original_standing(original).proof == f"the original #{original.pk} was never sent"
+    assert rules.original_standing(original).proof == f"the original #{original.pk} was never sent"
 
 
 def test_a_policy_version_that_leaves_the_tool_as_it_was_does_not_stop_a_dispatch(tenant_a: Any) -> None:
@@ -445,7 +442,7 @@ def test_escalating_for_a_retry_links_an_attempt_never_wider(tenant_a: Any) -> N
     unknown = recording.mark_unknown(recording.mark_dispatched(attempt, actor=AGENT), reason="t", actor=AGENT)
     narrower = {**TOOLS_V1, "charge_card": ["payments:refund"]}
     policy_publish(tenant=tenant_a, tools=narrower, actor=Actor.system("t"), note="v2")
-    original, linked = transitions.attempt_escalate_for_retry(
+    original, linked = moves.attempt_escalate_for_retry(
         attempt=unknown, actor=RECONCILER, fence=unknown.fence, changes=["policy is now v2"]
     )
     assert original.state == S.MANUAL_REVIEW
@@ -477,7 +474,7 @@ def test_events_are_chained_per_tenant(tenant_a: Any, tenant_b: Any) -> None:
 
 def test_a_comment_is_an_event(tenant_a: Any, operator_a: Any) -> None:
     attempt = record(tenant_a)
-    event = transitions.attempt_comment(attempt_id=attempt.pk, actor=Actor.user(operator_a), text="looking")
+    event = moves.attempt_comment(attempt=attempt, actor=Actor.user(operator_a), text="looking")
     assert (event.kind, event.reason, event.actor_user_id) == ("comment", "looking", operator_a.pk)
 
 

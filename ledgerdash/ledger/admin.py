@@ -86,8 +86,8 @@ class PolicyAdmin(admin.ModelAdmin):
         return False
 
     def save_model(self, request: HttpRequest, obj: Policy, form: Any, change: bool) -> None:
+        from ledgerdash.ledger.events import Actor
         from ledgerdash.ledger.policies import policy_publish
-        from ledgerdash.ledger.transitions import Actor
 
         published = policy_publish(
             tenant=obj.tenant,
@@ -218,8 +218,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
         return request.user.has_perm("ledger.change_apitoken")
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        from ledgerdash.ledger.events import Actor
         from ledgerdash.ledger.tokens import token_create
-        from ledgerdash.ledger.transitions import Actor
 
         token, raw = token_create(
             tenant=form.cleaned_data["tenant"],
@@ -248,8 +248,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected tokens", permissions=["revoke"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        from ledgerdash.ledger.events import Actor
         from ledgerdash.ledger.tokens import token_revoke
-        from ledgerdash.ledger.transitions import Actor
 
         actor = Actor.user(request.user)  # type: ignore[arg-type]
         live = list(queryset.filter(revoked_at__isnull=True))

@@ -66,9 +66,9 @@ from ledgerdash.ledger.errors import (
     RetryPending,
     TokenError,
 )
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import OWNED_STATES, ApiToken, Attempt, AttemptEvent, TokenScope
 from ledgerdash.ledger.tokens import token_authenticate, token_touch
-from ledgerdash.ledger.transitions import Actor
 
 log = logging.getLogger("ledgerdash.api")
 

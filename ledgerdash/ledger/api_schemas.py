@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ledgerdash.ledger.events import MAX_REASON
 from ledgerdash.ledger.models import State
 from ledgerdash.ledger.recording import MAX_KEY, MAX_NAME
-from ledgerdash.ledger.transitions import MAX_REASON
 
 #: Largest value a fence or an id can take (a signed 64-bit column).
 MAX_BIGINT = 2**63 - 1

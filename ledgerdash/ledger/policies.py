@@ -7,8 +7,8 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Max
 
+from ledgerdash.ledger.events import Actor, EventKind, event_record
 from ledgerdash.ledger.models import Policy, Tenant, validate_policy_tools
-from ledgerdash.ledger.transitions import Actor, event_record
 
 
 def policy_publish(*, tenant: Tenant, tools: dict[str, Any], actor: Actor, note: str = "") -> Policy:
@@ -28,7 +28,7 @@ def policy_publish(*, tenant: Tenant, tools: dict[str, Any], actor: Actor, note:
         )
         event_record(
             tenant=tenant,
-            kind="policy",
+            kind=EventKind.POLICY,
             actor=actor,
             reason=f"policy v{policy.version} published" + (f": {note}" if note else ""),
             details={"version": policy.version, "tools": tools},

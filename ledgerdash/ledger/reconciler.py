@@ -58,7 +58,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from ledgerdash.ledger import clock, crashpoints, transitions
+from ledgerdash.ledger import clock, crashpoints, moves
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
@@ -68,11 +68,11 @@ from ledgerdash.ledger.errors import (
     RequestIdConflict,
     StaleFence,
 )
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, ResultSource, State
 from ledgerdash.ledger.providers import registry
 from ledgerdash.ledger.providers.base import Lookup, LookupStatus, ProviderAdapter
 from ledgerdash.ledger.providers.registry import ToolProfile
-from ledgerdash.ledger.transitions import Actor
 from ledgerdash.toolcalls import storable_json
 
 log = logging.getLogger("ledgerdash.reconciler")
@@ -179,7 +179,7 @@ class Reconciler:
         profiles = registry.profiles()
         seen: set[int] = set()
         while not self.stop.is_set():
-            claimed = transitions.attempts_claim_due(limit=self.batch_size)
+            claimed = moves.attempts_claim_due(limit=self.batch_size)
             if not claimed:
                 break
             summary.claimed += len(claimed)
@@ -222,7 +222,7 @@ class Reconciler:
 
     def _release(self, attempt: Attempt, when: datetime) -> None:
         with contextlib.suppress(StaleFence):
-            transitions.attempt_release(attempt=attempt, fence=attempt.fence, next_check_at=when)
+            moves.attempt_release(attempt=attempt, fence=attempt.fence, next_check_at=when)
 
     # --- one attempt ------------------------------------------------------------------
 
@@ -231,7 +231,7 @@ class Reconciler:
         if attempt.state == S.INTENT_RECORDED:
             return self._intent(attempt, tool)
         if attempt.state == S.DISPATCHED:
-            attempt = transitions.attempt_expire_lease(attempt=attempt, actor=self.actor, fence=attempt.fence)
+            attempt = moves.attempt_expire_lease(attempt=attempt, actor=self.actor, fence=attempt.fence)
             self._log(attempt, "lease expired")
         if attempt.state == S.UNKNOWN:
             return self._unknown(attempt, tool)
@@ -252,7 +252,7 @@ class Reconciler:
         )
 
     def _escalate(self, attempt: Attempt, reason: str, lookup: dict[str, Any] | None = None) -> str:
-        attempt = transitions.attempt_escalate(
+        attempt = moves.attempt_escalate(
             attempt=attempt, actor=self.actor, fence=attempt.fence, reason=reason, lookup=lookup
         )
         self._log(attempt, "escalated")
@@ -275,7 +275,7 @@ class Reconciler:
             )
         else:
             reason = ""
-        attempt = transitions.attempt_abandon(attempt=attempt, actor=self.actor, fence=attempt.fence, reason=reason)
+        attempt = moves.attempt_abandon(attempt=attempt, actor=self.actor, fence=attempt.fence, reason=reason)
         self._log(attempt, "abandoned")
         return "abandoned"
 
@@ -290,7 +290,7 @@ class Reconciler:
             return self._found(attempt, lookup, details)
         if lookup.status == LookupStatus.NOT_FOUND:
             if attempt.lands_by is not None and clock.now() < attempt.lands_by:
-                attempt = transitions.attempt_wait_for_landing(
+                attempt = moves.attempt_wait_for_landing(
                     attempt=attempt, actor=self.actor, fence=attempt.fence, lookup=details
                 )
                 self._log(attempt, "waiting for the request to land")
@@ -303,7 +303,7 @@ class Reconciler:
                 f"(last: {lookup.detail or 'unavailable'})",
                 details,
             )
-        attempt = transitions.attempt_check_later(
+        attempt = moves.attempt_check_later(
             attempt=attempt,
             actor=self.actor,
             fence=attempt.fence,
@@ -336,7 +336,7 @@ class Reconciler:
         else:
             why = "provider has it and its payload hash matches"
         try:
-            attempt = transitions.attempt_confirm(
+            attempt = moves.attempt_confirm(
                 attempt=attempt,
                 fence=attempt.fence,
                 actor=self.actor,
@@ -393,7 +393,7 @@ class Reconciler:
             )
         standing = standing_of(attempt)
         if not standing.holds:
-            original, linked = transitions.attempt_escalate_for_retry(
+            original, linked = moves.attempt_escalate_for_retry(
                 attempt=attempt, actor=self.actor, fence=attempt.fence, changes=standing.changes, lookup=details
             )
             self._log(original, f"linked attempt #{linked.pk}" if linked else "escalated")
@@ -408,7 +408,7 @@ class Reconciler:
 
     def _dispatch(self, attempt: Attempt, tool: ToolProfile, why: str, details: dict[str, Any] | None = None) -> str:
         try:
-            attempt = transitions.attempt_dispatch(attempt=attempt, actor=self.actor, fence=attempt.fence, reason=why)
+            attempt = moves.attempt_dispatch(attempt=attempt, actor=self.actor, fence=attempt.fence, reason=why)
         except AuthorizationChanged as exc:
             # Not sent: the ledger put it under review beside a linked attempt.
             self._log(exc.original or attempt, "authority changed before sending")
@@ -417,45 +417,43 @@ class Reconciler:
         fence = attempt.fence
 
         def on_request_id(request_id: str) -> None:
-            holder["attempt"] = transitions.attempt_record_request_id(
+            holder["attempt"] = moves.attempt_record_request_id(
                 attempt=holder["attempt"], fence=fence, request_id=request_id, actor=self.actor
             )
 
         try:
             sent = tool.adapter.dispatch(key=attempt.provider_key, args=attempt.args, on_request_id=on_request_id)
         except NothingHappened as exc:
-            attempt = transitions.attempt_fail(
+            attempt = moves.attempt_fail(
                 attempt=holder["attempt"], fence=fence, actor=self.actor, reason=str(exc), retryable=True
             )
             self._log(attempt, "rejected")
             return "rejected"
         except PermanentFailure as exc:
-            attempt = transitions.attempt_fail(
-                attempt=holder["attempt"], fence=fence, actor=self.actor, reason=str(exc)
-            )
+            attempt = moves.attempt_fail(attempt=holder["attempt"], fence=fence, actor=self.actor, reason=str(exc))
             self._log(attempt, "failed")
             return "failed"
         except Exception as exc:
-            attempt = transitions.attempt_mark_unknown(
+            attempt = moves.attempt_mark_unknown(
                 attempt=holder["attempt"],
                 fence=fence,
                 actor=self.actor,
                 reason=f"sent again with the same key; no answer ({type(exc).__name__}: {exc})",
-                check_at=clock.now() + transitions.backoff(1, base=tool.backoff_base),
+                check_at=clock.now() + moves.backoff(1, base=tool.backoff_base),
             )
             self._log(attempt, "unknown after re-send")
             return "resent_unknown"
         attempt = holder["attempt"]
         if not (sent.request_id or sent.result_ref or attempt.provider_request_id):
-            attempt = transitions.attempt_mark_unknown(
+            attempt = moves.attempt_mark_unknown(
                 attempt=attempt,
                 fence=fence,
                 actor=self.actor,
                 reason="sent again; the provider answered without a receipt, so it will be looked up",
-                check_at=clock.now() + transitions.backoff(1, base=tool.backoff_base),
+                check_at=clock.now() + moves.backoff(1, base=tool.backoff_base),
             )
             return "resent_unknown"
-        attempt = transitions.attempt_confirm(
+        attempt = moves.attempt_confirm(
             attempt=attempt,
             fence=fence,
             actor=self.actor,

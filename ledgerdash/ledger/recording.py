@@ -46,7 +46,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from ledgerdash import toolcalls
-from ledgerdash.ledger import keys, transitions
+from ledgerdash.ledger import keys, moves
 from ledgerdash.ledger.authority import authority_of, scope_string
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
@@ -72,8 +72,9 @@ from ledgerdash.ledger.errors import (
     UnderReview,
     UnknownTenant,
 )
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, ResultSource, State, Tenant
-from ledgerdash.ledger.transitions import Actor, NewAttempt, Outcome, Report
+from ledgerdash.ledger.moves import NewAttempt, Outcome, Report
 from ledgerdash.toolcalls import ToolCall
 
 __all__ = [
@@ -252,7 +253,7 @@ def record_intent(
     # Most keys are new: try to record the intent first, and only when the
     # key already has an attempt (recorded earlier, or a moment ago by a
     # concurrent caller) read its chain to match against it.
-    created = transitions.attempt_create_intent(new=new, actor=actor)
+    created = moves.attempt_create_intent(new=new, actor=actor)
     if created is not None:
         return Recorded(created, True)
     existing = _match(found.pk, key, args_hash, tool_name)
@@ -287,7 +288,7 @@ def _record_conflict(new: NewAttempt, actor: Actor) -> Recorded:
             if attempt.args_hash == new.args_hash and attempt.tool_name == new.tool_name:
                 return Recorded(attempt, False)
         head = chain[0]
-        linked = transitions.attempt_create_linked(
+        linked = moves.attempt_create_linked(
             parent=head,
             new=new,
             actor=actor,
@@ -307,14 +308,14 @@ def mark_dispatched(attempt: Attempt, *, actor: Actor | None = None) -> Attempt:
     """Claim the attempt for dispatch; commit happens before this returns, so
     call it BEFORE the request leaves. The returned attempt's ``fence`` goes
     with the outcome report. Losing to another worker raises ClaimLost."""
-    return transitions.attempt_dispatch(attempt=attempt, actor=actor or _default_agent(), fence=attempt.fence)
+    return moves.attempt_dispatch(attempt=attempt, actor=actor or _default_agent(), fence=attempt.fence)
 
 
 @reconnecting
 def record_request_id(
     attempt: Attempt, request_id: str, *, fence: int | None = None, actor: Actor | None = None
 ) -> Attempt:
-    return transitions.attempt_record_request_id(
+    return moves.attempt_record_request_id(
         attempt=attempt,
         fence=attempt.fence if fence is None else fence,
         request_id=request_id,
@@ -339,8 +340,8 @@ def report_outcome(
     ``failed_retryable`` or ``unknown``) with the dispatch fence. The same
     report sent twice is a replay (``replayed``); a report about an attempt
     that moved on is recorded as evidence (``late``). See
-    :func:`ledgerdash.ledger.transitions.attempt_report`."""
-    return transitions.attempt_report(
+    :func:`ledgerdash.ledger.moves.attempt_report`."""
+    return moves.attempt_report(
         attempt=attempt,
         fence=attempt.fence if fence is None else fence,
         actor=actor or _default_agent(),
@@ -388,8 +389,8 @@ def mark_unknown(attempt: Attempt, *, reason: str, fence: int | None = None, act
 @reconnecting
 def heartbeat(attempt: Attempt, *, fence: int | None = None, actor: Actor | None = None) -> Attempt:
     """The dispatcher's work is still running: extend its lease (see
-    :func:`ledgerdash.ledger.transitions.attempt_heartbeat`)."""
-    return transitions.attempt_heartbeat(
+    :func:`ledgerdash.ledger.moves.attempt_heartbeat`)."""
+    return moves.attempt_heartbeat(
         attempt=attempt, fence=attempt.fence if fence is None else fence, actor=actor or _default_agent()
     )
 
@@ -399,7 +400,7 @@ def abandon(attempt: Attempt, *, reason: str = "", fence: int | None = None, act
     """Give up an intent that was never sent (INTENT_RECORDED -> FAILED):
     for an agent that re-ran its task with other arguments after a crash,
     so the linked attempt it was told about can be approved."""
-    return transitions.attempt_abandon_intent(
+    return moves.attempt_abandon_intent(
         attempt=attempt, fence=attempt.fence if fence is None else fence, actor=actor or _default_agent(), reason=reason
     )
 

@@ -20,8 +20,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ledgerdash.ledger.errors import InvalidField, InvalidToken, TokenExpired, TokenRevoked
+from ledgerdash.ledger.events import Actor, EventKind, event_record
 from ledgerdash.ledger.models import ApiToken, Tenant, TokenScope
-from ledgerdash.ledger.transitions import Actor, event_record
 
 TOKEN_PREFIX = "ldk_"  # noqa: S105 - the public marker every token starts with
 PREFIX_HEX = 12
@@ -74,7 +74,7 @@ def token_create(
         )
         event_record(
             tenant=tenant,
-            kind="api_token",
+            kind=EventKind.API_TOKEN,
             actor=actor,
             reason=f"API token {prefix} ({token.name}) issued with scopes {scope_text}",
             details={
@@ -100,7 +100,7 @@ def token_revoke(*, token: ApiToken, actor: Actor) -> ApiToken:
         token.revoked_at, token.revoked_by_id = now, actor.user_id
         event_record(
             tenant=token.tenant_id,
-            kind="api_token",
+            kind=EventKind.API_TOKEN,
             actor=actor,
             reason=f"API token {token.prefix} ({token.name}) revoked",
             details={"prefix": token.prefix, "name": token.name, "revoked": True},

@@ -42,7 +42,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from ledgerdash.ledger import clock, crashpoints, transitions
+from ledgerdash.ledger import clock, crashpoints, moves
 from ledgerdash.ledger.authority import current_policy
 from ledgerdash.ledger.drill.cases import (
     CASES,
@@ -64,6 +64,7 @@ from ledgerdash.ledger.drill.processes import (
     web_service,
 )
 from ledgerdash.ledger.errors import LedgerError
+from ledgerdash.ledger.events import Actor, EventKind, event_record
 from ledgerdash.ledger.models import (
     IN_FLIGHT_STATES,
     OWNED_STATES,
@@ -78,7 +79,6 @@ from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.queries import needs_attention
 from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash.ledger.tokens import token_create, token_revoke
-from ledgerdash.ledger.transitions import Actor, event_record
 from ledgerdash.sandbox import http_adapter_config
 
 __all__ = ["CASES", "Drill", "Planned", "database_url", "fixed_plan", "leave_unknown", "random_plan"]
@@ -257,7 +257,7 @@ class Drill:
         run.save(update_fields=["finished_at", "ok", "cases_total", "cases_failed", "report"])
         event_record(
             tenant=self.tenant,
-            kind="drill",
+            kind=EventKind.DRILL,
             actor=Actor.system("crashdrill"),
             reason=f"crash drill #{run.pk}: {len(reports) - len(failed)} of {len(reports)} cases held every assertion",
             details={"drill_run": run.pk, "ok": run.ok, "seed": seed, "failed": [r.id for r in failed]},
@@ -545,16 +545,14 @@ class Drill:
         try:
             if what == "retry_request":
                 step["step"] = f"an operator requests a retry of #{attempt.pk}"
-                made = transitions.retry_request(attempt_id=attempt.pk, actor=operator, reason="the customer asks")
+                made = moves.retry_request(attempt=attempt, actor=operator, reason="the customer asks")
                 step["detail"] = f"linked attempt #{made.pk}"
             elif what == "mark_failed":
                 step["step"] = f"an operator marks #{attempt.pk} failed, without the provider's word"
-                transitions.attempt_mark_failed(
-                    attempt_id=attempt.pk, actor=operator, reason="the customer says nothing arrived"
-                )
+                moves.attempt_mark_failed(attempt=attempt, actor=operator, reason="the customer says nothing arrived")
             else:
                 step["step"] = f"an approver approves #{attempt.pk}, giving no reason why it is safe"
-                transitions.retry_approve(attempt_id=attempt.pk, actor=approver, comment="looks fine", may_act=_allow)
+                moves.retry_approve(attempt=attempt, actor=approver, comment="looks fine", may_act=_allow)
             step["outcome"] = "done"
         except LedgerError as exc:
             step.update(outcome="refused", code=exc.code, detail=str(exc))

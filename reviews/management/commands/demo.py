@@ -20,11 +20,11 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledgerdash.ledger import transitions
+from ledgerdash.ledger import moves
 from ledgerdash.ledger.drill.runner import NON_IDEMPOTENT_TOOL, Drill, fixed_plan, leave_unknown, random_plan
 from ledgerdash.ledger.errors import LedgerError
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, State, Tenant
-from ledgerdash.ledger.transitions import Actor
 from reviews.models import Membership
 
 PASSWORD = "ledgerdash-demo"  # noqa: S105 - published on purpose: demo users only, refused with DEBUG off
@@ -112,8 +112,8 @@ class Command(BaseCommand):
         if candidate is None:
             return
         with contextlib.suppress(LedgerError):
-            transitions.retry_request(
-                attempt_id=candidate.pk,
+            moves.retry_request(
+                attempt=candidate,
                 actor=Actor.user(users["operator"]),
                 reason="the provider has no record of the charge and the customer confirms none arrived",
             )

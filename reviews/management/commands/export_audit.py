@@ -11,8 +11,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_datetime
 
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import State, Tenant
-from ledgerdash.ledger.transitions import Actor
 from reviews import exports
 from reviews.queries import ListQuery
 

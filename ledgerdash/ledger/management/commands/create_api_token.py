@@ -16,9 +16,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from ledgerdash.ledger.errors import InvalidField
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Tenant, TokenScope
 from ledgerdash.ledger.tokens import DEFAULT_LIFETIME, token_create
-from ledgerdash.ledger.transitions import Actor
 
 
 class Command(BaseCommand):

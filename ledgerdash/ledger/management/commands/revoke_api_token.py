@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import ApiToken
 from ledgerdash.ledger.tokens import token_revoke
-from ledgerdash.ledger.transitions import Actor
 
 
 class Command(BaseCommand):

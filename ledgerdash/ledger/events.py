@@ -1,0 +1,303 @@
+"""The event store: every change to the ledger is an event in its tenant's
+hash chain, appended in the same transaction as the change.
+
+:class:`Actor` says who made a change, :class:`EventKind` what kind of
+event it is, :class:`EventDraft` an event about to be appended.
+:func:`append_events` links drafts into their tenants' chains (under each
+chain head's row lock, taken after any attempt locks). On PostgreSQL, a
+change to an attempt and its event are one statement
+(:func:`cas_with_event`, :func:`insert_with_event`): the server links the
+event while it holds the chain head's lock, so the lock is held only while
+the server executes and commits, never across a round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import models, transaction
+from django.db.models import Field
+
+from ledgerdash.ledger import chain, clock
+from ledgerdash.ledger.models import (
+    ActorKind,
+    Attempt,
+    AttemptEvent,
+    ChainHead,
+    Tenant,
+)
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+MAX_REASON = 4000
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who makes a change: written into every event."""
+
+    kind: str
+    label: str
+    user_id: int | None = None
+
+    @classmethod
+    def agent(cls, label: str = "agent") -> Actor:
+        return cls(ActorKind.AGENT, label)
+
+    @classmethod
+    def reconciler(cls, label: str = "reconciler") -> Actor:
+        return cls(ActorKind.RECONCILER, label)
+
+    @classmethod
+    def user(cls, user: AbstractBaseUser) -> Actor:
+        return cls(ActorKind.USER, user.get_username(), user.pk)
+
+    @classmethod
+    def system(cls, label: str = "system") -> Actor:
+        return cls(ActorKind.SYSTEM, label)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.label}"
+
+
+class EventKind(models.TextChoices):
+    """What an event records. Declared once: the timeline, the reports and
+    the exports name events by these values (they are in every event's hash)."""
+
+    TRANSITION = "transition", "a move from one state to another"
+    REQUEST_ID = "request_id", "the provider's request id, recorded as soon as known"
+    LATE_REPORT = "late_report", "a dispatcher's report about an attempt that had moved on"
+    INCIDENT = "incident", "an incident opened, assigned or resolved"
+    OWNER = "owner", "an owner claimed, assigned or removed"
+    COMMENT = "comment", "a person's comment"
+    RECHECK = "recheck", "a person asked for a lookup now"
+    APPROVAL_REFUSED = "approval_refused", "an approval refused, with what changed"
+    POLICY = "policy", "a policy version published"
+    API_TOKEN = "api_token", "an API token issued or revoked"
+    EXPORT = "export", "an audit export"
+    REPORT = "report", "an audit report read"
+    DRILL = "drill", "a crash-drill run"
+    ACCOUNT_LOCKED = "account_locked", "an account locked out after failed sign-ins"
+    ACCOUNT_UNLOCKED = "account_unlocked", "a locked-out account unlocked"
+
+
+@dataclass
+class EventDraft:
+    """An event about to be appended to its tenant's chain."""
+
+    tenant_id: int
+    attempt_id: int | None
+    kind: EventKind
+    actor: Actor
+    from_state: str = ""
+    to_state: str = ""
+    fence: int | None = None
+    reason: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def clean_text(text: str) -> str:
+    # PostgreSQL text cannot hold NUL; reasons are free text from people and tools.
+    return text.replace("\x00", "\ufffd")[:MAX_REASON]
+
+
+def append_events(events: list[EventDraft], *, now: datetime | None = None) -> list[AttemptEvent]:
+    """Append events to their tenants' hash chains. Must run inside a transaction.
+
+    Called last in every transaction, after the attempt rows are written, so
+    the chain-head lock (one per tenant) is held for as short a time as
+    possible and always taken after attempt locks (no lock-order deadlocks).
+    """
+    connection = transaction.get_connection()
+    assert connection.in_atomic_block, "events are appended inside the change's transaction"
+    now = now or clock.now()
+    if len(events) == 1 and connection.vendor == "postgresql":
+        row = _append_one_postgres(events[0], now)
+        if row is not None:
+            return [row]
+    rows: list[AttemptEvent] = []
+    for tenant_id in sorted({e.tenant_id for e in events}):
+        head, _ = ChainHead.objects.select_for_update().get_or_create(
+            tenant_id=tenant_id, defaults={"seq": 0, "hash": chain.GENESIS}
+        )
+        seq, prev = head.seq, head.hash
+        for event in (e for e in events if e.tenant_id == tenant_id):
+            seq += 1
+            row = _event_row(event, now)
+            row.seq, row.prev_hash = seq, prev
+            row.hash = this_hash = chain.link(prev, row.content_hash)
+            rows.append(row)
+            prev = this_hash
+        ChainHead.objects.filter(pk=tenant_id).update(seq=seq, hash=prev)
+    AttemptEvent.objects.bulk_create(rows)
+    return rows
+
+
+def _event_row(event: EventDraft, now: datetime) -> AttemptEvent:
+    row = AttemptEvent(
+        tenant_id=event.tenant_id,
+        attempt_id=event.attempt_id,
+        kind=event.kind,
+        actor_kind=event.actor.kind,
+        actor_user_id=event.actor.user_id,
+        actor_label=event.actor.label,
+        from_state=event.from_state,
+        to_state=event.to_state,
+        fence=event.fence,
+        reason=clean_text(event.reason),
+        details=event.details,
+        created_at=now,
+    )
+    row.content_hash = chain.content_hash(chain.event_content(row))
+    return row
+
+
+#: Lock the tenant's chain head (FOR UPDATE waits for, then reads, the latest
+#: committed head), link the event to it, move the head, insert the event.
+#: ``{guard}`` makes all of it conditional on the change having happened.
+_APPEND_TAIL = """
+head AS (
+    SELECT seq, hash FROM {head} WHERE tenant_id = %s{guard} FOR UPDATE
+), link AS (
+    SELECT seq + 1 AS seq, hash AS prev_hash,
+           encode(sha256(decode(hash, 'hex') || decode(%s, 'hex')), 'hex') AS hash
+    FROM head
+), head_moved AS (
+    UPDATE {head} SET seq = link.seq, hash = link.hash FROM link WHERE {head}.tenant_id = %s
+)
+INSERT INTO {event} (
+    tenant_id, seq, attempt_id, kind, actor_kind, actor_user_id, actor_label, from_state, to_state,
+    fence, reason, details, created_at, content_hash, prev_hash, hash
+)
+SELECT %s::bigint, link.seq, %s::bigint, %s::varchar, %s::varchar, %s::integer, %s::varchar, %s::varchar,
+       %s::varchar, %s::bigint, %s::text, %s::jsonb, %s::timestamptz, %s::varchar, link.prev_hash, link.hash
+FROM {source}
+RETURNING id, seq, prev_hash, hash
+"""
+
+
+def _append_sql(change: str = "") -> str:
+    """The append statement; with ``change`` (a data-modifying statement that
+    RETURNS the attempt's id), that change first, and the event only if it
+    changed a row. If it did and the tenant has no chain head, the event's
+    seq is NULL and the whole statement fails: never a change without its event."""
+    tables = {"head": ChainHead._meta.db_table, "event": AttemptEvent._meta.db_table}
+    if not change:
+        return "WITH " + _APPEND_TAIL.format(guard="", source="link", **tables)
+    tail = _APPEND_TAIL.format(
+        guard=" AND EXISTS (SELECT FROM changed)", source="changed LEFT JOIN link ON true", **tables
+    )
+    return f"WITH changed AS (\n{change}\n), {tail}"
+
+
+def _append_params(row: AttemptEvent, connection: Any) -> list[Any]:
+    details = AttemptEvent._meta.get_field("details").get_db_prep_value(row.details, connection)
+    return [
+        row.tenant_id,
+        row.content_hash,
+        row.tenant_id,
+        row.tenant_id,
+        row.attempt_id,
+        row.kind,
+        row.actor_kind,
+        row.actor_user_id,
+        row.actor_label,
+        row.from_state,
+        row.to_state,
+        row.fence,
+        row.reason,
+        details,
+        row.created_at,
+        row.content_hash,
+    ]
+
+
+def _execute_append(sql: str, params: list[Any], row: AttemptEvent) -> AttemptEvent | None:
+    """Run an append statement; the event row as written, or None if none was."""
+    connection = transaction.get_connection()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        returned = cursor.fetchone()
+    if returned is None:
+        return None
+    row.pk, row.seq, row.prev_hash, row.hash = returned
+    row._state.adding = False
+    row._state.db = connection.alias
+    return row
+
+
+def _append_one_postgres(event: EventDraft, now: datetime) -> AttemptEvent | None:
+    """Append one event in one statement; None if the tenant has no chain
+    head yet (nothing was written: the general path creates it)."""
+    row = _event_row(event, now)
+    return _execute_append(_append_sql(), _append_params(row, transaction.get_connection()), row)
+
+
+def one_statement() -> bool:
+    """Whether a change and its event can be one autocommitted statement:
+    on PostgreSQL, when no transaction is open (inside one, the caller's
+    other statements must commit with it)."""
+    connection = transaction.get_connection()
+    return connection.vendor == "postgresql" and not connection.in_atomic_block
+
+
+def _prepared(name: str, value: Any, connection: Any) -> tuple[str, Any]:
+    """The quoted column of an Attempt field and ``value`` as the ORM would send it."""
+    model_field = Attempt._meta.get_field(name)
+    assert isinstance(model_field, Field)
+    return connection.ops.quote_name(model_field.column), model_field.get_db_prep_save(value, connection)
+
+
+def cas_with_event(attempt: Attempt, values: dict[str, Any], event: EventDraft, now: datetime) -> bool:
+    """Compare-and-set ``attempt`` on (id, state, fence), bump its fence, write
+    ``values`` and append ``event``, in one statement. False if the row had
+    moved on (nothing was written)."""
+    connection = transaction.get_connection()
+    assignments = [_prepared(name, value, connection) for name, value in values.items()]
+    sets = ", ".join(f"{column} = %s" for column, _ in assignments)
+    # Table and column names come from the model; every value is a parameter.
+    table = Attempt._meta.db_table
+    change = f"UPDATE {table} SET fence = fence + 1, {sets} WHERE id = %s AND state = %s AND fence = %s RETURNING id"  # noqa: S608
+    row = _event_row(event, now)
+    params = [value for _, value in assignments] + [attempt.pk, attempt.state, attempt.fence]
+    return _execute_append(_append_sql(change), params + _append_params(row, connection), row) is not None
+
+
+def insert_with_event(attempt: Attempt, event: EventDraft, now: datetime) -> bool:
+    """Insert a root attempt and append its event in one statement. False when
+    the key already has a root (ON CONFLICT on the partial unique index:
+    nothing was written)."""
+    connection = transaction.get_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id'))", [Attempt._meta.db_table])
+        (attempt.pk,) = cursor.fetchone()  # the event's content names the attempt
+    assignments = [_prepared(f.name, f.pre_save(attempt, True), connection) for f in Attempt._meta.concrete_fields]
+    columns, placeholders = ", ".join(column for column, _ in assignments), ", ".join(["%s"] * len(assignments))
+    # Table and column names come from the model; every value is a parameter.
+    change = (
+        f"INSERT INTO {Attempt._meta.db_table} ({columns}) VALUES ({placeholders}) "  # noqa: S608
+        "ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING RETURNING id"
+    )
+    event.attempt_id = attempt.pk
+    row = _event_row(event, now)
+    params = [value for _, value in assignments]
+    if _execute_append(_append_sql(change), params + _append_params(row, connection), row) is None:
+        attempt.pk = None
+        return False
+    attempt._state.adding = False
+    attempt._state.db = connection.alias
+    return True
+
+
+def event_record(
+    *, tenant: Tenant | int, kind: EventKind, actor: Actor, reason: str = "", details: dict[str, Any] | None = None
+) -> AttemptEvent:
+    """Record something that happened to a tenant's ledger as a whole (an
+    export, a policy change, a drill run) in its chain."""
+    tenant_id = tenant if isinstance(tenant, int) else tenant.pk
+    with transaction.atomic():
+        (row,) = append_events([EventDraft(tenant_id, None, kind, actor, reason=reason, details=details or {})])
+    return row

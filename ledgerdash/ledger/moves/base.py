@@ -1,0 +1,270 @@
+"""The state machine every move goes through.
+
+:data:`LEGAL_MOVES` is the table of which actor may move an attempt from
+which state to which; :func:`move` is the one compare-and-set on
+``(id, state, fence)`` that writes a new state, always with its event. Nothing
+else writes ``Attempt.state``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from ledgerdash.ledger import clock
+from ledgerdash.ledger.errors import (
+    AttemptNotFound,
+    IllegalTransition,
+    InsideTransaction,
+    InvalidField,
+    StaleFence,
+)
+from ledgerdash.ledger.models import (
+    IN_FLIGHT_STATES,
+    OWNED_STATES,
+    ActorKind,
+    Attempt,
+    ChainHead,
+    OnCallShift,
+    State,
+    Tenant,
+)
+
+if TYPE_CHECKING:
+    pass
+from ledgerdash.ledger.events import (
+    Actor,
+    EventDraft,
+    EventKind,
+    append_events,
+    cas_with_event,
+    clean_text,
+    one_statement,
+)
+
+S = State
+A, R, U = ActorKind.AGENT, ActorKind.RECONCILER, ActorKind.USER
+
+#: (from, to) -> the kinds of actor that may make that move. DESIGN.md's
+#: table, plus the moves it implies: INTENT_RECORDED -> FAILED (an intent
+#: abandoned past its lease: nothing was sent), UNKNOWN -> FAILED (a late,
+#: definitive failure report from the original dispatcher),
+#: FAILED_RETRYABLE -> MANUAL_REVIEW (its retry needs review because the
+#: authority changed), and the reconciler reporting the outcome of a
+#: dispatch it made itself (DISPATCHED -> FAILED_RETRYABLE / FAILED).
+LEGAL_MOVES: dict[tuple[str, str], frozenset[str]] = {
+    (S.INTENT_RECORDED, S.DISPATCHED): frozenset({A, R}),
+    # abandoned: past the intent lease (reconciler), or given up by its agent
+    # or an operator; it was never sent, so it provably did nothing
+    (S.INTENT_RECORDED, S.FAILED): frozenset({A, R, U}),
+    # the authority changed before it was sent: a linked attempt awaits review
+    (S.INTENT_RECORDED, S.MANUAL_REVIEW): frozenset({A, R}),
+    (S.DISPATCHED, S.OUTCOME_CONFIRMED): frozenset({A, R}),
+    (S.DISPATCHED, S.FAILED_RETRYABLE): frozenset({A, R}),
+    (S.DISPATCHED, S.FAILED): frozenset({A, R}),
+    (S.DISPATCHED, S.UNKNOWN): frozenset({A, R}),
+    (S.FAILED_RETRYABLE, S.DISPATCHED): frozenset({A, R}),
+    (S.FAILED_RETRYABLE, S.MANUAL_REVIEW): frozenset({A, R}),
+    # the original dispatcher's later, stronger word: a receipt, or a refusal for good
+    (S.FAILED_RETRYABLE, S.OUTCOME_CONFIRMED): frozenset({A}),
+    (S.FAILED_RETRYABLE, S.FAILED): frozenset({A}),
+    (S.UNKNOWN, S.OUTCOME_CONFIRMED): frozenset({A, R}),
+    (S.UNKNOWN, S.FAILED): frozenset({A}),
+    (S.UNKNOWN, S.DISPATCHED): frozenset({R}),
+    (S.UNKNOWN, S.UNKNOWN): frozenset({R}),
+    (S.UNKNOWN, S.MANUAL_REVIEW): frozenset({R}),
+    # people decide; the original dispatcher's late report is evidence too
+    (S.MANUAL_REVIEW, S.OUTCOME_CONFIRMED): frozenset({U, A}),
+    (S.MANUAL_REVIEW, S.FAILED): frozenset({U, A}),
+    (S.MANUAL_REVIEW, S.RECONCILED): frozenset({U}),
+    (S.MANUAL_REVIEW, S.INTENT_RECORDED): frozenset({U}),
+    (S.MANUAL_REVIEW, S.UNKNOWN): frozenset({U}),
+}
+
+
+#: States an attempt can be created in, and by whom: an agent's intent, or
+#: a linked attempt that must be reviewed before anything is sent.
+CREATE_MOVES: dict[str, frozenset[str]] = {
+    S.INTENT_RECORDED: frozenset({A}),
+    S.MANUAL_REVIEW: frozenset({A, R, U}),
+}
+
+
+def refuse_open_transaction(what: str) -> None:
+    """Refuse to record an agent's step inside the caller's open transaction.
+
+    The ledger's promise is that the intent and the dispatch claim are
+    committed before the tool runs. Inside a caller's ``atomic()`` block they
+    would be a savepoint: recovery could not see them while the tool runs,
+    and the caller's rollback would erase them although the provider acted.
+    ``atomic(durable=True)`` is Django's test for "no transaction is open"
+    (it tolerates only the test case's own wrapping transaction).
+    """
+    connection = transaction.get_connection()
+    if connection.in_atomic_block:
+        try:
+            with transaction.atomic(durable=True):
+                pass
+        except RuntimeError:
+            raise InsideTransaction(InsideTransaction.MESSAGE.format(what=what)) from None
+    elif not connection.get_autocommit():
+        raise InsideTransaction(InsideTransaction.MESSAGE.format(what=what))
+
+
+def get_attempt(attempt_id: int, *, lock: bool = False) -> Attempt:
+    qs = Attempt.objects.select_for_update() if lock else Attempt.objects.all()
+    try:
+        return qs.get(pk=attempt_id)
+    except Attempt.DoesNotExist:
+        raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=attempt_id)) from None
+
+
+def check_move(attempt: Attempt, to_state: str, actor: Actor) -> None:
+    allowed = LEGAL_MOVES.get((attempt.state, to_state), frozenset())
+    if actor.kind not in allowed:
+        raise IllegalTransition(
+            IllegalTransition.MESSAGE.format(
+                actor=actor.kind, attempt_id=attempt.pk, from_state=attempt.state, to_state=to_state
+            )
+        )
+
+
+def check_fence(attempt: Attempt, fence: int | None) -> None:
+    if fence is not None and fence != attempt.fence:
+        raise StaleFence(StaleFence.MESSAGE.format(attempt_id=attempt.pk, current=attempt.fence, given=fence))
+
+
+def pick_owner(tenant_id: int, now: datetime) -> tuple[int | None, str]:
+    """Whoever is on call for the tenant now, else its default owner."""
+    shift_user = (
+        OnCallShift.objects.filter(tenant_id=tenant_id, starts_at__lte=now, ends_at__gt=now)
+        .order_by("-starts_at", "-id")
+        .values_list("user_id", flat=True)
+        .first()
+    )
+    if shift_user is not None:
+        return shift_user, "on call"
+    default = Tenant.objects.filter(pk=tenant_id).values_list("default_owner_id", flat=True).get()
+    if default is not None:
+        return default, "tenant default owner"
+    return None, "nobody: the tenant has no default owner and nobody is on call"
+
+
+def move(
+    attempt: Attempt,
+    *,
+    to_state: str,
+    actor: Actor,
+    reason: str,
+    fence: int | None,
+    updates: dict[str, Any] | None = None,
+    details: dict[str, Any] | None = None,
+    now: datetime | None = None,
+    stale_error: type[StaleFence] = StaleFence,
+    extra_events: list[EventDraft] | None = None,
+) -> Attempt:
+    """Compare-and-set ``attempt`` (as the caller read it) to ``to_state``.
+
+    ``fence`` is the fence the caller holds; None means "the one I just read"
+    (callers that lock the row first, or that act on a fresh read).
+    """
+    check_move(attempt, to_state, actor)
+    check_fence(attempt, fence)
+    now = now or clock.now()
+    reason = clean_text(reason)
+    details = dict(details or {})
+    values: dict[str, Any] = {"state": to_state, "updated_at": now, "last_note": reason, **(updates or {})}
+    if to_state in OWNED_STATES and attempt.owner_id is None and "owner_id" not in values:
+        owner_id, source = pick_owner(attempt.tenant_id, now)
+        values["owner_id"] = owner_id
+        details["owner_assigned"] = {"user_id": owner_id, "by": source}
+    if to_state not in IN_FLIGHT_STATES:
+        values.setdefault("next_check_at", None)
+    event = EventDraft(
+        attempt.tenant_id,
+        attempt.pk,
+        EventKind.TRANSITION,
+        actor,
+        from_state=attempt.state,
+        to_state=to_state,
+        fence=attempt.fence + 1,
+        reason=reason,
+        details=details,
+    )
+    if one_statement() and not extra_events:
+        try:
+            if not cas_with_event(attempt, values, event, now):
+                raise_stale(attempt, stale_error)
+            return moved(attempt, values)
+        except IntegrityError:
+            if ChainHead.objects.filter(tenant_id=attempt.tenant_id).exists():
+                raise
+            # The tenant's first event: the path below creates its chain head.
+    with transaction.atomic():
+        changed = Attempt.objects.filter(pk=attempt.pk, state=attempt.state, fence=attempt.fence).update(
+            fence=F("fence") + 1, **values
+        )
+        if changed != 1:
+            raise_stale(attempt, stale_error)
+        append_events([event, *(extra_events or [])], now=now)
+    return moved(attempt, values)
+
+
+def moved(attempt: Attempt, values: dict[str, Any]) -> Attempt:
+    """The caller's copy of ``attempt`` as the compare-and-set left the row."""
+    for key, value in values.items():
+        setattr(attempt, key, value)
+    attempt.fence += 1
+    return attempt
+
+
+def raise_stale(attempt: Attempt, stale_error: type[StaleFence]) -> None:
+    current = Attempt.objects.filter(pk=attempt.pk).values_list("state", "fence").first()
+    if current is None:
+        raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=attempt.pk))
+    state, current_fence = current
+    raise stale_error(
+        stale_error.MESSAGE.format(attempt_id=attempt.pk, current=current_fence, given=attempt.fence, state=state)
+    )
+
+
+def validate_ref(value: str, name: str, limit: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidField(f"{name} must be a string")
+    if len(value) > limit:
+        raise InvalidField(InvalidField.TOO_LONG.format(field=name, length=len(value), limit=limit))
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidField(InvalidField.CONTROL.format(field=name))
+    return value
+
+
+def backoff(attempt_number: int, *, base: float = 5.0, cap: float = 3600.0) -> timedelta:
+    """Exponential back-off with full jitter (AWS architecture blog's form)."""
+    import random
+
+    ceiling = min(cap, base * (2 ** max(0, attempt_number)))
+    return timedelta(seconds=random.uniform(base / 2, ceiling))  # noqa: S311 - jitter, not security
+
+
+def required(text: str, what: str) -> str:
+    text = (text or "").strip()
+    if not text:
+        raise InvalidField(InvalidField.EMPTY.format(field=what))
+    return text
+
+
+def only_from(attempt: Attempt, state: str, what: str) -> None:
+    if attempt.state != state:
+        raise IllegalTransition(f"attempt {attempt.pk} is {attempt.state}; {what} only from {state}")
+
+
+def locked_for_decision(attempt_id: int, fence_seen: int | None) -> Attempt:
+    attempt = get_attempt(attempt_id, lock=True)
+    if fence_seen is not None and attempt.fence != fence_seen:
+        raise StaleFence(
+            f"attempt {attempt_id} changed since you loaded it (now {attempt.state}); reload and decide again"
+        )
+    return attempt

@@ -1,0 +1,244 @@
+"""Recording attempts: an agent's intent, and linked attempts that re-try
+another and must be reviewed before anything is sent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from ledgerdash.ledger import clock
+from ledgerdash.ledger.authority import scope_string
+from ledgerdash.ledger.errors import (
+    IllegalTransition,
+)
+from ledgerdash.ledger.models import (
+    Attempt,
+    ChainHead,
+    Policy,
+)
+
+if TYPE_CHECKING:
+    pass
+from ledgerdash.ledger.events import (
+    Actor,
+    EventDraft,
+    EventKind,
+    append_events,
+    clean_text,
+    insert_with_event,
+    one_statement,
+)
+from ledgerdash.ledger.moves.base import CREATE_MOVES, S, pick_owner, refuse_open_transaction
+
+
+def _lease(seconds: int, now: datetime) -> datetime:
+    return now + timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class NewAttempt:
+    """Validated fields of an attempt about to be recorded."""
+
+    tenant_id: int
+    task_id: str
+    tool_name: str
+    idempotency_key: str
+    args: dict[str, Any]
+    args_hash: str
+    policy_version: int
+    scopes: frozenset[str]
+
+
+def attempt_create_intent(*, new: NewAttempt, actor: Actor) -> Attempt | None:
+    """Record the root attempt for a key in INTENT_RECORDED.
+
+    Returns None when the key already has a root (perhaps one committed a
+    moment ago by a concurrent caller): the caller then matches against it.
+    """
+    refuse_open_transaction("recording an intent")
+    if actor.kind not in CREATE_MOVES[S.INTENT_RECORDED]:
+        raise IllegalTransition(
+            IllegalTransition.MESSAGE.format(
+                actor=actor.kind, attempt_id="(new)", from_state="nothing", to_state=S.INTENT_RECORDED
+            )
+        )
+    now = clock.now()
+    attempt = Attempt(
+        tenant_id=new.tenant_id,
+        task_id=new.task_id,
+        tool_name=new.tool_name,
+        idempotency_key=new.idempotency_key,
+        provider_key=new.idempotency_key,
+        args=new.args,
+        args_hash=new.args_hash,
+        state=S.INTENT_RECORDED,
+        policy_version=new.policy_version,
+        credential_scope=scope_string(new.scopes),
+        next_check_at=_lease(settings.LEDGER_INTENT_LEASE_SECONDS, now),
+        last_note="intent recorded",
+        created_at=now,
+        updated_at=now,
+    )
+    event = EventDraft(
+        new.tenant_id,
+        None,
+        EventKind.TRANSITION,
+        actor,
+        to_state=S.INTENT_RECORDED,
+        fence=0,
+        reason="intent recorded",
+        details={
+            "task_id": new.task_id,
+            "tool_name": new.tool_name,
+            "idempotency_key": new.idempotency_key,
+            "args_hash": new.args_hash,
+            "policy_version": new.policy_version,
+            "credential_scope": attempt.credential_scope,
+        },
+    )
+    if one_statement():
+        try:
+            return attempt if insert_with_event(attempt, event, now) else None
+        except IntegrityError:
+            if ChainHead.objects.filter(tenant_id=new.tenant_id).exists():
+                raise
+            # The tenant's first event: the path below creates its chain head.
+            attempt.pk, attempt._state.adding = None, True
+    # The insert is the transaction's first statement, so a duplicate key
+    # rolls back the whole (still empty) transaction: no savepoint needed.
+    try:
+        with transaction.atomic():
+            attempt.save(force_insert=True)
+            event.attempt_id = attempt.pk
+            append_events([event], now=now)
+    except IntegrityError:
+        if Attempt.objects.filter(
+            tenant_id=new.tenant_id, idempotency_key=new.idempotency_key, parent__isnull=True
+        ).exists():
+            return None
+        raise
+    return attempt
+
+
+def linked_provider_key(root: Attempt, args_hash: str) -> str:
+    """Same arguments as the root: the root's key, so the provider
+    deduplicates a retry against the original if it did land. Other
+    arguments: a key of their own, derived so that the same (key, arguments)
+    always maps to the same provider key."""
+    if args_hash == root.args_hash:
+        return root.provider_key
+    return f"{root.idempotency_key}~{args_hash[:16]}"
+
+
+def attempt_create_linked(
+    *,
+    parent: Attempt,
+    new: NewAttempt,
+    actor: Actor,
+    reason: str,
+    requested_by_id: int | None = None,
+) -> Attempt:
+    """Record a linked attempt that re-tries ``parent`` and must be reviewed
+    (MANUAL_REVIEW) before anything is sent. Inside the caller's transaction
+    when the caller also moves the parent."""
+    if actor.kind not in CREATE_MOVES[S.MANUAL_REVIEW]:
+        raise IllegalTransition(
+            IllegalTransition.MESSAGE.format(
+                actor=actor.kind, attempt_id="(new)", from_state="nothing", to_state=S.MANUAL_REVIEW
+            )
+        )
+    if parent.tenant_id != new.tenant_id or parent.idempotency_key != new.idempotency_key:
+        raise IllegalTransition("a linked attempt keeps its parent's tenant and idempotency key")
+    now = clock.now()
+    reason = clean_text(reason)
+    # A retry never widens credentials: whatever was asked for, the linked
+    # attempt may use at most what its parent could.
+    scopes = new.scopes & parent.scopes
+    narrowed = new.scopes - scopes
+    with transaction.atomic():
+        root = (
+            Attempt.objects.select_for_update()
+            .filter(tenant_id=new.tenant_id, idempotency_key=new.idempotency_key, parent__isnull=True)
+            .get()
+        )
+        owner_id, source = pick_owner(new.tenant_id, now)
+        attempt = Attempt.objects.create(
+            tenant_id=new.tenant_id,
+            task_id=new.task_id,
+            tool_name=new.tool_name,
+            idempotency_key=new.idempotency_key,
+            provider_key=linked_provider_key(root, new.args_hash),
+            args=new.args,
+            args_hash=new.args_hash,
+            state=S.MANUAL_REVIEW,
+            policy_version=new.policy_version,
+            credential_scope=scope_string(scopes),
+            parent=parent,
+            owner_id=owner_id,
+            requested_by_id=requested_by_id,
+            last_note=reason,
+            created_at=now,
+            updated_at=now,
+        )
+        append_events(
+            [
+                EventDraft(
+                    new.tenant_id,
+                    attempt.pk,
+                    EventKind.TRANSITION,
+                    actor,
+                    to_state=S.MANUAL_REVIEW,
+                    fence=0,
+                    reason=reason,
+                    details={
+                        "parent_id": parent.pk,
+                        "task_id": new.task_id,
+                        "tool_name": new.tool_name,
+                        "idempotency_key": new.idempotency_key,
+                        "provider_key": attempt.provider_key,
+                        "args_hash": new.args_hash,
+                        "parent_args_hash": parent.args_hash,
+                        "policy_version": new.policy_version,
+                        "parent_policy_version": parent.policy_version,
+                        "credential_scope": attempt.credential_scope,
+                        "scope_narrowed_from": scope_string(new.scopes) if narrowed else None,
+                        "owner_assigned": {"user_id": owner_id, "by": source},
+                    },
+                )
+            ],
+            now=now,
+        )
+    return attempt
+
+
+def create_retry_under(
+    policy: Policy,
+    allowed: frozenset[str],
+    *,
+    original: Attempt,
+    actor: Actor,
+    reason: str,
+    requested_by_id: int | None = None,
+) -> Attempt:
+    """A linked retry of ``original`` under ``policy``: same arguments and
+    key, the scope narrowed to what both the original and the policy allow."""
+    return attempt_create_linked(
+        parent=original,
+        new=NewAttempt(
+            tenant_id=original.tenant_id,
+            task_id=original.task_id,
+            tool_name=original.tool_name,
+            idempotency_key=original.idempotency_key,
+            args=original.args,
+            args_hash=original.args_hash,
+            policy_version=policy.version,
+            scopes=original.scopes & allowed,
+        ),
+        actor=actor,
+        reason=reason,
+        requested_by_id=requested_by_id,
+    )

@@ -1,0 +1,220 @@
+"""What a dispatcher reports, and what the ledger does with a report that
+arrives after the attempt moved on: never dropped, it settles an attempt
+still open, or is recorded as evidence and opens an incident when it
+contradicts how the attempt was settled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import models, transaction
+
+from ledgerdash.ledger import clock
+from ledgerdash.ledger.models import (
+    Attempt,
+    FailedBecause,
+    Incident,
+)
+
+if TYPE_CHECKING:
+    pass
+from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
+from ledgerdash.ledger.moves.base import S, get_attempt, move, pick_owner
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the ledger did with a dispatcher's outcome report."""
+
+    attempt: Attempt
+    #: This very report had been applied before (a retry after a lost answer): nothing was written.
+    replayed: bool = False
+    #: The attempt had moved on (the lease ran out, a person decided, a retry
+    #: superseded it): the report was recorded as evidence.
+    late: bool = False
+
+
+class Outcome(models.TextChoices):
+    CONFIRMED = "confirmed"
+    FAILED = "failed"
+    FAILED_RETRYABLE = "failed_retryable"
+    UNKNOWN = "unknown"
+
+
+#: The state each outcome report puts the attempt in.
+OUTCOME_STATE = {
+    Outcome.CONFIRMED: S.OUTCOME_CONFIRMED,
+    Outcome.FAILED: S.FAILED,
+    Outcome.FAILED_RETRYABLE: S.FAILED_RETRYABLE,
+    Outcome.UNKNOWN: S.UNKNOWN,
+}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    outcome: str
+    provider_request_id: str = ""
+    result_ref: str = ""
+    reason: str = ""
+
+    def as_details(self) -> dict[str, Any]:
+        out = {"outcome": self.outcome}
+        if self.provider_request_id:
+            out["provider_request_id"] = self.provider_request_id
+        if self.result_ref:
+            out["result_ref"] = self.result_ref
+        if self.reason:
+            out["reason"] = clean_text(self.reason)[:1000]
+        return out
+
+
+def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evidence) -> Attempt:
+    """Record the original dispatcher's report about an attempt that has
+    moved on (a person is deciding it, or it was settled), never dropping it.
+
+    Under review (or failed retryably, waiting for its re-send), the
+    provider's word settles it (confirmed, or refused). Settled, the report
+    is an event; when it says the effect happened although the ledger had
+    settled the attempt otherwise, or contradicts the recorded receipt, an
+    incident is opened for people: a duplicate when another attempt at the
+    same side effect was sent as well.
+    """
+    if attempt.state in (S.MANUAL_REVIEW, S.FAILED_RETRYABLE) and evidence.outcome in (
+        Outcome.CONFIRMED,
+        Outcome.FAILED,
+        Outcome.FAILED_RETRYABLE,
+    ):
+        receipt = evidence.provider_request_id or attempt.provider_request_id or evidence.result_ref
+        if evidence.outcome == Outcome.CONFIRMED and receipt:
+            return move(
+                attempt,
+                to_state=S.OUTCOME_CONFIRMED,
+                actor=actor,
+                fence=None,
+                reason=f"late outcome report from the original dispatcher while {attempt.state}: the provider acted",
+                updates={
+                    "provider_request_id": evidence.provider_request_id or attempt.provider_request_id,
+                    "result_ref": evidence.result_ref,
+                    "lands_by": clock.now(),
+                },
+                details={"late_report": evidence.as_details(), "dispatch_fence": fence},
+            )
+        if evidence.outcome != Outcome.CONFIRMED:
+            return move(
+                attempt,
+                to_state=S.FAILED,
+                actor=actor,
+                fence=None,
+                reason=f"late outcome report from the original dispatcher while {attempt.state}: the provider "
+                f"did not act ({evidence.reason or evidence.outcome})",
+                updates={
+                    "failed_because": FailedBecause.PROVIDER,
+                    "last_error": clean_text(evidence.reason),
+                    "lands_by": clock.now(),
+                },
+                details={"late_report": evidence.as_details(), "dispatch_fence": fence},
+            )
+    now = clock.now()
+    with transaction.atomic():
+        current = get_attempt(attempt.pk, lock=True)
+        incident = _incident_for_late_report(current, evidence)
+        events = [
+            EventDraft(
+                current.tenant_id,
+                current.pk,
+                EventKind.LATE_REPORT,
+                actor,
+                fence=current.fence,
+                reason=f"late report from the original dispatcher (dispatch fence {fence}) after the attempt "
+                f"became {current.state}: {evidence.outcome}",
+                details={"report": evidence.as_details(), "dispatch_fence": fence, "state": current.state},
+            )
+        ]
+        if incident is not None:
+            events.append(incident_opened(incident, actor, now))
+        if evidence.outcome != Outcome.UNKNOWN:
+            # The dispatcher heard back: its request is no longer in flight.
+            Attempt.objects.filter(pk=current.pk).update(lands_by=now)
+            current.lands_by = now
+        append_events(events, now=now)
+    return current
+
+
+def _incident_for_late_report(attempt: Attempt, evidence: Evidence) -> Incident | None:
+    """The incident a late report about a settled attempt calls for, saved;
+    None when the report agrees with the ledger."""
+    acted = evidence.outcome in (Outcome.CONFIRMED, "request_id")
+    summary = ""
+    kind = Incident.Kind.CONTRADICTION
+    retry: Attempt | None = None
+    if acted and attempt.state in (S.RECONCILED, S.FAILED):
+        retry = (
+            Attempt.objects.filter(
+                tenant_id=attempt.tenant_id, idempotency_key=attempt.idempotency_key, dispatch_count__gt=0
+            )
+            .exclude(pk=attempt.pk)
+            .exclude(state=S.FAILED, failed_because=FailedBecause.PROVIDER)
+            .order_by("id")
+            .first()
+        )
+        if retry is not None:
+            kind = Incident.Kind.DUPLICATE
+            summary = (
+                f"#{attempt.pk} acted at the provider after all (late report: {evidence.outcome}), and #{retry.pk} "
+                f"was sent for the same side effect: it may have happened twice"
+            )
+        else:
+            summary = f"#{attempt.pk} acted at the provider after all, although the ledger had it {attempt.state}"
+    elif (
+        acted
+        and attempt.state == S.OUTCOME_CONFIRMED
+        and evidence.provider_request_id
+        and attempt.provider_request_id
+        and evidence.provider_request_id != attempt.provider_request_id
+    ):
+        summary = (
+            f"#{attempt.pk} has a second receipt: the dispatcher reports request {evidence.provider_request_id}, "
+            f"the ledger confirmed {attempt.provider_request_id}"
+        )
+    elif evidence.outcome in (Outcome.FAILED, Outcome.FAILED_RETRYABLE) and attempt.state == S.OUTCOME_CONFIRMED:
+        summary = f"#{attempt.pk} is confirmed, but its dispatcher reports the provider refused it"
+    if not summary:
+        return None
+    now = clock.now()
+    owner_id, _source = pick_owner(attempt.tenant_id, now)
+    return Incident.objects.create(
+        tenant_id=attempt.tenant_id,
+        attempt=attempt,
+        retry=retry,
+        kind=kind,
+        owner_id=owner_id or attempt.owner_id,
+        summary=summary,
+        details={
+            "report": evidence.as_details(),
+            "attempt_state": attempt.state,
+            "attempt_request_id": attempt.provider_request_id,
+            "retry_id": retry.pk if retry else None,
+            "retry_state": retry.state if retry else None,
+            "retry_request_id": retry.provider_request_id if retry else None,
+        },
+        opened_at=now,
+    )
+
+
+def incident_opened(incident: Incident, actor: Actor, now: datetime) -> EventDraft:
+    return EventDraft(
+        incident.tenant_id,
+        incident.attempt_id,
+        EventKind.INCIDENT,
+        actor,
+        reason=f"{incident.get_kind_display()} incident #{incident.pk} opened: {incident.summary}",
+        details={
+            "incident_id": incident.pk,
+            "action": "opened",
+            "kind": incident.kind,
+            "retry_id": incident.retry_id,
+            "owner_id": incident.owner_id,
+        },
+    )
