@@ -199,8 +199,8 @@ MINIMAL_DISPATCH = f"""
 WITH changed AS (
     UPDATE ledger_attempt SET fence = fence + 1, state = 'DISPATCHED', updated_at = %(now)s, last_note = 'dispatched',
         dispatch_fence = fence + 1, dispatch_count = dispatch_count + 1, check_count = 0,
-        next_check_at = %(now)s + make_interval(secs => coalesce(
-            (SELECT dispatch_lease_seconds FROM ledger_tool WHERE name = %(tool)s), %(default_lease)s)),
+        next_check_at = %(now)s + make_interval(secs => %(lease_seconds)s),
+        lands_by = %(now)s + make_interval(secs => %(max_request)s),
         first_dispatched_at = coalesce(first_dispatched_at, %(now)s)
     WHERE id = %(id)s AND state = 'INTENT_RECORDED' AND fence = 0 AND EXISTS ({_AUTHORITY})
     RETURNING id
@@ -210,7 +210,7 @@ MINIMAL_CONFIRM = f"""
 WITH changed AS (
     UPDATE ledger_attempt SET fence = fence + 1, state = 'OUTCOME_CONFIRMED', updated_at = %(now)s,
         last_note = 'outcome confirmed', provider_request_id = %(request_id)s, result_ref = '', result = NULL,
-        next_check_at = NULL
+        result_source = 'tool', lands_by = %(now)s, next_check_at = NULL
     WHERE id = %(id)s AND state = 'DISPATCHED' AND fence = 1
     RETURNING id
 ), {_APPEND}"""
@@ -222,7 +222,7 @@ _TYPES = {
     "task": "varchar", "key": "varchar", "args": "jsonb", "args_hash": "varchar", "scope": "varchar",
     "scopes": "jsonb", "label": "varchar", "from_state": "varchar", "to_state": "varchar", "reason": "text",
     "details": "jsonb", "content_hash": "varchar", "request_id": "varchar", "now": "timestamptz",
-    "lease": "timestamptz", "default_lease": "float8",
+    "lease": "timestamptz", "lease_seconds": "float8", "max_request": "float8",
 }  # fmt: skip
 
 
@@ -263,10 +263,20 @@ class MinimalPeer:
     """The floor's tool call on one psycopg connection in autocommit mode:
     each step one statement, so one round trip and one commit."""
 
-    def __init__(self, conn: Any, label: str, *, dispatch_lease: float = 60.0, intent_lease: float = 900.0) -> None:
+    def __init__(
+        self,
+        conn: Any,
+        label: str,
+        *,
+        dispatch_lease: float = 60.0,
+        max_request: float = 30.0,
+        intent_lease: float = 900.0,
+    ) -> None:
         self.conn = conn
         self.label = label
-        self.dispatch_lease = dispatch_lease
+        # The ledger's rule: the lease always exceeds the maximum request time.
+        self.max_request = max_request
+        self.dispatch_lease = max(dispatch_lease, max_request + max(1.0, max_request / 4))
         self.intent_lease = timedelta(seconds=intent_lease)
         self._ids: Iterator[int] = iter(())
         #: tenant id -> its policy version as last read (every statement re-checks it is still current)
@@ -348,9 +358,15 @@ class MinimalPeer:
             "to_state": "DISPATCHED",
             "fence": 1,
             "reason": "dispatched",
-            "details": {"provider_key": attempt["key"], "dispatch": 1},
+            "details": {
+                "provider_key": attempt["key"],
+                "dispatch": 1,
+                "policy_version": attempt["policy_version"],
+                "lease_seconds": self.dispatch_lease,
+                "max_request_seconds": self.max_request,
+            },
         }
-        params = {**self._base(attempt), "default_lease": self.dispatch_lease}
+        params = {**self._base(attempt), "lease_seconds": self.dispatch_lease, "max_request": self.max_request}
         self._step(MINIMAL_DISPATCH, params, step, "lost the claim, or the authority changed")
 
     def confirm(self, attempt: dict[str, Any], *, request_id: str) -> None:
@@ -391,6 +407,7 @@ def minimal_agent(cfg: dict[str, Any], index: int) -> Agent:
         None,
         f"bench-minimal-{index}@{os.getpid()}",
         dispatch_lease=float(cfg["dispatch_lease_seconds"]),
+        max_request=float(cfg["max_request_seconds"]),
         intent_lease=float(cfg["intent_lease_seconds"]),
     )
     prefix = f"{cfg['run']}-{os.getpid()}"

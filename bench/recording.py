@@ -251,6 +251,7 @@ def run(ctx: Any) -> dict[str, Any]:
         "base_url": f"http://127.0.0.1:{GUNICORN_PORT}",
         "dispatch_lease_seconds": settings.LEDGER_DISPATCH_LEASE_SECONDS,
         "intent_lease_seconds": settings.LEDGER_INTENT_LEASE_SECONDS,
+        "max_request_seconds": settings.LEDGER_MAX_REQUEST_SECONDS,
         "run": run_id,
         "warmup": 20,
     }

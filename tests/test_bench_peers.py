@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 LABEL = "bench-agent@host"
 #: Columns that differ between two calls by design: identity, keys, and when.
-PER_CALL = {"id", "idempotency_key", "provider_key", "provider_request_id", "created_at", "updated_at"}
+PER_CALL = {"id", "idempotency_key", "provider_key", "provider_request_id", "created_at", "updated_at", "lands_by"}
 
 
 @pytest.fixture

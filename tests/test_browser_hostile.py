@@ -87,6 +87,13 @@ class Hostile:
     drill: DrillRun
 
 
+def keyed_before_the_rule(stand_in: str, key: str) -> None:
+    """Give the attempts of ``stand_in`` the key ``key``, as the ledger held
+    keys recorded before it refused invisible and bidi characters in them:
+    such rows stay, and the pages must still show them safely."""
+    Attempt.objects.filter(idempotency_key=stand_in).update(idempotency_key=key, provider_key=key)
+
+
 def unknown(attempt: Attempt, reason: str = "timeout") -> Attempt:
     attempt = recording.mark_dispatched(attempt, actor=AGENT)
     return recording.mark_unknown(attempt, reason=reason, actor=AGENT)
@@ -107,24 +114,29 @@ def hostile(tenant_a: Tenant, operator_a: Any, make_user: Any) -> Hostile:
     wide = recording.record_request_id(wide, "req req req req!", actor=AGENT)
     unknown_wide = recording.mark_unknown(wide, reason=WIDE, actor=AGENT)
     assert unknown_wide.provider_request_id == "req req req req!"
-    rlo = unknown(record(tenant_a, RLO_KEY, args={"memo": f"pay{RLO}{ZWSP}now", "to": "ap@example.com"}), LONG_REASON)
+    rlo = unknown(record(tenant_a, "rlo", args={"memo": f"pay{RLO}{ZWSP}now", "to": "ap@example.com"}), LONG_REASON)
+    keyed_before_the_rule("rlo", RLO_KEY)
+    rlo.refresh_from_db()
     moves.attempt_assign(attempt=rlo, owner=hebrew, actor=Actor.user(operator_a), reason=f"yours{RLO}")
     moves.attempt_comment(attempt=rlo, actor=Actor.user(operator_a), text=f"looked{RLO} at it " + "c" * 600)
     lookalike = unknown(record(tenant_a, LOOKALIKE))
-    lookalike_zw = unknown(record(tenant_a, LOOKALIKE_ZW))
+    lookalike_zw = unknown(record(tenant_a, "lookalike-zw"))
+    keyed_before_the_rule("lookalike-zw", LOOKALIKE_ZW)
+    lookalike_zw.refresh_from_db()
     long_task = unknown(record(tenant_a, "long-task", task_id=LONG_TASK))
     huge = unknown(record(tenant_a, "huge-argument", args={"body": SIXTY_K}))
 
-    record(tenant_a, f"reuse{RLO}key", args={"to": "a@example.com"})
+    record(tenant_a, "reuse-key", args={"to": "a@example.com"})
     with pytest.raises(IdempotencyConflict) as conflict:
-        record(tenant_a, f"reuse{RLO}key", args={"to": f"b{ZWSP}@example.com", "blob": "z" * 5000})
+        record(tenant_a, "reuse-key", args={"to": f"b{ZWSP}@example.com", "blob": "z" * 5000})
+    keyed_before_the_rule("reuse-key", f"reuse{RLO}key")
     reused = conflict.value.attempt
 
     # The reconciler finds nothing at the provider after the scope was narrowed.
     charge = unknown(
         record(
             tenant_a,
-            f"charge{ZWSP}:9",
+            "charge-9",
             tool_name="charge_card",
             credential_scope=["payments:charge", "payments:refund"],
             args={"amount": 7, "note": "n" * 3000},
@@ -144,6 +156,7 @@ def hostile(tenant_a: Tenant, operator_a: Any, make_user: Any) -> Hostile:
         lookup={"status": "not_found"},
     )
     assert narrowed is not None
+    keyed_before_the_rule("charge-9", f"charge{ZWSP}:9")
 
     drill = DrillRun.objects.create(tenant=tenant_a, database="postgresql", ok=False, cases_total=1, cases_failed=1)
     drill.report = {
