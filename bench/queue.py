@@ -100,9 +100,8 @@ def _prepare(ctx: Any, total: int) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
 
     from ledgerdash.ledger.events import Actor
-    from ledgerdash.ledger.models import Tenant
+    from ledgerdash.ledger.models import Membership, Tenant
     from ledgerdash.ledger.policies import policy_publish
-    from reviews.models import Membership
 
     users = get_user_model()
     operator = users.objects.create_user("bench-operator", password="bench-operator-pw")  # noqa: S106

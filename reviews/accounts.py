@@ -29,7 +29,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from ledgerdash.ledger.events import Actor, EventKind, event_record
-from reviews.models import Membership, Role
+from ledgerdash.ledger.models import Membership, Role
 
 LOCKED = EventKind.ACCOUNT_LOCKED
 UNLOCKED = EventKind.ACCOUNT_UNLOCKED

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from reviews.models import Membership
+from ledgerdash.ledger.models import Membership
 
 
 @admin.register(Membership)

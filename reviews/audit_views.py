@@ -25,12 +25,11 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
-from ledgerdash.ledger import events
+from ledgerdash.ledger import events, tenancy
 from ledgerdash.ledger.events import EventKind
-from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun
+from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun, Role
 from reviews import diffs, drills, exports, history, pdf_bounds, queries
 from reviews.forms import ListForm
-from reviews.models import Role
 from reviews.views import _actor, _attempt_for_user, _form_errors, _tenants_or_403
 
 CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "ndjson": "application/x-ndjson; charset=utf-8"}
@@ -54,7 +53,7 @@ def _export_request(request: HttpRequest, fmt: str) -> exports.ExportRequest | H
         return HttpResponseBadRequest(f"not exported: {_form_errors(form)}", content_type="text/plain")
     query = dataclasses.replace(form.list_query(), after=None, before=None)
     selected = [t for t in tenants if t.pk in query.tenant_ids]
-    operating = set(queries.tenant_ids_for(request.user, Role.OPERATOR))
+    operating = set(tenancy.tenant_ids_for(request.user, Role.OPERATOR))
     short = [t.slug for t in selected if t.pk not in operating]
     if short:
         raise PermissionDenied(f"exporting needs the operator role in {', '.join(short)}; choose a tenant")

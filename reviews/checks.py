@@ -8,8 +8,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
 
-from ledgerdash.ledger.models import Tenant
-from reviews.models import Membership, Role, roles_at_least
+from ledgerdash.ledger.models import Membership, Role, Tenant, roles_at_least
 
 
 @register(Tags.database)

@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_safe
 
+from ledgerdash.ledger import tenancy
 from ledgerdash.ledger.models import DrillRun
 from reviews import queries
 
@@ -30,10 +31,10 @@ def drill_list(request: HttpRequest) -> HttpResponse:
 def run_for_user(request: HttpRequest, pk: int) -> tuple[DrillRun, list[dict[str, Any]], set[int]]:
     """The drill run if it belongs to one of the user's tenants (else 404),
     its cases, and which of their attempts the user may open."""
-    run: DrillRun = get_object_or_404(DrillRun.objects.filter(tenant__in=queries.tenants_for(request.user)), pk=pk)
+    run: DrillRun = get_object_or_404(DrillRun.objects.filter(tenant__in=tenancy.tenants_for(request.user)), pk=pk)
     cases: list[dict[str, Any]] = run.report.get("cases", [])
     attempt_ids = {a["id"] for case in cases for a in case.get("attempts", [])}
-    visible = set(queries.attempts_for(request.user).filter(pk__in=attempt_ids).values_list("pk", flat=True))
+    visible = set(tenancy.attempts_for(request.user).filter(pk__in=attempt_ids).values_list("pk", flat=True))
     return run, cases, visible
 
 

@@ -19,11 +19,10 @@ from django.views.decorators.http import require_POST, require_safe
 
 from ledgerdash.ledger import moves
 from ledgerdash.ledger.errors import LedgerError
-from ledgerdash.ledger.models import AttemptEvent, Incident
+from ledgerdash.ledger.models import AttemptEvent, Incident, Role
+from ledgerdash.ledger.tenancy import can
 from reviews import queries
 from reviews.forms import ClaimForm, ResolveIncidentForm
-from reviews.models import Role
-from reviews.permissions import can
 from reviews.views import _actor, _form_errors, _see_other
 
 PAGE_SIZE = 50

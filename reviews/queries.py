@@ -25,32 +25,12 @@ from ledgerdash.ledger.models import (
     State,
     Tenant,
 )
-from reviews.models import Membership, Role, roles_at_least
+from ledgerdash.ledger.tenancy import tenant_ids_for, tenants_for
 
 #: The queues people work, by the slug in their URL.
 QUEUES: dict[str, State] = {"unknown": State.UNKNOWN, "review": State.MANUAL_REVIEW}
 
 PAGE_SIZE = 50
-
-
-def tenants_for(user: Any) -> QuerySet[Tenant]:
-    if not user.is_authenticated:
-        return Tenant.objects.none()
-    return Tenant.objects.filter(memberships__user=user)
-
-
-def tenant_ids_for(user: Any, role: Role | str = Role.VIEWER) -> list[int]:
-    """The tenants in which ``user`` holds at least ``role``."""
-    if not user.is_authenticated or not user.is_active:
-        return []
-    ranked = roles_at_least(role)
-    return list(
-        Membership.objects.filter(user=user, role__in=ranked).order_by("tenant_id").values_list("tenant_id", flat=True)
-    )
-
-
-def attempts_for(user: Any) -> QuerySet[Attempt]:
-    return Attempt.objects.filter(tenant__in=tenants_for(user)).select_related("tenant", "owner")
 
 
 #: Queue counts stop here: "999+" says enough, and counting a queue of tens
@@ -80,19 +60,6 @@ def incidents_for(user: Any) -> QuerySet[Incident]:
         Incident.objects.filter(tenant__in=tenants_for(user))
         .select_related("tenant", "attempt", "retry", "owner", "resolved_by")
         .order_by("status", "-opened_at", "-id")  # "open" sorts before "resolved"
-    )
-
-
-def member_names_who_can(tenant_ids: Iterable[int], role: Role | str = Role.OPERATOR) -> list[tuple[int, str]]:
-    """(user id, username) of the active members of these tenants holding at
-    least ``role``, each once, by username: the choices of an owner picker
-    (a list page draws one for every request, so no model instances)."""
-    ranked = roles_at_least(role)
-    return list(
-        Membership.objects.filter(tenant_id__in=list(tenant_ids), role__in=ranked, user__is_active=True)
-        .order_by("user__username", "user_id")
-        .values_list("user_id", "user__username")
-        .distinct()
     )
 
 

@@ -32,8 +32,8 @@ from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
-from ledgerdash.ledger.models import Tenant
-from reviews.models import ROLE_RANK, Membership, Role, SsoIdentity
+from ledgerdash.ledger.models import ROLE_RANK, Membership, Role, Tenant
+from reviews.models import SsoIdentity
 
 log = logging.getLogger(__name__)
 

@@ -26,12 +26,11 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from django_htmx.middleware import HtmxDetails
 
-from ledgerdash.ledger import moves
-from ledgerdash.ledger.authority import standing_of
+from ledgerdash.ledger import moves, rules, tenancy
 from ledgerdash.ledger.errors import ApprovalRefused, LedgerError
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import OWNED_STATES, Attempt, State, Tenant
-from ledgerdash.ledger.rules import original_standing
+from ledgerdash.ledger.models import Attempt, Role, State, Tenant
+from ledgerdash.ledger.tenancy import can
 from reviews import diffs, queries
 from reviews.forms import (
     AbandonForm,
@@ -48,8 +47,6 @@ from reviews.forms import (
     UnassignForm,
     VerifyForm,
 )
-from reviews.models import Role
-from reviews.permissions import can, may_act_as, role_in
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -69,7 +66,7 @@ def _render(request: HtmxHttpRequest, template: str, region: str, context: dict[
 
 
 def _tenants_or_403(request: HttpRequest) -> list[Tenant]:
-    tenants = list(queries.tenants_for(request.user).order_by("slug"))
+    tenants = list(tenancy.tenants_for(request.user).order_by("slug"))
     if not tenants:
         raise PermissionDenied("you are not a member of any tenant; ask an admin to add you")
     return tenants
@@ -78,7 +75,7 @@ def _tenants_or_403(request: HttpRequest) -> list[Tenant]:
 def _attempt_for_user(request: HttpRequest, pk: int) -> Attempt:
     """The attempt if it belongs to one of the user's tenants, else 404
     (whether it exists elsewhere is not the user's business)."""
-    return get_object_or_404(queries.attempts_for(request.user), pk=pk)
+    return get_object_or_404(tenancy.attempts_for(request.user), pk=pk)
 
 
 def _require(request: HttpRequest, attempt: Attempt, role: Role) -> None:
@@ -126,7 +123,7 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
     if not _partial(request):
         context["latest_drills"] = list(queries.drill_runs_for(request.user, tenant_ids=tenant_ids)[:3])
         context["chains"] = queries.chain_status(request.user, tenants=tenants)
-        context["administers"] = bool(queries.tenant_ids_for(request.user, Role.ADMIN))
+        context["administers"] = bool(tenancy.tenant_ids_for(request.user, Role.ADMIN))
     return _render(request, "reviews/home.html", "counts", context)
 
 
@@ -153,8 +150,8 @@ def attempt_list(request: HtmxHttpRequest, queue: str = "") -> HttpResponse:
     query = form.list_query()
     tenant_ids = [t.pk for t in tenants]
     page = queries.list_page(request.user, query, allowed=tenant_ids)
-    operator_tenants = set(queries.tenant_ids_for(request.user, Role.OPERATOR))
-    owners = queries.member_names_who_can(operator_tenants)
+    operator_tenants = set(tenancy.tenant_ids_for(request.user, Role.OPERATOR))
+    owners = tenancy.member_names_who_can(operator_tenants)
     context = {
         "form": form,
         "query": query,
@@ -176,73 +173,26 @@ def attempt_list(request: HtmxHttpRequest, queue: str = "") -> HttpResponse:
     return _render(request, "reviews/attempt_list.html", "results", context)
 
 
-@dataclass(frozen=True)
-class Actions:
-    """What the viewing user may do to this attempt now (the views check again)."""
-
-    operate: bool
-    approve: bool
-    claim: bool
-    unassign: bool
-    recheck: bool
-    verify: bool
-    mark_failed: bool
-    request_retry: bool
-    decide_retry: bool
-    abandon: bool
-
-
-def _awaiting_approval(attempt: Attempt) -> bool:
-    """A linked attempt under review that was never sent: only an approver
-    lets it go out (approve) or stops it (reject)."""
-    return attempt.state == State.MANUAL_REVIEW and attempt.parent_id is not None and attempt.dispatch_count == 0
-
-
-def _actions(user: Any, attempt: Attempt, children: list[Attempt]) -> Actions:
-    membership = role_in(user, attempt.tenant_id)
-    operate = membership is not None and membership.can(Role.OPERATOR)
-    approve = membership is not None and membership.can(Role.APPROVER)
-    review = attempt.state == State.MANUAL_REVIEW
-    awaiting = _awaiting_approval(attempt)
-    pending_child = any(c.state in (State.MANUAL_REVIEW, State.INTENT_RECORDED, State.DISPATCHED) for c in children)
-    sent = attempt.dispatch_count > 0
-    return Actions(
-        operate=operate,
-        approve=approve,
-        claim=operate and attempt.owner_id != user.pk,
-        unassign=operate and attempt.owner_id is not None and attempt.state not in OWNED_STATES,
-        # Something was sent: the provider can be asked (again) about it.
-        recheck=operate and sent and attempt.state in (State.UNKNOWN, State.MANUAL_REVIEW),
-        verify=operate and sent and review,
-        mark_failed=operate and review and not awaiting,
-        request_retry=operate and review and not awaiting and not pending_child,
-        decide_retry=approve and awaiting,
-        # Never sent: giving it up proves nothing happened (an approved retry included).
-        abandon=operate and attempt.state == State.INTENT_RECORDED,
-    )
-
-
 def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
     chain = queries.chain_of(attempt)
     parent = next((a for a in chain if a.pk == attempt.parent_id), None)
     children = [a for a in chain if a.parent_id == attempt.pk]
-    actions = _actions(request.user, attempt, children)
+    actions = rules.moves_for(request.user, attempt, children=children)
     approval: dict[str, Any] | None = None
-    if _awaiting_approval(attempt) and parent is not None:
+    if rules.awaiting_approval(attempt) and parent is not None:
         # What the approval's re-check would find now. It runs again, under
         # locks, when the approver decides: this is a preview, not the check.
-        denied = may_act_as(request.user, Role.APPROVER)(attempt.tenant_id)
-        standing = original_standing(parent)
+        check = rules.approval_check(attempt, parent, request.user)
         approval = {
             "original": parent,
-            "blocked": standing.blocked,
-            "risk": standing.risk,
-            "safe_because": standing.proof,
-            "changes": ([denied] if denied else []) + list(standing_of(attempt, original=parent).changes),
+            "blocked": check.standing.blocked,
+            "risk": check.standing.risk,
+            "safe_because": check.standing.proof,
+            "changes": check.authority,
             "self_requested": attempt.requested_by_id == request.user.pk,
         }
     fence = {"fence": attempt.fence}
-    owners = queries.member_names_who_can([attempt.tenant_id])
+    owners = tenancy.member_names_who_can([attempt.tenant_id])
     return {
         "attempt": attempt,
         "args_json": diffs.as_json(attempt.args),
@@ -292,7 +242,7 @@ def _after_action(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if (request.htmx.target or "").startswith("row-"):
         context = {
             "attempt": attempt,
-            "operator_tenants": set(queries.tenant_ids_for(request.user, Role.OPERATOR)),
+            "operator_tenants": set(tenancy.tenant_ids_for(request.user, Role.OPERATOR)),
             "list_url": request.htmx.current_url_abs_path or reverse("reviews:search"),
         }
         return _render(request, "reviews/attempt_list.html", "row_update", context)
@@ -341,7 +291,7 @@ def attempt_claim(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def attempt_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     attempt = _attempt_for_user(request, pk)
-    form = AssignForm(request.POST, owners=queries.member_names_who_can([attempt.tenant_id]))
+    form = AssignForm(request.POST, owners=tenancy.member_names_who_can([attempt.tenant_id]))
 
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
         owner = get_user_model().objects.get(pk=data["owner"])
@@ -418,7 +368,7 @@ def attempt_mark_failed(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
     # Failing a linked attempt that awaits approval is rejecting it: an approver's call.
     def role(attempt: Attempt) -> Role:
-        return Role.APPROVER if _awaiting_approval(attempt) else Role.OPERATOR
+        return Role.APPROVER if rules.awaiting_approval(attempt) else Role.OPERATOR
 
     return _act(request, pk, MarkFailedForm(request.POST), role, do)
 
@@ -451,7 +401,6 @@ def retry_approve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             attempt=attempt,
             actor=actor,
             comment=data["comment"],
-            may_act=may_act_as(request.user, Role.APPROVER),
             safe_because=data["safe_because"],
             fence=data["fence"],
         )
@@ -481,10 +430,10 @@ class PlanRow:
 
 
 def _bulk_plan(request: HttpRequest, ids: list[int], owner: Any, operator_tenants: set[int]) -> list[PlanRow]:
-    attempts = queries.attempts_for(request.user).in_bulk(ids)
+    attempts = tenancy.attempts_for(request.user).in_bulk(ids)
     if len(attempts) != len(ids):
         raise Http404("no such attempt")
-    owner_tenants = operator_tenants & set(queries.tenant_ids_for(owner, Role.OPERATOR))
+    owner_tenants = operator_tenants & set(tenancy.tenant_ids_for(owner, Role.OPERATOR))
     plan = []
     for pk in ids:
         attempt = attempts[pk]
@@ -505,10 +454,10 @@ def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
     """GET previews exactly which attempts an assignment will touch (and
     which it will skip, and why); POST applies that preview, all or nothing,
     refusing if any owner changed since."""
-    operator_tenants = set(queries.tenant_ids_for(request.user, Role.OPERATOR))
+    operator_tenants = set(tenancy.tenant_ids_for(request.user, Role.OPERATOR))
     if not operator_tenants:
         raise PermissionDenied("assigning work needs the operator role")
-    owners = queries.member_names_who_can(operator_tenants)
+    owners = tenancy.member_names_who_can(operator_tenants)
     form = BulkAssignForm(request.POST if request.method == "POST" else request.GET, owners=owners)
     context: dict[str, Any] = {"form": form, "plan": [], "done": False, "next": _safe_next(request)}
     if not form.is_valid():

@@ -164,7 +164,7 @@ def tenant_b(db: None, make_user: Any) -> Tenant:
 
 
 def member(make_user: Any, username: str, tenant: Tenant, role: str) -> Any:
-    from reviews.models import Membership
+    from ledgerdash.ledger.models import Membership
 
     user = make_user(username)
     Membership.objects.create(user=user, tenant=tenant, role=role)

@@ -21,10 +21,6 @@ from ledgerdash.ledger.models import Attempt, State, Tenant
 from tests.conftest import AGENT, RECONCILER, record
 
 
-def _allow_all(_tenant_id: int) -> str | None:
-    return None
-
-
 @contextmanager
 def an_hour_ago() -> Iterator[None]:
     with clock.frozen_at(timezone.now() - timedelta(hours=1)):
@@ -67,7 +63,6 @@ def attempt_in(state: str, tenant: Tenant, *, key: str = "k-1", requester: Any =
         attempt=retry,
         actor=Actor.user(approver),
         comment="verified not delivered",
-        may_act=_allow_all,
         safe_because="provider support confirmed it was never delivered",
     )
     attempt.refresh_from_db()

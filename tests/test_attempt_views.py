@@ -125,7 +125,7 @@ def test_the_approver_sees_in_advance_what_the_check_would_refuse(
     policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "send_email": []}, actor=Actor.system("t"), note="v2")
     page = as_user(approver_a).get(url("attempt", retry)).content.decode()
     assert "The approval check would refuse now" in page
-    assert "scope email:send is not allowed for send_email by policy v2 (attempt recorded under v1)" in page
+    assert "scope email:send is not allowed for send_email by policy v2 (it allows: none) (attempt recorded under v1)" in page
 
 
 # --- the action matrix: every POST view ----------------------------------------------
@@ -382,7 +382,7 @@ def test_it_refuses_approval_when_the_policy_changed_and_says_what_changed(
     page = response.content.decode()
     assert (
         "Approval refused. What changed: scope email:send is not allowed for send_email by policy v2 "
-        "(attempt recorded under v1)" in page
+        "(it allows: none) (attempt recorded under v1)" in page
     )
     # The refusal is in the ledger, and on the timeline with what changed.
     assert AttemptEvent.objects.filter(attempt=retry, kind="approval_refused").count() == 1
@@ -406,8 +406,9 @@ def test_an_approver_cannot_approve_their_own_request(tenant_a: Tenant, approver
     retry = linked_retry(tenant_a, approver_a)
     page = as_user(approver_a).get(url("attempt", retry)).content.decode()
     assert "You requested this retry" in page
+    assert "Approve retry" not in page  # the form is not offered to who asked for it
     response = as_user(approver_a).post(url("approve", retry), {"comment": "ok", "fence": retry.fence}, follow=True)
-    assert "the approver requested this retry" in response.content.decode()
+    assert "you requested this retry; another approver must decide it" in response.content.decode()
     assert Attempt.objects.get(pk=retry.pk).state == S.MANUAL_REVIEW
 
 

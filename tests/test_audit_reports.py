@@ -15,7 +15,6 @@ from ledgerdash.ledger import moves
 from ledgerdash.ledger.errors import ApprovalRefused
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun, State, Tenant
-from reviews.permissions import may_act_as
 from tests import tamper
 from tests.conftest import as_user, ledger_snapshot, record
 from tests.factories import attempt_in, linked_retry
@@ -33,13 +32,11 @@ def incident(tenant_a: Tenant, operator_a: Any, approver_a: Any) -> tuple[Attemp
             attempt=retry,
             actor=Actor.user(approver_a),
             comment="looks fine",
-            may_act=may_act_as(approver_a, "approver"),
         )
     moves.retry_approve(
         attempt=retry,
         actor=Actor.user(approver_a),
         comment="<b>customer confirmed</b>",
-        may_act=may_act_as(approver_a, "approver"),
         safe_because="the provider's support says it never arrived",
     )
     retry.refresh_from_db()

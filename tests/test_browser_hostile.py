@@ -29,10 +29,9 @@ import pytest
 from ledgerdash.ledger import moves, recording
 from ledgerdash.ledger.errors import IdempotencyConflict
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, DrillRun, Tenant
+from ledgerdash.ledger.models import Attempt, DrillRun, Membership, Tenant
 from ledgerdash.ledger.policies import policy_publish
 from reviews import audit_views
-from reviews.models import Membership
 from tests.conftest import RECONCILER, TOOLS_V1, record
 from tests.test_browser import browser, people  # noqa: F401 (fixtures)
 

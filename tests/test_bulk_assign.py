@@ -10,8 +10,7 @@ from django.urls import reverse
 from ledgerdash.ledger import moves
 from ledgerdash.ledger.errors import AttemptNotFound, OwnershipError
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
-from reviews.models import Membership
+from ledgerdash.ledger.models import Attempt, AttemptEvent, Membership, State, Tenant
 from tests.conftest import as_user, ledger_snapshot
 from tests.factories import attempt_in
 

@@ -44,8 +44,6 @@ from ledgerdash.ledger.models import (
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.providers.registry import profile_for
 from ledgerdash.ledger.reconciler import Reconciler
-from reviews.models import Role
-from reviews.permissions import may_act_as
 from tests.conftest import TOOLS_V1
 from tests.sandboxes import Sandbox
 
@@ -247,7 +245,6 @@ class LedgerMachine(RuleBasedStateMachine):
                     attempt=retry,
                     actor=Actor.user(self.approver),
                     comment="checked",
-                    may_act=may_act_as(self.approver, Role.APPROVER),
                 )
             else:
                 moves.retry_reject(attempt=retry, actor=Actor.user(self.approver), comment="no")

@@ -372,7 +372,7 @@ def test_an_abandoned_download_is_recorded_as_incomplete(
 def test_exporting_every_tenant_needs_the_operator_role_in_each(
     stuck: dict[str, Attempt], operator_a: Any, tenant_b: Tenant
 ) -> None:
-    from reviews.models import Membership
+    from ledgerdash.ledger.models import Membership
 
     Membership.objects.create(user=operator_a, tenant=tenant_b, role="viewer")
     client = as_user(operator_a)

@@ -16,10 +16,6 @@ from tests.factories import an_hour_ago
 S = State
 
 
-def allow(_tenant_id: int) -> str | None:
-    return None
-
-
 @pytest.fixture
 def duplicate(tenant_a: Tenant, operator_a: Any, approver_a: Any) -> Incident:
     """The original's request landed after its approved retry went out too."""
@@ -31,7 +27,7 @@ def duplicate(tenant_a: Tenant, operator_a: Any, approver_a: Any) -> Incident:
         attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="x", lookup={"status": "not_found"}
     )
     retry = moves.retry_request(attempt=dispatched, actor=Actor.user(operator_a), reason="resend")
-    approved = moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+    approved = moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok")
     sent = moves.attempt_dispatch(attempt=approved, actor=RECONCILER, fence=approved.fence)
     moves.attempt_confirm(attempt=sent, fence=sent.fence, actor=RECONCILER, provider_request_id="req-2")
     recording.confirm(dispatched, provider_request_id="req-1", actor=AGENT)

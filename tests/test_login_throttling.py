@@ -11,8 +11,7 @@ from django.conf import settings
 from django.test import Client
 from django.urls import reverse
 
-from ledgerdash.ledger.models import AttemptEvent, Tenant
-from reviews.models import Membership
+from ledgerdash.ledger.models import AttemptEvent, Membership, Tenant
 from tests.conftest import as_user, member
 
 LOGIN = "/login/"

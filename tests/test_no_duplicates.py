@@ -44,10 +44,6 @@ from tests.sandboxes import Sandbox, unique_key
 S = State
 
 
-def allow(_tenant_id: int) -> str | None:
-    return None
-
-
 # --- 1. a caller's transaction --------------------------------------------------------------
 
 
@@ -242,14 +238,13 @@ def test_approving_a_retry_over_an_early_not_found_needs_a_reason(
     assert escalated.last_lookup_at < escalated.lands_by
     retry = moves.retry_request(attempt=original, actor=Actor.user(operator_a), reason="resend")
     with clock.frozen_at(escalated.lands_by + timedelta(seconds=1)), pytest.raises(ApprovalRefused) as caught:
-        moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+        moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok")
     assert "was made before its request could no longer land" in str(caught.value)
     with clock.frozen_at(escalated.lands_by + timedelta(seconds=1)):
         approved = moves.retry_approve(
             attempt=retry,
             actor=Actor.user(approver_a),
             comment="ok",
-            may_act=allow,
             safe_because="the provider's dashboard shows no charge an hour later",
         )
     assert approved.state == S.INTENT_RECORDED
@@ -270,7 +265,7 @@ def test_a_retry_cannot_be_approved_while_the_original_request_may_still_land(
     recording.heartbeat(unknown, fence=unknown.dispatch_fence, actor=AGENT)
     retry = moves.retry_request(attempt=unknown, actor=Actor.user(operator_a), reason="resend")
     with pytest.raises(ApprovalRefused, match="may still land at the provider until"):
-        moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+        moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok")
 
 
 def _retry_went_out(tenant: Tenant, operator: Any, approver: Any) -> tuple[Attempt, Attempt]:
@@ -285,7 +280,7 @@ def _retry_went_out(tenant: Tenant, operator: Any, approver: Any) -> tuple[Attem
         attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="x", lookup={"status": "not_found"}
     )
     retry = moves.retry_request(attempt=dispatched, actor=Actor.user(operator), reason="resend")
-    approved = moves.retry_approve(attempt=retry, actor=Actor.user(approver), comment="ok", may_act=allow)
+    approved = moves.retry_approve(attempt=retry, actor=Actor.user(approver), comment="ok")
     sent = moves.attempt_dispatch(attempt=approved, actor=RECONCILER, fence=approved.fence)
     moves.attempt_confirm(attempt=sent, fence=sent.fence, actor=RECONCILER, provider_request_id="req-retry")
     return dispatched, Attempt.objects.get(pk=retry.pk)
@@ -340,12 +335,11 @@ def test_an_original_marked_failed_by_a_person_still_needs_a_reason_to_approve_i
     )
     assert failed.failed_because == FailedBecause.PERSON
     with pytest.raises(ApprovalRefused, match="marked failed by a person, not by the provider"):
-        moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+        moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok")
     approved = moves.retry_approve(
         attempt=retry,
         actor=Actor.user(approver_a),
         comment="ok",
-        may_act=allow,
         safe_because="the provider's support confirmed in writing that it never arrived",
     )
     assert approved.state == S.INTENT_RECORDED
@@ -361,7 +355,7 @@ def test_an_original_the_provider_refused_needs_no_reason(tenant_a: Tenant, oper
     # The original dispatcher finally hears back: the provider refused it.
     failed = recording.fail(dispatched, reason="card declined", actor=AGENT)
     assert (failed.state, failed.failed_because) == (S.FAILED, FailedBecause.PROVIDER)
-    approved = moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+    approved = moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok")
     assert approved.state == S.INTENT_RECORDED
 
 
@@ -378,7 +372,7 @@ def test_an_agent_abandons_a_never_sent_intent_and_its_reworded_retry_can_be_app
         record(tenant_a, "k-reworded", args={"to": "a@example.com", "note": "please"})
     linked = caught.value.attempt
     with pytest.raises(ApprovalRefused, match="may yet be sent"):
-        moves.retry_approve(attempt=linked, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+        moves.retry_approve(attempt=linked, actor=Actor.user(approver_a), comment="ok")
     abandoned = recording.abandon(original, reason="re-ran with reworded arguments", actor=AGENT)
     assert (abandoned.state, abandoned.failed_because) == (S.FAILED, FailedBecause.ABANDONED)
     event = AttemptEvent.objects.filter(attempt=original).order_by("seq").last()
@@ -388,7 +382,7 @@ def test_an_agent_abandons_a_never_sent_intent_and_its_reworded_retry_can_be_app
         S.FAILED,
         "re-ran with reworded arguments",
     )
-    approved = moves.retry_approve(attempt=linked, actor=Actor.user(approver_a), comment="ok", may_act=allow)
+    approved = moves.retry_approve(attempt=linked, actor=Actor.user(approver_a), comment="ok")
     assert approved.state == S.INTENT_RECORDED
 
 

@@ -23,9 +23,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from ledgerdash.ledger.models import State, Tenant
+from ledgerdash.ledger import tenancy
+from ledgerdash.ledger.models import Membership, State, Tenant
 from reviews import queries
-from reviews.models import Membership
 from reviews.queries import Cursor, ListQuery
 from tests.database_roles import admin_connect
 
@@ -163,7 +163,7 @@ LISTS = [
 def test_every_list_read_is_an_index_scan_of_a_page_not_of_the_tenant(big_ledger: Any) -> None:
     # One test, because filling the ledger is most of its time.
     user = big_ledger
-    tenant_ids = tuple(queries.tenant_ids_for(user))
+    tenant_ids = tuple(tenancy.tenant_ids_for(user))
     problems: list[str] = []
     for title, fields in LISTS:
         first = ListQuery(tenant_ids=tenant_ids, **fields)

@@ -181,7 +181,7 @@ def _walk(user: Any, query: ListQuery) -> list[int]:
 @pytest.fixture
 def many(tenant_a: Tenant, tenant_b: Tenant, admin_a: Any) -> list[Attempt]:
     """Seven UNKNOWN attempts across two tenants, some sharing a timestamp."""
-    from reviews.models import Membership
+    from ledgerdash.ledger.models import Membership
 
     Membership.objects.create(user=admin_a, tenant=tenant_b, role="admin")
     made = []

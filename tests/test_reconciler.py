@@ -332,8 +332,6 @@ def test_an_intent_nobody_dispatched_is_abandoned_after_its_lease(tenant_a: Tena
 def test_an_approved_retry_is_dispatched_by_the_reconciler(
     tenant_a: Tenant, sandbox: Sandbox, operator_a: Any, approver_a: Any
 ) -> None:
-    from reviews.models import Role
-    from reviews.permissions import may_act_as
 
     attempt = dispatched_never_sent(tenant_a, tool="charge_card")
     make_due(attempt)
@@ -343,7 +341,6 @@ def test_an_approved_retry_is_dispatched_by_the_reconciler(
         attempt=retry,
         actor=Actor.user(approver_a),
         comment="lookup says not found",
-        may_act=may_act_as(approver_a, Role.APPROVER),
     )
     reconcile()
     retry.refresh_from_db()

@@ -16,8 +16,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from ledgerdash.ledger.models import Tenant
-from reviews.models import Membership, SsoIdentity
+from ledgerdash.ledger.models import Membership, Tenant
+from reviews.models import SsoIdentity
 from tests.live import PYTHON, free_port, running
 
 CLIENT_ID = "ledgerdash-tests"

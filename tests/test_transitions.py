@@ -566,3 +566,23 @@ def test_a_stale_compare_and_set_writes_neither_change_nor_event(tenant_a: Any) 
         recording.mark_dispatched(stale, actor=AGENT)
     assert ledger_snapshot() == before
     _assert_chain_intact(tenant_a)
+
+
+@pytest.mark.postgres
+def test_the_suite_runs_the_moves_as_production_runs_them(tenant_a: Any) -> None:
+    """On PostgreSQL a change and its event are one statement outside any
+    transaction; the test case's own wrapping transaction does not turn
+    that path off, so every move above is tested on it."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    attempt = record(tenant_a)
+    with CaptureQueriesContext(connection) as captured:
+        recording.mark_dispatched(attempt, actor=AGENT)
+    statements = [q["sql"] for q in captured.captured_queries if "ledger_attemptevent" in q["sql"]]
+    assert len(statements) == 1
+    assert statements[0].lstrip().startswith("WITH changed AS")
+    # Inside a caller's transaction the ledger's own path takes over instead.
+    with transaction.atomic(), CaptureQueriesContext(connection) as inside:
+        moves.attempt_comment(attempt=attempt, actor=AGENT, text="seen")
+    assert not any(q["sql"].lstrip().startswith("WITH changed AS") for q in inside.captured_queries)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 
+from ledgerdash.ledger.errors import LedgerError, NoPolicy, ScopeNotAllowed, TenantInactive, ToolNotAllowed
 from ledgerdash.ledger.models import Attempt, Policy, Tenant, Tool
 
 
@@ -121,28 +122,44 @@ def dispatch_standing(attempt: Attempt, *, original: Attempt | None = None) -> t
     return _compare(attempt, now.tenant, now.policy, original), now.timing
 
 
+def authorize(
+    tenant: Tenant, policy: Policy | None, tool_name: str, scopes: frozenset[str] | None = None
+) -> frozenset[str]:
+    """The one authority check: the scopes a call of ``tool_name`` in
+    ``tenant`` may use under ``policy`` (``scopes``: those asked for, which
+    must be within them; None: all it allows). Raises the named error that
+    says what does not hold: the tenant is inactive, has no policy, the tool
+    is not allowed, or a scope is not."""
+    if not tenant.is_active:
+        raise TenantInactive(TenantInactive.MESSAGE.format(tenant=tenant.slug))
+    if policy is None:
+        raise NoPolicy(NoPolicy.MESSAGE.format(tenant=tenant.slug))
+    allowed = policy.scopes_for(tool_name)
+    if allowed is None:
+        raise ToolNotAllowed(ToolNotAllowed.MESSAGE.format(tool=tool_name, version=policy.version, tenant=tenant.slug))
+    wanted = allowed if scopes is None else scopes
+    if not wanted <= allowed:
+        raise ScopeNotAllowed(
+            ScopeNotAllowed.MESSAGE.format(
+                scopes=scope_string(wanted - allowed),
+                tool=tool_name,
+                version=policy.version,
+                allowed=scope_string(allowed) or "none",
+            )
+        )
+    return wanted
+
+
 def _compare(attempt: Attempt, tenant: Tenant, policy: Policy | None, original: Attempt | None) -> Standing:
     changes: list[str] = []
-    if not tenant.is_active:
-        changes.append(f"tenant {tenant.slug} is no longer active")
     if original is not None and original.tenant_id != attempt.tenant_id:
         changes.append(f"tenant differs from the original attempt's (tenant {original.tenant_id})")
-    if policy is None:
-        changes.append(f"tenant {tenant.slug} has no policy any more")
-        return Standing(tuple(changes), None)
-    allowed = policy.scopes_for(attempt.tool_name)
-    if allowed is None:
-        changes.append(
-            f"tool {attempt.tool_name} is not allowed by policy v{policy.version} "
-            f"(attempt recorded under v{attempt.policy_version})"
-        )
-    else:
-        extra = attempt.scopes - allowed
-        if extra:
-            changes.append(
-                f"scope {scope_string(extra)} is not allowed for {attempt.tool_name} by policy v{policy.version} "
-                f"(attempt recorded under v{attempt.policy_version})"
-            )
+    try:
+        authorize(tenant, policy, attempt.tool_name, attempt.scopes)
+    except TenantInactive as exc:
+        changes.append(str(exc))
+    except LedgerError as exc:
+        changes.append(f"{exc} (attempt recorded under v{attempt.policy_version})")
     if original is not None:
         wider = attempt.scopes - original.scopes
         if wider:

@@ -86,7 +86,7 @@ class UnknownTenant(LedgerError):
 
 class TenantInactive(LedgerError):
     code = "tenant_inactive"
-    MESSAGE = "tenant {tenant!r} is not active"
+    MESSAGE = "tenant {tenant} is not active"
 
 
 class NoPolicy(LedgerError):
@@ -96,12 +96,12 @@ class NoPolicy(LedgerError):
 
 class ToolNotAllowed(LedgerError):
     code = "tool_not_allowed"
-    MESSAGE = "tool {tool!r} is not allowed by policy v{version} of tenant {tenant!r}"
+    MESSAGE = "tool {tool} is not allowed by policy v{version} of tenant {tenant}"
 
 
 class ScopeNotAllowed(LedgerError):
     code = "scope_not_allowed"
-    MESSAGE = "scope {scopes} is not allowed for tool {tool!r} by policy v{version} (allowed: {allowed})"
+    MESSAGE = "scope {scopes} is not allowed for {tool} by policy v{version} (it allows: {allowed})"
 
 
 # --- API tokens: who is calling ----------------------------------------------

@@ -78,6 +78,49 @@ class Tenant(models.Model):
         return self.slug
 
 
+class Role(models.TextChoices):
+    """What a member of a tenant may do there. Each role can do what the ones before it can."""
+
+    VIEWER = "viewer", "viewer"
+    OPERATOR = "operator", "operator"
+    APPROVER = "approver", "approver"
+    ADMIN = "admin", "admin"
+
+
+#: Each role can do what the roles before it can.
+ROLE_RANK = {Role.VIEWER: 0, Role.OPERATOR: 1, Role.APPROVER: 2, Role.ADMIN: 3}
+
+
+def roles_at_least(role: Role | str) -> list[Role]:
+    """``role`` and every role above it."""
+    return [r for r in Role if ROLE_RANK[r] >= ROLE_RANK[Role(role)]]
+
+
+class Membership(models.Model):
+    """A person's role in a tenant: who may see and decide what there
+    (:mod:`ledgerdash.ledger.tenancy` answers the questions)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        # The table the dashboard created before memberships moved into the ledger.
+        db_table = "reviews_membership"
+        ordering = ["tenant", "user"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="reviews_membership_unique"),
+            models.CheckConstraint(condition=Q(role__in=Role.values), name="reviews_membership_role_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.role} of {self.tenant}"
+
+    def can(self, role: Role | str) -> bool:
+        return ROLE_RANK[Role(self.role)] >= ROLE_RANK[Role(role)]
+
+
 class Policy(models.Model):
     """One version of what a tenant's agents may do. Versions are never edited:
     a change is a new row with the next version number, so every attempt can

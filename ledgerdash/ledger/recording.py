@@ -47,7 +47,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 
 from ledgerdash import toolcalls
 from ledgerdash.ledger import keys, moves
-from ledgerdash.ledger.authority import authority_of, scope_string
+from ledgerdash.ledger.authority import authority_of, authorize
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
     AttemptBlocked,
@@ -60,15 +60,12 @@ from ledgerdash.ledger.errors import (
     InvalidKey,
     LedgerError,
     LedgerUnavailable,
-    NoPolicy,
     NothingHappened,
     OutcomeUnknown,
     PermanentFailure,
     ResultUnavailable,
     RetryPending,
-    ScopeNotAllowed,
     TenantInactive,
-    ToolNotAllowed,
     UnderReview,
     UnknownTenant,
 )
@@ -177,7 +174,7 @@ def resolve_tenant(tenant: Tenant | str | int) -> Tenant:
         except (Tenant.DoesNotExist, ValueError):
             raise UnknownTenant(UnknownTenant.MESSAGE.format(tenant=tenant)) from None
     if not found.is_active:
-        raise TenantInactive(TenantInactive.MESSAGE.format(tenant=found.slug))
+        raise TenantInactive(TenantInactive.MESSAGE.format(tenant=found.slug))  # before any policy is read
     return found
 
 
@@ -225,21 +222,8 @@ def record_intent(
     normalized, args_hash = normalize_args(args)
     found = resolve_tenant(tenant)
     policy = authority_of(found.pk, tool_name).policy
-    if policy is None:
-        raise NoPolicy(NoPolicy.MESSAGE.format(tenant=found.slug))
-    allowed = policy.scopes_for(tool_name)
-    if allowed is None:
-        raise ToolNotAllowed(ToolNotAllowed.MESSAGE.format(tool=tool_name, version=policy.version, tenant=found.slug))
-    scopes = allowed if requested is None else requested
-    if not scopes <= allowed:
-        raise ScopeNotAllowed(
-            ScopeNotAllowed.MESSAGE.format(
-                scopes=scope_string(scopes - allowed),
-                tool=tool_name,
-                version=policy.version,
-                allowed=scope_string(allowed) or "none",
-            )
-        )
+    scopes = authorize(found, policy, tool_name, requested)
+    assert policy is not None  # authorize refuses a tenant without one
     new = NewAttempt(
         tenant_id=found.pk,
         task_id=task_id,

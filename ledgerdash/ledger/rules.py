@@ -6,14 +6,19 @@ re-derives the answer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from ledgerdash.ledger import clock
+from ledgerdash.ledger import clock, tenancy
+from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.models import (
     IN_FLIGHT_STATES,
+    OWNED_STATES,
     Attempt,
     FailedBecause,
+    Role,
     State,
 )
 
@@ -84,4 +89,146 @@ def original_standing(original: Attempt, *, now: datetime | None = None) -> Orig
     said = original.last_lookup.replace("_", " ") if original.last_lookup else "no lookup yet"
     return OriginalStanding(
         risk=f"the provider has not said the original #{original.pk} did not happen (last lookup: {said})"
+    )
+
+
+def awaiting_approval(attempt: Attempt) -> bool:
+    """A linked attempt under review that was never sent: only an approver
+    lets it go out (approve) or stops it (reject); there is nothing at the
+    provider to look up or verify."""
+    return attempt.state == S.MANUAL_REVIEW and attempt.parent_id is not None and attempt.dispatch_count == 0
+
+
+@dataclass(frozen=True)
+class ApprovalCheck:
+    """What the approval of a linked retry would find now: ``authority``
+    (who approves, and under which policy: what no longer holds, in words)
+    and the original's ``standing``."""
+
+    authority: tuple[str, ...]
+    standing: OriginalStanding
+    policy_version_now: int | None
+
+    def refusals(self, *, safe_because: str = "") -> list[str]:
+        """Why the approval would be refused, given the approver's reason
+        (if any) why approving over a risky original is safe."""
+        refusals = list(self.authority)
+        if self.standing.blocked:
+            refusals.append(self.standing.blocked)
+        elif self.standing.risk and not safe_because.strip():
+            refusals.append(f"{self.standing.risk}; record why it is safe to approve anyway")
+        return refusals
+
+
+def approval_check(retry: Attempt, original: Attempt, approver: Any) -> ApprovalCheck:
+    """Everything approving ``retry`` re-checks: the approver holds the
+    approver role in the tenant and did not ask for the retry themselves;
+    the retry is still authorized by the current policy, never wider than
+    its original nor in another tenant; and the original cannot have
+    happened by the provider's word (or the approver says why approving is
+    safe anyway; an original that may yet be sent blocks whatever the
+    reason). The move asks it again under row locks; the dashboard shows it
+    beforehand."""
+    authority: list[str] = []
+    if approver is not None and approver.pk == retry.requested_by_id:
+        authority.append("you requested this retry; another approver must decide it")
+    else:
+        denied = tenancy.refusal(approver, retry.tenant_id, Role.APPROVER)
+        if denied:
+            authority.append(denied)
+    standing_now = standing_of(retry, original=original)
+    authority.extend(standing_now.changes)
+    return ApprovalCheck(
+        tuple(authority),
+        original_standing(original),
+        standing_now.policy.version if standing_now.policy else None,
+    )
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """Whether a person may make one move now; ``why_not`` says why not."""
+
+    ok: bool
+    why_not: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _allowed(ok: bool, why_not: str) -> Allowed:
+    return Allowed(True) if ok else Allowed(False, why_not)
+
+
+@dataclass(frozen=True)
+class PeoplesMoves:
+    """What a person may do to an attempt now, each with the reason when not.
+    The moves check again when the person decides."""
+
+    read: Allowed
+    claim: Allowed
+    assign: Allowed
+    unassign: Allowed
+    comment: Allowed
+    recheck: Allowed
+    verify: Allowed
+    mark_failed: Allowed
+    request_retry: Allowed
+    decide_retry: Allowed
+    abandon: Allowed
+
+    @property
+    def operate(self) -> bool:
+        return bool(self.comment)
+
+
+def moves_for(user: Any, attempt: Attempt, *, children: Sequence[Attempt] = ()) -> PeoplesMoves:
+    """The moves ``user`` may make on ``attempt`` now (``children``: its linked
+    retries, when the caller has read them)."""
+    membership = tenancy.role_in(user, attempt.tenant_id)
+    operate = membership is not None and membership.can(Role.OPERATOR)
+    approve = membership is not None and membership.can(Role.APPROVER)
+    role = "this needs the operator role in the tenant"
+    review = attempt.state == S.MANUAL_REVIEW
+    awaiting = awaiting_approval(attempt)
+    sent = attempt.dispatch_count > 0
+    pending = next((c for c in children if c.state in (S.MANUAL_REVIEW, S.INTENT_RECORDED, S.DISPATCHED)), None)
+    never_sent = f"#{attempt.pk} was never sent: nothing at the provider to ask about"
+
+    def operator_and(ok: bool, why_not: str) -> Allowed:
+        return _allowed(operate and ok, role if not operate else why_not)
+
+    if awaiting and approve and user is not None and user.pk == attempt.requested_by_id:
+        decide = Allowed(False, "you requested this retry; another approver must decide it")
+    else:
+        decide = _allowed(
+            approve and awaiting,
+            "this needs the approver role in the tenant" if not approve else "only a linked retry awaiting approval",
+        )
+    return PeoplesMoves(
+        read=_allowed(membership is not None, "you are not a member of this tenant"),
+        claim=operator_and(attempt.owner_id != getattr(user, "pk", None), "you own it already"),
+        assign=operator_and(True, ""),
+        unassign=operator_and(
+            attempt.owner_id is not None and attempt.state not in OWNED_STATES,
+            f"{attempt.state} work must keep an owner" if attempt.owner_id else "nobody owns it",
+        ),
+        comment=operator_and(True, ""),
+        recheck=operator_and(
+            sent and attempt.state in (S.UNKNOWN, S.MANUAL_REVIEW),
+            never_sent if not sent else "only UNKNOWN or MANUAL_REVIEW work is looked up again",
+        ),
+        verify=operator_and(sent and review, never_sent if not sent else "only work under review is verified"),
+        mark_failed=operator_and(
+            review and not awaiting,
+            "a linked retry awaiting approval is rejected by an approver" if awaiting else "only work under review",
+        ),
+        request_retry=operator_and(
+            review and not awaiting and pending is None,
+            f"linked retry #{pending.pk} is pending already"
+            if pending is not None
+            else "only work under review can be retried",
+        ),
+        decide_retry=decide,
+        abandon=operator_and(attempt.state == S.INTENT_RECORDED, "only an intent that was never sent"),
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Case, F, Value, When
@@ -23,16 +23,13 @@ from ledgerdash.ledger.errors import (
     RetryPending,
     StaleFence,
 )
+from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
 from ledgerdash.ledger.models import (
     ActorKind,
     Attempt,
     FailedBecause,
     ResultSource,
 )
-
-if TYPE_CHECKING:
-    pass
-from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
 from ledgerdash.ledger.moves.base import (
     S,
     backoff,

@@ -9,7 +9,7 @@ else writes ``Attempt.state``.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -22,6 +22,17 @@ from ledgerdash.ledger.errors import (
     InvalidField,
     StaleFence,
 )
+from ledgerdash.ledger.events import (
+    Actor,
+    EventDraft,
+    EventKind,
+    append_events,
+    cas_with_event,
+    clean_text,
+    on_its_own,
+    one_statement,
+    outside_any_transaction,
+)
 from ledgerdash.ledger.models import (
     IN_FLIGHT_STATES,
     OWNED_STATES,
@@ -31,18 +42,6 @@ from ledgerdash.ledger.models import (
     OnCallShift,
     State,
     Tenant,
-)
-
-if TYPE_CHECKING:
-    pass
-from ledgerdash.ledger.events import (
-    Actor,
-    EventDraft,
-    EventKind,
-    append_events,
-    cas_with_event,
-    clean_text,
-    one_statement,
 )
 
 S = State
@@ -100,17 +99,8 @@ def refuse_open_transaction(what: str) -> None:
     committed before the tool runs. Inside a caller's ``atomic()`` block they
     would be a savepoint: recovery could not see them while the tool runs,
     and the caller's rollback would erase them although the provider acted.
-    ``atomic(durable=True)`` is Django's test for "no transaction is open"
-    (it tolerates only the test case's own wrapping transaction).
     """
-    connection = transaction.get_connection()
-    if connection.in_atomic_block:
-        try:
-            with transaction.atomic(durable=True):
-                pass
-        except RuntimeError:
-            raise InsideTransaction(InsideTransaction.MESSAGE.format(what=what)) from None
-    elif not connection.get_autocommit():
+    if not outside_any_transaction():
         raise InsideTransaction(InsideTransaction.MESSAGE.format(what=what))
 
 
@@ -196,7 +186,9 @@ def move(
     )
     if one_statement() and not extra_events:
         try:
-            if not cas_with_event(attempt, values, event, now):
+            with on_its_own():
+                written = cas_with_event(attempt, values, event, now)
+            if not written:
                 raise_stale(attempt, stale_error)
             return moved(attempt, values)
         except IntegrityError:

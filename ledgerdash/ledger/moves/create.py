@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -15,14 +15,6 @@ from ledgerdash.ledger.authority import scope_string
 from ledgerdash.ledger.errors import (
     IllegalTransition,
 )
-from ledgerdash.ledger.models import (
-    Attempt,
-    ChainHead,
-    Policy,
-)
-
-if TYPE_CHECKING:
-    pass
 from ledgerdash.ledger.events import (
     Actor,
     EventDraft,
@@ -30,7 +22,13 @@ from ledgerdash.ledger.events import (
     append_events,
     clean_text,
     insert_with_event,
+    on_its_own,
     one_statement,
+)
+from ledgerdash.ledger.models import (
+    Attempt,
+    ChainHead,
+    Policy,
 )
 from ledgerdash.ledger.moves.base import CREATE_MOVES, S, pick_owner, refuse_open_transaction
 
@@ -102,7 +100,9 @@ def attempt_create_intent(*, new: NewAttempt, actor: Actor) -> Attempt | None:
     )
     if one_statement():
         try:
-            return attempt if insert_with_event(attempt, event, now) else None
+            with on_its_own():
+                inserted = insert_with_event(attempt, event, now)
+            return attempt if inserted else None
         except IntegrityError:
             if ChainHead.objects.filter(tenant_id=new.tenant_id).exists():
                 raise

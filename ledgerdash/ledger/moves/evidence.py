@@ -7,20 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import models, transaction
 
 from ledgerdash.ledger import clock
+from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
 from ledgerdash.ledger.models import (
     Attempt,
     FailedBecause,
     Incident,
 )
-
-if TYPE_CHECKING:
-    pass
-from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
 from ledgerdash.ledger.moves.base import S, get_attempt, move, pick_owner
 
 

@@ -7,13 +7,14 @@ the attempt's, and records who decided and why.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from ledgerdash.ledger import clock
-from ledgerdash.ledger.authority import current_policy, standing_of
+from ledgerdash.ledger.authority import current_policy
 from ledgerdash.ledger.errors import (
     ApprovalRefused,
     AttemptNotFound,
@@ -45,7 +46,7 @@ from ledgerdash.ledger.moves.base import (
     validate_ref,
 )
 from ledgerdash.ledger.moves.create import create_retry_under
-from ledgerdash.ledger.rules import original_standing
+from ledgerdash.ledger.rules import approval_check
 
 
 def attempt_assign(
@@ -238,21 +239,17 @@ def retry_approve(
     attempt: Attempt,
     actor: Actor,
     comment: str,
-    may_act: Callable[[int], str | None],
     safe_because: str = "",
     fence: int | None = None,
 ) -> Attempt:
     """Approve a linked retry: MANUAL_REVIEW -> INTENT_RECORDED, and its
     original (if under review) -> RECONCILED, superseded by it.
 
-    Re-checks under row locks, in this transaction: the tenant is the
-    original's and active, the retry is still authorized by the current
-    policy (its tool allowed, its scope within what the tool may use), the
-    scope is not wider than the original's, the approver may act for the
-    tenant (``may_act`` returns a reason when not), the approver did not
-    request it, and the original cannot have happened by the provider's
-    word (:func:`original_standing`; otherwise ``safe_because`` must say why
-    it is safe). A refusal is recorded as an event and raised as
+    Re-checks under row locks, in this transaction, everything
+    :func:`~ledgerdash.ledger.rules.approval_check` asks (the approver's
+    role now, four eyes, the current policy, never wider, and the original's
+    standing by the provider's word unless ``safe_because`` says why it is
+    safe). A refusal is recorded as an event and raised as
     :class:`ApprovalRefused`. A decision is single-use: a second approval
     finds it decided.
     """
@@ -267,25 +264,18 @@ def retry_approve(
         original = get_attempt(peek.parent_id, lock=True)
         retry = locked_for_decision(attempt_id, fence)
         check_move(retry, S.INTENT_RECORDED, actor)
-        changes: list[str] = []
-        if actor.user_id is not None and actor.user_id == retry.requested_by_id:
-            refusal = SelfApproval(SelfApproval.MESSAGE.format(user=actor.label), ["approver requested it"])
-            changes = ["the approver requested this retry"]
-        else:
-            denied = may_act(retry.tenant_id)
-            if denied:
-                changes.append(denied)
-            authority = standing_of(retry, original=original)
-            changes.extend(authority.changes)
-            standing = original_standing(original)
-            if standing.blocked:
-                changes.append(standing.blocked)
-            elif standing.risk and not safe_because.strip():
-                changes.append(f"{standing.risk}; record why it is safe to approve anyway")
-            if changes:
-                refusal = ApprovalRefused(
-                    ApprovalRefused.MESSAGE.format(attempt_id=attempt_id, changes="; ".join(changes)), changes
-                )
+        approver = get_user_model().objects.filter(pk=actor.user_id).first() if actor.user_id else None
+        check = approval_check(retry, original, approver)
+        standing = check.standing
+        changes = check.refusals(safe_because=safe_because)
+        if changes:
+            error = SelfApproval if approver is not None and approver.pk == retry.requested_by_id else ApprovalRefused
+            message = (
+                SelfApproval.MESSAGE.format(user=actor.label)
+                if error is SelfApproval
+                else ApprovalRefused.MESSAGE.format(attempt_id=attempt_id, changes="; ".join(changes))
+            )
+            refusal = error(message, changes)
         if refusal is not None:
             append_events(
                 [
@@ -309,7 +299,7 @@ def retry_approve(
                 "original_last_lookup": original.last_lookup,
                 "original_standing": {"proof": standing.proof, "risk": standing.risk},
                 "policy_version": retry.policy_version,
-                "policy_version_now": authority.policy.version if authority.policy else None,
+                "policy_version_now": check.policy_version_now,
             }
             if safe_because.strip():
                 details["safe_because"] = safe_because.strip()

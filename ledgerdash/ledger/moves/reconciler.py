@@ -8,29 +8,27 @@ worker, a late report, an operator) makes the decision fail as stale.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
 from ledgerdash.ledger import clock
-from ledgerdash.ledger.authority import current_policy
+from ledgerdash.ledger.authority import authority_of, authorize
 from ledgerdash.ledger.errors import (
+    LedgerError,
     StaleFence,
 )
+from ledgerdash.ledger.events import Actor, clean_text
 from ledgerdash.ledger.models import (
     IN_FLIGHT_STATES,
     Attempt,
     FailedBecause,
-    Tenant,
 )
-
-if TYPE_CHECKING:
-    pass
-from ledgerdash.ledger.events import Actor, clean_text
 from ledgerdash.ledger.moves.base import S, backoff, move, only_from
 from ledgerdash.ledger.moves.create import create_retry_under
 
@@ -201,9 +199,11 @@ def attempt_escalate_for_retry(
     Returns ``(original, linked)``; ``linked`` is None when nothing could
     be authorized now (the tool is no longer allowed, the tenant is gone).
     """
-    policy = current_policy(attempt.tenant_id)
-    tenant_active = Tenant.objects.filter(pk=attempt.tenant_id, is_active=True).exists()
-    allowed = policy.scopes_for(attempt.tool_name) if policy is not None else None
+    now = authority_of(attempt.tenant_id, attempt.tool_name)
+    policy, allowed = now.policy, None
+    if now.tenant is not None:
+        with contextlib.suppress(LedgerError):
+            allowed = authorize(now.tenant, policy, attempt.tool_name)
     summary = "; ".join(changes)
     needed = (
         "not sent: the authority changed since the intent was recorded"
@@ -211,7 +211,7 @@ def attempt_escalate_for_retry(
         else "retry needed but authority changed"
     )
     with transaction.atomic():
-        if policy is None or allowed is None or not tenant_active:
+        if policy is None or allowed is None:
             original = attempt_escalate(
                 attempt=attempt,
                 actor=actor,

@@ -24,8 +24,7 @@ from ledgerdash.ledger import moves
 from ledgerdash.ledger.drill.runner import NON_IDEMPOTENT_TOOL, Drill, fixed_plan, leave_unknown, random_plan
 from ledgerdash.ledger.errors import LedgerError
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, State, Tenant
-from reviews.models import Membership
+from ledgerdash.ledger.models import Attempt, Membership, State, Tenant
 
 PASSWORD = "ledgerdash-demo"  # noqa: S105 - published on purpose: demo users only, refused with DEBUG off
 PEOPLE = [

@@ -1,0 +1,98 @@
+"""Who may see and do what, in which tenant: the one place both the dashboard
+and the API ask.
+
+People are members of tenants with a role (:class:`~ledgerdash.ledger.models.Role`:
+viewer < operator < approver < admin, each able to do what the ones before it
+can); agents hold API tokens of one tenant (:mod:`ledgerdash.ledger.tokens`).
+Everything a person may read is scoped here (:func:`tenants_for`,
+:func:`attempts_for`); whether they may act is :func:`refusal`, which the
+ledger's moves ask again inside their own transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db.models import QuerySet
+
+from ledgerdash.ledger.models import Attempt, Membership, Role, Tenant, roles_at_least
+
+__all__ = [
+    "Role",
+    "attempts_for",
+    "can",
+    "member_names_who_can",
+    "refusal",
+    "role_in",
+    "tenant_ids_for",
+    "tenants_for",
+]
+
+
+def _active(user: Any) -> bool:
+    return bool(user is not None and user.is_authenticated and user.is_active)
+
+
+def role_in(user: Any, tenant_id: int) -> Membership | None:
+    """``user``'s membership of the tenant, or None (also for inactive or anonymous users)."""
+    if not _active(user):
+        return None
+    return Membership.objects.filter(user=user, tenant_id=tenant_id).first()
+
+
+def can(user: Any, tenant_id: int, role: Role | str) -> bool:
+    membership = role_in(user, tenant_id)
+    return membership is not None and membership.can(role)
+
+
+def _with_article(role: str) -> str:
+    return f"an {role}" if role[:1] in "aeiou" else f"a {role}"
+
+
+def refusal(user: Any, tenant_id: int, role: Role | str) -> str | None:
+    """Why ``user`` may not act as ``role`` in the tenant now, in words; None when they may."""
+    if not _active(user):
+        return "this account is not active"
+    membership = role_in(user, tenant_id)
+    name = user.get_username()
+    if membership is None:
+        return f"{name} is not a member of the tenant"
+    if not membership.can(role):
+        return f"{name} is {_with_article(membership.role)} of the tenant and needs to be {_with_article(str(role))}"
+    return None
+
+
+def tenants_for(user: Any) -> QuerySet[Tenant]:
+    """The tenants ``user`` is a member of (with any role)."""
+    if not _active(user):
+        return Tenant.objects.none()
+    return Tenant.objects.filter(memberships__user=user)
+
+
+def tenant_ids_for(user: Any, role: Role | str = Role.VIEWER) -> list[int]:
+    """The tenants in which ``user`` holds at least ``role``."""
+    if not _active(user):
+        return []
+    return list(
+        Membership.objects.filter(user=user, role__in=roles_at_least(role))
+        .order_by("tenant_id")
+        .values_list("tenant_id", flat=True)
+    )
+
+
+def attempts_for(user: Any) -> QuerySet[Attempt]:
+    """Every attempt ``user`` may read: their tenants', nobody else's."""
+    return Attempt.objects.filter(tenant__in=tenants_for(user)).select_related("tenant", "owner")
+
+
+def member_names_who_can(tenant_ids: Iterable[int], role: Role | str = Role.OPERATOR) -> list[tuple[int, str]]:
+    """(user id, username) of the active members of these tenants holding at
+    least ``role``, each once, by username: the choices of an owner picker
+    (a list page draws one for every request, so no model instances)."""
+    return list(
+        Membership.objects.filter(tenant_id__in=list(tenant_ids), role__in=roles_at_least(role), user__is_active=True)
+        .order_by("user__username", "user_id")
+        .values_list("user_id", "user__username")
+        .distinct()
+    )
