@@ -3,7 +3,7 @@
 (:mod:`ledgerdash.client`).
 
 Both wrap a tool the same way; only where the ledger lives differs. The
-steps, in order, are the seed's safe order:
+steps, in order, are the safe order of a side effect:
 
 1. bind the call's arguments and name the side effect (the key);
 2. record the intent (a confirmed key replays its stored result; one that

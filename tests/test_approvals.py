@@ -71,7 +71,10 @@ def test_it_refuses_approval_when_the_policy_changed_what_the_retry_may_do(
 ) -> None:
     policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "send_email": []}, actor=Actor.system("t"), note="v2")
     refusal = _refused(retry, approver_a)
-    assert "scope email:send is not allowed for send_email by policy v2 (it allows: none) (attempt recorded under v1)" in str(refusal)
+    assert (
+        "scope email:send is not allowed for send_email by policy v2 (it allows: none) (attempt recorded under v1)"
+        in str(refusal)
+    )
 
 
 def test_a_new_policy_version_that_leaves_the_tool_alone_does_not_refuse_approval(

@@ -125,7 +125,10 @@ def test_the_approver_sees_in_advance_what_the_check_would_refuse(
     policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "send_email": []}, actor=Actor.system("t"), note="v2")
     page = as_user(approver_a).get(url("attempt", retry)).content.decode()
     assert "The approval check would refuse now" in page
-    assert "scope email:send is not allowed for send_email by policy v2 (it allows: none) (attempt recorded under v1)" in page
+    assert (
+        "scope email:send is not allowed for send_email by policy v2 (it allows: none) (attempt recorded under v1)"
+        in page
+    )
 
 
 # --- the action matrix: every POST view ----------------------------------------------
