@@ -72,7 +72,8 @@ class Person:
         self.context = browser.new_context(viewport={"width": 1400, "height": 900})
         self.context.add_init_script(WATCH_CSP)
         self.page = self.context.new_page()
-        self.page.set_default_timeout(10_000)
+        # Waits end as soon as the page is ready; the bound is for a machine under load.
+        self.page.set_default_timeout(60_000)
         self.problems: list[str] = []
         self.dialogs: list[str] = []
         self.page.on("console", self._console)

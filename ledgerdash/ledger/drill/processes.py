@@ -192,7 +192,7 @@ def sandbox_service(directory: Path, *, name: str = "sandbox") -> Iterator[str]:
             leftover.unlink(missing_ok=True)
 
 
-def _wait_for(url: str, proc: subprocess.Popen[Any], what: str, *, seconds: float = 30.0) -> None:
+def _wait_for(url: str, proc: subprocess.Popen[Any], what: str, *, seconds: float = 120.0) -> None:
     deadline = time.monotonic() + seconds
     while True:
         try:
