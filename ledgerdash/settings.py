@@ -143,7 +143,7 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 60, minim
 # By account, not by address: behind a proxy every client shares one address
 # (one attacker would lock everyone out), and an account tried from many
 # addresses must still lock. Spraying one password over many accounts from
-# one address is for the proxy's rate limit (README, Security).
+# one address is for the proxy's rate limit (docs/security.md).
 AXES_LOCKOUT_PARAMETERS = ["username"]
 SILENCED_SYSTEM_CHECKS = ["axes.W006"]  # "no ip_address in AXES_LOCKOUT_PARAMETERS": on purpose, above
 AXES_RESET_ON_SUCCESS = True

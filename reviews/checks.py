@@ -86,7 +86,7 @@ def runtime_role_owns_nothing(app_configs: Any = None, **kwargs: Any) -> list[Wa
         return [
             Warning(
                 f"the app connects to PostgreSQL as {user}, {what}: it could switch the ledger's triggers off",
-                hint="Connect as a runtime role: manage.py db_roles (README, Deploying: database roles).",
+                hint="Connect as a runtime role: manage.py db_roles (docs/security.md, Deploying: database roles).",
                 id="ledgerdash.W010",
             )
         ]

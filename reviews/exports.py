@@ -2,8 +2,8 @@
 
 One row per event, in chain order (tenant, then ``seq``), with its attempt's
 columns repeated on every row (empty for a tenant-level event such as a
-policy change or an earlier export). The column set is :data:`COLUMNS`; the
-README documents it. Every field the chain's content hash covers is in the
+policy change or an earlier export). The column set is :data:`COLUMNS`;
+``docs/audit.md`` documents it. Every field the chain's content hash covers is in the
 row, so ``scripts/verify_export.py`` can recompute each row's hashes offline.
 
 Records (the ``record`` column):

@@ -1,7 +1,7 @@
 """`make bench-quick` as a smoke test: the benchmarks run end to end and
 report sane figures. It never judges the figures' speed (CI machines
 differ); only that each benchmark ran and produced positive, finite
-numbers under the keys the README and the JSON's readers rely on, and that
+numbers under the keys docs/benchmarks.md and the JSON's readers rely on, and that
 a run keeps to databases of its own (a test run and a benchmark run on the
 same server must never drop each other's).
 """

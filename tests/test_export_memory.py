@@ -1,7 +1,7 @@
 """The export's memory stays flat as the ledger grows: the exporting
 process's own peak RSS at 50,000 events is that at 10,000.
 
-The million-event figure comes from bench/export_memory.py (the README has
+The million-event figure comes from bench/export_memory.py (docs/benchmarks.md has
 it); this is the same measurement at sizes a test run can afford, with the
 same bulk loader (placeholder hashes: see the bench's docstring). The peak
 is the exporting process's own (``VmHWM``, read by that process as it

@@ -68,9 +68,9 @@ def test_the_csv_columns_are_the_documented_ones(stuck: dict[str, Attempt], tmp_
     path = export_cli(tmp_path, "--tenant", "acme")
     header = path.read_text(encoding="utf-8").splitlines()[0].split(",")
     assert tuple(header) == exports.COLUMNS
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    reference = (ROOT / "docs" / "audit.md").read_text(encoding="utf-8")
     for column in exports.COLUMNS:
-        assert f"`{column}`" in readme, f"README does not document the {column} column"
+        assert f"`{column}`" in reference, f"docs/audit.md does not document the {column} column"
 
 
 def test_each_event_row_carries_its_attempt_and_the_decision(stuck: dict[str, Attempt], tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The dashboard's list reads stay index range scans on a large ledger.
 
 PostgreSQL only: the attempts are bulk-inserted with one INSERT … SELECT
-(``LEDGERDASH_PLAN_ROWS``, default 200,000; the README's figures are from
+(``LEDGERDASH_PLAN_ROWS``, default 200,000; the figures in docs/benchmarks.md are from
 1,000,000), then every query a list page runs is EXPLAINed (ANALYZE):
 no sequential scan, no sort over the tenant's rows, a page read in
 milliseconds. This is a read benchmark: the rows are written directly,
