@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from ledgerdash.ledger import clock, tenancy
 from ledgerdash.ledger.authority import standing_of
@@ -21,6 +20,7 @@ from ledgerdash.ledger.models import (
     Role,
     State,
 )
+from ledgerdash.ledger.tenancy import Person
 
 S = State
 
@@ -120,7 +120,7 @@ class ApprovalCheck:
         return refusals
 
 
-def approval_check(retry: Attempt, original: Attempt, approver: Any) -> ApprovalCheck:
+def approval_check(retry: Attempt, original: Attempt, approver: Person) -> ApprovalCheck:
     """Everything approving ``retry`` re-checks: the approver holds the
     approver role in the tenant and did not ask for the retry themselves;
     the retry is still authorized by the current policy, never wider than
@@ -182,7 +182,7 @@ class PeoplesMoves:
         return bool(self.comment)
 
 
-def moves_for(user: Any, attempt: Attempt, *, children: Sequence[Attempt] = ()) -> PeoplesMoves:
+def moves_for(user: Person, attempt: Attempt, *, children: Sequence[Attempt] = ()) -> PeoplesMoves:
     """The moves ``user`` may make on ``attempt`` now (``children``: its linked
     retries, when the caller has read them)."""
     membership = tenancy.role_in(user, attempt.tenant_id)

@@ -12,13 +12,15 @@ ledger's moves ask again inside their own transaction.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import QuerySet
 
 from ledgerdash.ledger.models import Attempt, Membership, Role, Tenant, roles_at_least
 
 __all__ = [
+    "Person",
     "Role",
     "attempts_for",
     "can",
@@ -30,18 +32,24 @@ __all__ = [
 ]
 
 
-def _active(user: Any) -> bool:
-    return bool(user is not None and user.is_authenticated and user.is_active)
+#: Whoever a request or a move speaks for: ``request.user`` as Django gives it,
+#: or None where nobody is signed in.
+type Person = AbstractBaseUser | AnonymousUser | None
 
 
-def role_in(user: Any, tenant_id: int) -> Membership | None:
+def _active(user: Person) -> User | None:
+    """The signed-in, active account behind ``user``; None for anyone else."""
+    return user if isinstance(user, User) and user.is_active else None
+
+
+def role_in(user: Person, tenant_id: int) -> Membership | None:
     """``user``'s membership of the tenant, or None (also for inactive or anonymous users)."""
-    if not _active(user):
+    if (account := _active(user)) is None:
         return None
-    return Membership.objects.filter(user=user, tenant_id=tenant_id).first()
+    return Membership.objects.filter(user=account, tenant_id=tenant_id).first()
 
 
-def can(user: Any, tenant_id: int, role: Role | str) -> bool:
+def can(user: Person, tenant_id: int, role: Role | str) -> bool:
     membership = role_in(user, tenant_id)
     return membership is not None and membership.can(role)
 
@@ -50,12 +58,12 @@ def _with_article(role: str) -> str:
     return f"an {role}" if role[:1] in "aeiou" else f"a {role}"
 
 
-def refusal(user: Any, tenant_id: int, role: Role | str) -> str | None:
+def refusal(user: Person, tenant_id: int, role: Role | str) -> str | None:
     """Why ``user`` may not act as ``role`` in the tenant now, in words; None when they may."""
-    if not _active(user):
+    if (account := _active(user)) is None:
         return "this account is not active"
-    membership = role_in(user, tenant_id)
-    name = user.get_username()
+    membership = role_in(account, tenant_id)
+    name = account.get_username()
     if membership is None:
         return f"{name} is not a member of the tenant"
     if not membership.can(role):
@@ -63,25 +71,25 @@ def refusal(user: Any, tenant_id: int, role: Role | str) -> str | None:
     return None
 
 
-def tenants_for(user: Any) -> QuerySet[Tenant]:
+def tenants_for(user: Person) -> QuerySet[Tenant]:
     """The tenants ``user`` is a member of (with any role)."""
-    if not _active(user):
+    if (account := _active(user)) is None:
         return Tenant.objects.none()
-    return Tenant.objects.filter(memberships__user=user)
+    return Tenant.objects.filter(memberships__user=account)
 
 
-def tenant_ids_for(user: Any, role: Role | str = Role.VIEWER) -> list[int]:
+def tenant_ids_for(user: Person, role: Role | str = Role.VIEWER) -> list[int]:
     """The tenants in which ``user`` holds at least ``role``."""
-    if not _active(user):
+    if (account := _active(user)) is None:
         return []
     return list(
-        Membership.objects.filter(user=user, role__in=roles_at_least(role))
+        Membership.objects.filter(user=account, role__in=roles_at_least(role))
         .order_by("tenant_id")
         .values_list("tenant_id", flat=True)
     )
 
 
-def attempts_for(user: Any) -> QuerySet[Attempt]:
+def attempts_for(user: Person) -> QuerySet[Attempt]:
     """Every attempt ``user`` may read: their tenants', nobody else's."""
     return Attempt.objects.filter(tenant__in=tenants_for(user)).select_related("tenant", "owner")
 
