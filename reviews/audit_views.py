@@ -30,14 +30,14 @@ from ledgerdash.ledger.events import EventKind
 from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun, Role
 from reviews import diffs, drills, exports, history, pdf_bounds, queries
 from reviews.forms import ListForm
-from reviews.views import _actor, _attempt_for_user, _form_errors, _tenants_or_403
+from reviews.shortcuts import actor_of, attempt_for_user, form_errors, tenants_or_403
 
 CONTENT_TYPES = {"csv": "text/csv; charset=utf-8", "ndjson": "application/x-ndjson; charset=utf-8"}
 
 
 def _export_request(request: HttpRequest, fmt: str) -> exports.ExportRequest | HttpResponse:
     """The export the form asks for (the list's filters), authorized, or the response refusing it."""
-    tenants = _tenants_or_403(request)
+    tenants = tenants_or_403(request)
     asked = request.POST
     queue = asked.get("queue", "")
     if queue and queue not in queries.QUEUES:
@@ -50,7 +50,7 @@ def _export_request(request: HttpRequest, fmt: str) -> exports.ExportRequest | H
     if not form.is_valid():
         # A list shows what it can of a bad query string; an export must not
         # quietly select something other than what was asked for.
-        return HttpResponseBadRequest(f"not exported: {_form_errors(form)}", content_type="text/plain")
+        return HttpResponseBadRequest(f"not exported: {form_errors(form)}", content_type="text/plain")
     query = dataclasses.replace(form.list_query(), after=None, before=None)
     selected = [t for t in tenants if t.pk in query.tenant_ids]
     operating = set(tenancy.tenant_ids_for(request.user, Role.OPERATOR))
@@ -61,7 +61,7 @@ def _export_request(request: HttpRequest, fmt: str) -> exports.ExportRequest | H
     return exports.ExportRequest(
         tenants=selected,
         format=fmt,
-        actor=_actor(request),
+        actor=actor_of(request),
         query=None if set(filters) <= {"tenant"} else query,
         owner_user=request.user,
         links=asked.get("links") == "1",
@@ -111,7 +111,7 @@ def _drill_case(attempt: Attempt) -> tuple[DrillRun, dict[str, Any]] | None:
 
 def _is_decision(event: AttemptEvent) -> bool:
     """What people decided (and what was refused), as opposed to what machines did."""
-    return event.actor_kind == "user" or event.kind == "approval_refused"
+    return event.actor_kind == "user" or event.kind == EventKind.APPROVAL_REFUSED
 
 
 def _report_context(request: HttpRequest, attempt: Attempt, *, incident: bool, pdf: bool = False) -> dict[str, Any]:
@@ -239,7 +239,7 @@ def _record_reading(request: HttpRequest, response: HttpResponse, tenant_id: int
         events.event_record(
             tenant=tenant_id,
             kind=EventKind.REPORT,
-            actor=_actor(request),
+            actor=actor_of(request),
             reason=f"{subject['report']} report {'downloaded as PDF' if pdf else 'viewed'}",
             details={**subject, "format": "pdf" if pdf else "html"},
         )
@@ -247,7 +247,7 @@ def _record_reading(request: HttpRequest, response: HttpResponse, tenant_id: int
 
 
 def _report(request: HttpRequest, pk: int, *, incident: bool, pdf: bool) -> HttpResponse:
-    attempt = _attempt_for_user(request, pk)
+    attempt = attempt_for_user(request, pk)
     context = _report_context(request, attempt, incident=incident, pdf=pdf)
     template = "reviews/audit_report.html"
     kind = "incident" if incident else "attempt"

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 
+from ledgerdash.ledger.events import EventKind
 from ledgerdash.ledger.models import ActorKind, Attempt, AttemptEvent
 
 
@@ -55,7 +56,7 @@ def _name(pk: Any, names: Mapping[int, str]) -> str | None:
 def owner_change(event: AttemptEvent, names: Mapping[int, str]) -> OwnerChange | None:
     """The owner change ``event`` records, with usernames, or None."""
     details = event.details if isinstance(event.details, dict) else {}
-    if event.kind == "owner" and ("to_user_id" in details or "from_user_id" in details):
+    if event.kind == EventKind.OWNER and ("to_user_id" in details or "from_user_id" in details):
         return OwnerChange(_name(details.get("from_user_id"), names), _name(details.get("to_user_id"), names))
     assigned = details.get("owner_assigned")
     if isinstance(assigned, dict):

@@ -19,11 +19,12 @@ from django.views.decorators.http import require_POST, require_safe
 
 from ledgerdash.ledger import moves
 from ledgerdash.ledger.errors import LedgerError
+from ledgerdash.ledger.events import EventKind
 from ledgerdash.ledger.models import AttemptEvent, Incident, Role
 from ledgerdash.ledger.tenancy import can
 from reviews import queries
 from reviews.forms import ClaimForm, ResolveIncidentForm
-from reviews.views import _actor, _form_errors, _see_other
+from reviews.shortcuts import actor_of, form_errors, see_other
 
 PAGE_SIZE = 50
 
@@ -47,8 +48,9 @@ def incident_list(request: HttpRequest) -> HttpResponse:
 @require_safe
 def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
     incident = _incident_for_user(request, pk)
+    kinds = [EventKind.LATE_REPORT, EventKind.INCIDENT]
     events = (
-        AttemptEvent.objects.filter(attempt_id=incident.attempt_id, kind__in=["late_report", "incident"])
+        AttemptEvent.objects.filter(attempt_id=incident.attempt_id, kind__in=kinds)
         .select_related("actor_user")
         .order_by("seq")
     )
@@ -57,7 +59,9 @@ def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "reviews/incident_detail.html",
         {
             "incident": incident,
-            "events": [e for e in events if e.kind == "late_report" or e.details.get("incident_id") == incident.pk],
+            "events": [
+                e for e in events if e.kind == EventKind.LATE_REPORT or e.details.get("incident_id") == incident.pk
+            ],
             "operate": can(request.user, incident.tenant_id, Role.OPERATOR),
             "resolve_form": ResolveIncidentForm(initial={"fence": incident.fence}),
         },
@@ -76,20 +80,20 @@ def incident_claim(request: HttpRequest, pk: int) -> HttpResponse:
     _operator_or_403(request, incident)
     form = ClaimForm(request.POST)
     if not form.is_valid():
-        messages.error(request, _form_errors(form))
+        messages.error(request, form_errors(form))
     else:
         try:
             moves.incident_assign(
                 incident=incident,
                 owner=request.user,  # type: ignore[arg-type]
-                actor=_actor(request),
+                actor=actor_of(request),
                 expected_owner_id=form.cleaned_data["owner_seen"],
                 reason=f"incident #{incident.pk} claimed",
             )
             messages.success(request, f"You own incident #{incident.pk} now.")
         except LedgerError as exc:
             messages.error(request, str(exc))
-    return _see_other(reverse("reviews:incident", args=[incident.pk]))
+    return see_other(reverse("reviews:incident", args=[incident.pk]))
 
 
 @login_required
@@ -99,16 +103,16 @@ def incident_resolve(request: HttpRequest, pk: int) -> HttpResponse:
     _operator_or_403(request, incident)
     form = ResolveIncidentForm(request.POST)
     if not form.is_valid():
-        messages.error(request, _form_errors(form))
+        messages.error(request, form_errors(form))
     else:
         try:
             moves.incident_resolve(
                 incident=incident,
-                actor=_actor(request),
+                actor=actor_of(request),
                 resolution=form.cleaned_data["resolution"],
                 fence=form.cleaned_data["fence"],
             )
             messages.success(request, f"Incident #{incident.pk} is resolved.")
         except LedgerError as exc:
             messages.error(request, str(exc))
-    return _see_other(reverse("reviews:incident", args=[incident.pk]))
+    return see_other(reverse("reviews:incident", args=[incident.pk]))

@@ -18,19 +18,14 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.forms import Form
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404, render
+from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import reverse
-from django.utils.cache import patch_vary_headers
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
-from django_htmx.middleware import HtmxDetails
 
 from ledgerdash.ledger import moves, rules, tenancy
 from ledgerdash.ledger.errors import ApprovalRefused, LedgerError
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, Role, State, Tenant
-from ledgerdash.ledger.tenancy import can
+from ledgerdash.ledger.models import Attempt, Role, State
 from reviews import diffs, queries
 from reviews.forms import (
     AbandonForm,
@@ -47,68 +42,18 @@ from reviews.forms import (
     UnassignForm,
     VerifyForm,
 )
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
-
-
-def _partial(request: HtmxHttpRequest) -> bool:
-    # A history restore wants the whole page, not a region.
-    return bool(request.htmx) and not request.htmx.history_restore_request
-
-
-def _render(request: HtmxHttpRequest, template: str, region: str, context: dict[str, Any]) -> HttpResponse:
-    name = f"{template}#{region}" if _partial(request) else template
-    response = render(request, name, context)
-    patch_vary_headers(response, ["HX-Request"])
-    return response
-
-
-def _tenants_or_403(request: HttpRequest) -> list[Tenant]:
-    tenants = list(tenancy.tenants_for(request.user).order_by("slug"))
-    if not tenants:
-        raise PermissionDenied("you are not a member of any tenant; ask an admin to add you")
-    return tenants
-
-
-def _attempt_for_user(request: HttpRequest, pk: int) -> Attempt:
-    """The attempt if it belongs to one of the user's tenants, else 404
-    (whether it exists elsewhere is not the user's business)."""
-    return get_object_or_404(tenancy.attempts_for(request.user), pk=pk)
-
-
-def _require(request: HttpRequest, attempt: Attempt, role: Role) -> None:
-    if not can(request.user, attempt.tenant_id, role):
-        raise PermissionDenied(f"this needs the {role} role in tenant {attempt.tenant.slug}")
-
-
-def _actor(request: HttpRequest) -> Actor:
-    assert request.user.is_authenticated  # every view here is behind login_required
-    return Actor.user(request.user)
-
-
-def _safe_next(request: HttpRequest) -> str:
-    target = request.POST.get("next") or request.GET.get("next") or ""
-    if target and url_has_allowed_host_and_scheme(target, {request.get_host()}, require_https=request.is_secure()):
-        return target
-    return ""
-
-
-def _see_other(url: str) -> HttpResponseRedirect:
-    response = HttpResponseRedirect(url)
-    response.status_code = 303
-    return response
-
-
-def _form_errors(form: Form) -> str:
-    parts = []
-    for name, errors in form.errors.items():
-        label = form.fields[name].label if name in form.fields else None
-        text = " ".join(str(error) for error in errors)
-        parts.append(f"{label or name}: {text}" if name != "__all__" else text)
-    return "; ".join(parts)
-
+from reviews.shortcuts import (
+    HtmxHttpRequest,
+    actor_of,
+    attempt_for_user,
+    form_errors,
+    is_partial,
+    render_region,
+    require_role,
+    safe_next,
+    see_other,
+    tenants_or_403,
+)
 
 # --- pages ---------------------------------------------------------------------------
 
@@ -116,15 +61,15 @@ def _form_errors(form: Form) -> str:
 @login_required
 @require_safe
 def home(request: HtmxHttpRequest) -> HttpResponse:
-    tenants = _tenants_or_403(request)
+    tenants = tenants_or_403(request)
     tenant_ids = [t.pk for t in tenants]
     counts = queries.queue_counts(request.user, tenant_ids=tenant_ids)
     context: dict[str, Any] = {"counts": counts}
-    if not _partial(request):
+    if not is_partial(request):
         context["latest_drills"] = list(queries.drill_runs_for(request.user, tenant_ids=tenant_ids)[:3])
         context["chains"] = queries.chain_status(request.user, tenants=tenants)
         context["administers"] = bool(tenancy.tenant_ids_for(request.user, Role.ADMIN))
-    return _render(request, "reviews/home.html", "counts", context)
+    return render_region(request, "reviews/home.html", "counts", context)
 
 
 def _list_title(state: str) -> str:
@@ -141,7 +86,7 @@ EXPORT_SKIPS = frozenset({"after", "before", "sort", "queue", "links"})
 def attempt_list(request: HtmxHttpRequest, queue: str = "") -> HttpResponse:
     """A queue (one state) or the search over all attempts. All of its state
     is in the query string; the results region polls itself."""
-    tenants = _tenants_or_403(request)
+    tenants = tenants_or_403(request)
     if queue and queue not in queries.QUEUES:
         raise Http404("no such queue")
     state = queries.QUEUES[queue] if queue else ""
@@ -170,7 +115,7 @@ def attempt_list(request: HtmxHttpRequest, queue: str = "") -> HttpResponse:
         "tools": queries.known_tools(tenant_ids),
         "counts": queries.queue_counts(request.user, tenant_ids=tenant_ids),
     }
-    return _render(request, "reviews/attempt_list.html", "results", context)
+    return render_region(request, "reviews/attempt_list.html", "results", context)
 
 
 def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
@@ -225,8 +170,8 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
 @login_required
 @require_safe
 def attempt_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    attempt = _attempt_for_user(request, pk)
-    return _render(request, "reviews/attempt_detail.html", "detail", _detail_context(request, attempt))
+    attempt = attempt_for_user(request, pk)
+    return render_region(request, "reviews/attempt_detail.html", "detail", _detail_context(request, attempt))
 
 
 # --- decisions on one attempt -----------------------------------------------------------
@@ -236,17 +181,17 @@ def _after_action(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Without htmx: back where the person came from (or the attempt). With
     htmx: the region that changed, fresh from the database: the queue row
     the action came from, or the attempt's detail."""
-    if not _partial(request):
-        return _see_other(_safe_next(request) or reverse("reviews:attempt", args=[pk]))
-    attempt = _attempt_for_user(request, pk)
+    if not is_partial(request):
+        return see_other(safe_next(request) or reverse("reviews:attempt", args=[pk]))
+    attempt = attempt_for_user(request, pk)
     if (request.htmx.target or "").startswith("row-"):
         context = {
             "attempt": attempt,
             "operator_tenants": set(tenancy.tenant_ids_for(request.user, Role.OPERATOR)),
             "list_url": request.htmx.current_url_abs_path or reverse("reviews:search"),
         }
-        return _render(request, "reviews/attempt_list.html", "row_update", context)
-    return _render(request, "reviews/attempt_detail.html", "detail", _detail_context(request, attempt))
+        return render_region(request, "reviews/attempt_list.html", "row_update", context)
+    return render_region(request, "reviews/attempt_detail.html", "detail", _detail_context(request, attempt))
 
 
 def _act(
@@ -257,13 +202,13 @@ def _act(
     do: Callable[[Attempt, dict[str, Any], Actor], str],
 ) -> HttpResponse:
     """Authorize, validate, run one ledger function, say what happened."""
-    attempt = _attempt_for_user(request, pk)
-    _require(request, attempt, role(attempt) if callable(role) else role)
+    attempt = attempt_for_user(request, pk)
+    require_role(request, attempt, role(attempt) if callable(role) else role)
     if not form.is_valid():
-        messages.error(request, _form_errors(form))
+        messages.error(request, form_errors(form))
         return _after_action(request, attempt.pk)
     try:
-        messages.success(request, do(attempt, form.cleaned_data, _actor(request)))
+        messages.success(request, do(attempt, form.cleaned_data, actor_of(request)))
     except ApprovalRefused as refusal:
         messages.error(request, "Approval refused. What changed: " + "; ".join(refusal.changes))
     except LedgerError as exc:
@@ -290,7 +235,7 @@ def attempt_claim(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def attempt_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    attempt = _attempt_for_user(request, pk)
+    attempt = attempt_for_user(request, pk)
     form = AssignForm(request.POST, owners=tenancy.member_names_who_can([attempt.tenant_id]))
 
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
@@ -459,9 +404,9 @@ def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
         raise PermissionDenied("assigning work needs the operator role")
     owners = tenancy.member_names_who_can(operator_tenants)
     form = BulkAssignForm(request.POST if request.method == "POST" else request.GET, owners=owners)
-    context: dict[str, Any] = {"form": form, "plan": [], "done": False, "next": _safe_next(request)}
+    context: dict[str, Any] = {"form": form, "plan": [], "done": False, "next": safe_next(request)}
     if not form.is_valid():
-        return _render(request, "reviews/bulk_assign.html", "preview", context)
+        return render_region(request, "reviews/bulk_assign.html", "preview", context)
     data = form.cleaned_data
     owner = get_user_model().objects.get(pk=data["owner"])
     context["owner"] = owner
@@ -473,7 +418,7 @@ def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
             moves.attempts_assign(
                 attempt_ids=touch,
                 owner=owner,
-                actor=_actor(request),
+                actor=actor_of(request),
                 expected_owner_ids=data["expect"],
                 reason=data["reason"],
             )
@@ -482,10 +427,10 @@ def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
             context["plan"] = _bulk_plan(request, data["ids"], owner, operator_tenants)
         else:
             messages.success(request, f"Assigned {len(touch)} attempt(s) to {owner.get_username()}.")
-            if not _partial(request):
-                return _see_other(context["next"] or reverse("reviews:search"))
+            if not is_partial(request):
+                return see_other(context["next"] or reverse("reviews:search"))
             context["done"] = True
-            response = _render(request, "reviews/bulk_assign.html", "preview", context)
+            response = render_region(request, "reviews/bulk_assign.html", "preview", context)
             response["HX-Trigger"] = "ledgerdash:refresh"
             return response
-    return _render(request, "reviews/bulk_assign.html", "preview", context)
+    return render_region(request, "reviews/bulk_assign.html", "preview", context)
