@@ -28,9 +28,11 @@ attempt for dispatch is retried only when the request certainly never left
 (the connection was refused). The tool itself is never called again by the
 client: a re-run learns from the ledger whether it may.
 
-This module needs only the standard library (and two small stdlib-only
-modules of the ledger: its tool-side exceptions, crash points and key rule), so it can
-run in an agent's environment without Django.
+This module needs only the standard library (and small stdlib-only modules
+of this project: the table of error codes, the shared tool wrapper, and the
+ledger's tool-side exceptions, crash points and key rule), so it runs in an
+agent's environment without Django: ``pip install --no-deps`` the package
+(``tests/test_client_alone.py`` holds it to that).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from datetime import datetime
 from http.client import HTTPException
 from typing import Any
 
-from ledgerdash import toolcalls
+from ledgerdash import errorcodes, toolcalls
 from ledgerdash.ledger import keys
 from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
 from ledgerdash.toolcalls import ToolCall
@@ -77,7 +79,7 @@ ENV_AGENT = "LEDGERDASH_AGENT"
 API_PATH = "/api/v1"
 
 
-# --- errors: one class per code the ledger answers with -------------------------------
+# --- errors: one class per code the ledger answers with (built from ledgerdash.errorcodes) ---
 
 
 class LedgerClientError(Exception):
@@ -103,6 +105,7 @@ class LedgerUnavailable(LedgerClientError):
     """
 
     code = "ledger_unavailable"
+    retryable = True
 
     def __init__(self, message: str, *, sent: bool | None = None, status: int | None = None) -> None:
         super().__init__(message)
@@ -114,6 +117,8 @@ class ApiError(LedgerClientError):
     """The ledger answered with an error: ``code`` (stable), ``status``, ``body``."""
 
     code = "api_error"
+    #: Whether the same request may succeed later, unchanged (see :mod:`ledgerdash.errorcodes`).
+    retryable = False
 
     def __init__(self, message: str, *, status: int, body: dict[str, Any], code: str | None = None) -> None:
         super().__init__(message)
@@ -125,22 +130,45 @@ class ApiError(LedgerClientError):
         self.attempt_id: int | None = body.get("attempt_id")
         self.state: str | None = body.get("state")
 
+    @property
+    def original_id(self) -> int | None:
+        """On idempotency_key_reused and authorization_changed: the attempt first recorded."""
+        return self.body.get("original_id")
 
-# The request is wrong: fix it; sending it again will not help.
-class InvalidInput(ApiError):
-    code = "invalid_input"
-
-
-class InvalidArgs(InvalidInput):
-    code = "invalid_args"
-
-
-class InvalidKey(InvalidInput):
-    code = "invalid_idempotency_key"
+    @property
+    def retry_after(self) -> int | None:
+        """On awaiting_approval: the seconds to wait before calling again."""
+        value = self.body.get("retry_after")
+        return value if isinstance(value, int) and value > 0 else None
 
 
-class InvalidField(InvalidInput):
-    code = "invalid_field"
+def _build_errors() -> dict[str, type[ApiError]]:
+    """One exception class per row of :mod:`ledgerdash.errorcodes` that names one,
+    under its parent's class: ``except AttemptBlocked`` catches every refusal
+    to call the tool, ``except NotAllowed`` every 403."""
+    built: dict[str, type[ApiError]] = {}
+    for row in errorcodes.TABLE:
+        if row.client is None or row.client in globals():
+            continue  # the ledger's own (never answered), or written by hand (LedgerUnavailable)
+        base = built[row.parent] if row.parent is not None else ApiError
+        attrs = {"code": row.code, "retryable": row.retryable, "__doc__": row.description, "__module__": __name__}
+        built[row.code] = globals()[row.client] = type(row.client, (base,), attrs)
+    return built
+
+
+#: The exception class for each code the ledger answers with.
+ERRORS: dict[str, type[ApiError]] = _build_errors()
+#: The family for a code this client does not know yet: the first row of its status.
+_BY_STATUS: dict[int, type[ApiError]] = {}
+for _row in errorcodes.TABLE:
+    if _row.code in ERRORS:
+        _BY_STATUS.setdefault(_row.status, ERRORS[_row.code])
+
+
+def __getattr__(name: str) -> type[ApiError]:
+    # Only reached for a name that is not a generated class: tells type checkers
+    # that the generated names (IdempotencyConflict, ...) are ApiError classes.
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_key(key: object) -> None:
@@ -148,209 +176,15 @@ def _check_key(key: object) -> None:
     :mod:`ledgerdash.ledger.keys`), so an agent learns it without a round trip."""
     problem = keys.key_problem(key)
     if problem is not None:
-        raise InvalidKey(problem, status=0, body={"code": InvalidKey.code, "message": problem})
-
-
-class MissingEvidence(InvalidInput):
-    code = "missing_evidence"
-
-
-class ValidationFailed(InvalidInput):
-    code = "validation_error"
-
-
-class UnknownField(InvalidInput):
-    code = "unknown_field"
-
-
-class MalformedRequest(InvalidInput):
-    code = "malformed_json"
-
-
-class InvalidUtf8(MalformedRequest):
-    code = "invalid_utf8"
-
-
-class InvalidUnicode(MalformedRequest):
-    code = "invalid_unicode"
-
-
-class InvalidContentLength(MalformedRequest):
-    code = "invalid_content_length"
-
-
-class BadRequest(MalformedRequest):
-    code = "bad_request"
-
-
-class LengthRequired(MalformedRequest):
-    code = "length_required"
-
-
-class BodyTooLarge(InvalidInput):
-    code = "body_too_large"
-
-
-class UnsupportedMediaType(InvalidInput):
-    code = "unsupported_media_type"
-
-
-# Who is calling.
-class NotAuthenticated(ApiError):
-    code = "not_authenticated"
-
-
-class MissingToken(NotAuthenticated):
-    code = "missing_token"
-
-
-class InvalidToken(NotAuthenticated):
-    code = "invalid_token"
-
-
-class TokenRevoked(NotAuthenticated):
-    code = "token_revoked"
-
-
-class TokenExpired(NotAuthenticated):
-    code = "token_expired"
-
-
-# What they may do.
-class NotAllowed(ApiError):
-    code = "not_allowed"
-
-
-class InsufficientScope(NotAllowed):
-    code = "insufficient_scope"
-
-
-class TenantInactive(NotAllowed):
-    code = "tenant_inactive"
-
-
-class NoPolicy(NotAllowed):
-    code = "no_policy"
-
-
-class ToolNotAllowed(NotAllowed):
-    code = "tool_not_allowed"
-
-
-class ScopeNotAllowed(NotAllowed):
-    code = "scope_not_allowed"
-
-
-class AuthorizationChanged(NotAllowed):
-    code = "authorization_changed"
-
-
-class NotFound(ApiError):
-    code = "not_found"
-
-
-class AttemptNotFound(NotFound):
-    code = "attempt_not_found"
-
-
-class MethodNotAllowed(ApiError):
-    code = "method_not_allowed"
-
-
-# The attempt is not where the caller thinks.
-class IllegalTransition(ApiError):
-    code = "illegal_transition"
-
-
-class StaleFence(ApiError):
-    code = "stale_fence"
-
-
-class ClaimLost(StaleFence):
-    code = "claim_lost"
-
-
-class RequestIdConflict(ApiError):
-    code = "request_id_conflict"
-
-
-# What an agent is told instead of calling the tool.
-class AttemptBlocked(ApiError):
-    code = "attempt_blocked"
-
-
-class IdempotencyConflict(AttemptBlocked):
-    """The key was used before with other arguments; a linked attempt
-    (``attempt_id``) was recorded for review. The tool was not called."""
-
-    code = "idempotency_key_reused"
-
-    @property
-    def original_id(self) -> int | None:
-        return self.body.get("original_id")
-
-
-class OutcomeUnknown(AttemptBlocked):
-    code = "outcome_unknown"
-
-
-class UnderReview(AttemptBlocked):
-    code = "under_review"
-
-
-class AttemptInFlight(AttemptBlocked):
-    code = "attempt_in_flight"
-
-
-class RetryPending(AttemptBlocked):
-    code = "retry_pending"
-
-
-class AttemptFailed(AttemptBlocked):
-    code = "attempt_failed"
-
-
-class AttemptSuperseded(AttemptBlocked):
-    code = "attempt_superseded"
-
-
-class ResultUnavailable(AttemptBlocked):
-    """The key's attempt is confirmed, but the ledger holds no result it can
-    replay (recovery confirmed it by a lookup that returned nothing, or a
-    person verified it). The effect happened: do not call the tool again."""
-
-    code = "result_unavailable"
-
-
-class ServerError(ApiError):
-    code = "internal_error"
-
-
-def _subclasses(cls: type[ApiError]) -> Iterator[type[ApiError]]:
-    for sub in cls.__subclasses__():
-        yield sub
-        yield from _subclasses(sub)
-
-
-#: The exception class for each code the ledger answers with.
-ERRORS: dict[str, type[ApiError]] = {cls.code: cls for cls in _subclasses(ApiError)}
-_BY_STATUS: dict[int, type[ApiError]] = {
-    400: MalformedRequest,
-    401: NotAuthenticated,
-    403: NotAllowed,
-    404: NotFound,
-    405: MethodNotAllowed,
-    409: AttemptBlocked,
-    413: BodyTooLarge,
-    415: UnsupportedMediaType,
-    422: InvalidInput,
-}
+        raise ERRORS["invalid_idempotency_key"](
+            problem, status=0, body={"code": "invalid_idempotency_key", "message": problem}
+        )
 
 
 def error_for(status: int, body: dict[str, Any]) -> ApiError:
     """The typed exception for an error answer (by its code, else its status)."""
     code = str(body.get("code") or f"http_{status}")
-    cls = ERRORS.get(code) or _BY_STATUS.get(status) or (ServerError if status >= 500 else ApiError)
+    cls = ERRORS.get(code) or _BY_STATUS.get(status) or (ERRORS["internal_error"] if status >= 500 else ApiError)
     message = str(body.get("message") or f"HTTP {status}")
     return cls(message, status=status, body=body, code=code)
 
@@ -464,6 +298,7 @@ class LedgerClient:
         *,
         params: dict[str, Any] | None = None,
         retry_if_sent: bool,
+        timeout: float | None = None,
     ) -> tuple[int, dict[str, Any]]:
         url = self.base_url + path
         if params:
@@ -473,7 +308,7 @@ class LedgerClient:
             try:
                 data = json.dumps(body, allow_nan=False, ensure_ascii=False).encode("utf-8")
             except (TypeError, ValueError) as exc:
-                raise InvalidArgs(
+                raise ERRORS["invalid_args"](
                     f"not JSON: {exc}", status=0, body={"code": "invalid_args", "message": str(exc)}
                 ) from None
         headers = {
@@ -490,7 +325,7 @@ class LedgerClient:
                 time.sleep(random.uniform(0, min(5.0, self.backoff * 2**attempt)))  # noqa: S311 - jitter
             request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310
             try:
-                with self._opener.open(request, timeout=self.timeout) as response:
+                with self._opener.open(request, timeout=timeout or self.timeout) as response:
                     return response.status, self._json(response.read(), response.status)
             except urllib.error.HTTPError as exc:
                 status, payload = exc.code, self._json(exc.read(), exc.code)
@@ -617,9 +452,14 @@ class LedgerClient:
 
     # --- reads -------------------------------------------------------------------------
 
-    def get(self, attempt_id: int) -> Attempt:
-        """One attempt with its events."""
-        _, data = self._request("GET", f"/attempts/{attempt_id}", retry_if_sent=True)
+    def get(self, attempt_id: int, *, wait: float = 0, fence: int | None = None) -> Attempt:
+        """One attempt with its events. ``wait`` (seconds, at most 25): answer
+        as soon as the attempt's fence differs from ``fence`` (default: its
+        fence when the ledger receives the request), else when the wait ends."""
+        params = {"wait": wait, "fence": fence} if wait else None
+        _, data = self._request(
+            "GET", f"/attempts/{attempt_id}", params=params, retry_if_sent=True, timeout=self.timeout + wait
+        )
         return Attempt.from_json(data)
 
     def _list(self, params: dict[str, Any], limit: int | None) -> list[Attempt]:
@@ -709,8 +549,8 @@ class _OverHttp:
     def replay(self, attempt: Attempt) -> Any:
         if attempt.result_source in ("tool", "lookup"):
             return attempt.result
-        body = {"code": ResultUnavailable.code, "attempt_id": attempt.id, "state": attempt.state}
-        raise ResultUnavailable(
+        body = {"code": "result_unavailable", "attempt_id": attempt.id, "state": attempt.state}
+        raise ERRORS["result_unavailable"](
             f"attempt {attempt.id} is confirmed ({attempt.data.get('last_note') or 'confirmed'}) but has no "
             "recorded result to replay; the effect happened, do not call the tool again",
             status=200,
@@ -720,8 +560,8 @@ class _OverHttp:
     def dispatch(self, attempt: Attempt) -> Attempt:
         try:
             return self.client.dispatch(attempt.id, fence=attempt.fence)
-        except ClaimLost as exc:
-            raise AttemptInFlight(str(exc), status=exc.status, body=exc.body) from None
+        except ERRORS["claim_lost"] as exc:
+            raise ERRORS["attempt_in_flight"](str(exc), status=exc.status, body=exc.body) from None
 
     def heartbeat_interval(self, attempt: Attempt) -> float:
         try:

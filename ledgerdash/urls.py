@@ -6,8 +6,12 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from ledgerdash.ledger import api
+from ledgerdash.ops import health, metrics
 
 urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("login/", auth_views.LoginView.as_view(extra_context={"sso": settings.OIDC_ENABLED}), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
@@ -15,7 +19,8 @@ urlpatterns = [
     path("", include("reviews.urls")),
 ]
 
-# The 500 page renders without the database, a session or URL reversing (reviews/errors.py).
-handler500 = "reviews.errors.server_error"
+# The 500 page renders without the database, a session or URL reversing (reviews/errors.py);
+# a database that is down or too slow answers 503 instead (ledgerdash/ops/unavailable.py).
+handler500 = "ledgerdash.ops.unavailable.server_error"
 if settings.OIDC_ENABLED:
     urlpatterns.insert(0, path("oidc/", include("mozilla_django_oidc.urls")))

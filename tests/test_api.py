@@ -301,6 +301,52 @@ def test_reading_an_attempt_shows_its_events(api_a: Api) -> None:
     assert all(len(e["hash"]) == 64 for e in body["events"])
 
 
+def test_a_long_poll_answers_as_soon_as_the_attempt_moves(api_a: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledgerdash.ledger.api import attempts as attempt_endpoints
+
+    attempt = _dispatched(api_a)
+    naps: list[float] = []
+
+    def recovery_moves_it_meanwhile(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:  # another process settles it while the agent waits
+            stored = Attempt.objects.get(pk=attempt["id"])
+            moves.attempt_expire_lease(attempt=stored, actor=RECONCILER, fence=stored.fence)
+
+    monkeypatch.setattr(attempt_endpoints, "_sleep", recovery_moves_it_meanwhile)
+    response = api_a.get(f"/attempts/{attempt['id']}?wait=20&fence={attempt['fence']}")
+    assert response.status_code == 200
+    assert response.json()["state"] == S.UNKNOWN
+    assert response.json()["fence"] != attempt["fence"]
+    assert len(naps) == 2  # answered on the first read after the move, not at the end of the wait
+
+
+def test_a_long_poll_answers_at_once_when_the_caller_saw_an_older_fence(
+    api_a: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledgerdash.ledger.api import attempts as attempt_endpoints
+
+    attempt = _dispatched(api_a)
+    monkeypatch.setattr(attempt_endpoints, "_sleep", lambda seconds: pytest.fail("waited for a change it had"))
+    response = api_a.get(f"/attempts/{attempt['id']}?wait=20&fence={attempt['fence'] - 1}")
+    assert response.json()["fence"] == attempt["fence"]
+
+
+def test_a_long_poll_with_nothing_changing_ends_with_the_attempt_as_it_is(api_a: Api) -> None:
+    attempt = _dispatched(api_a)
+    response = api_a.get(f"/attempts/{attempt['id']}?wait=0.3")
+    assert response.status_code == 200
+    assert (response.json()["state"], response.json()["fence"]) == (S.DISPATCHED, attempt["fence"])
+
+
+@pytest.mark.parametrize("query", ["wait=26", "wait=-1", "wait=soon", "fence=-1", "held=1"])
+def test_a_long_poll_refuses_a_wait_it_cannot_keep(api_a: Api, query: str) -> None:
+    attempt = _dispatched(api_a)
+    response = api_a.get(f"/attempts/{attempt['id']}?{query}")
+    assert response.status_code == 422
+    assert response.json()["code"] in ("validation_error", "unknown_field")
+
+
 def test_finding_by_key_returns_the_whole_chain(api_a: Api) -> None:
     original = api_a.record("k", args={"n": 1})
     linked = api_a.post("/attempts", intent("k", args={"n": 2})).json()["attempt_id"]

@@ -28,6 +28,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from ledgerdash.ledger.api import attempts as attempt_endpoints
 from ledgerdash.ledger.models import Tenant
 from tests.api_support import BASE, Api, issue_token
 
@@ -60,10 +61,15 @@ def token(tenant_a: Tenant) -> str:
 
 
 @pytest.fixture
-def app(token: str) -> Iterator[Any]:
+def app(token: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The real WSGI app, run in this thread inside the test's transaction:
     as Django's test client does, requests must not close the connection.
     (After ``token``, whose test-client requests reconnect the signals.)"""
+    # A long poll of an attempt nothing moves waits on a clock of its own:
+    # each nap moves it on at once, so a generated `wait` costs no real time.
+    now = [0.0]
+    monkeypatch.setattr(attempt_endpoints, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(attempt_endpoints, "_sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
     try:

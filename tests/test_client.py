@@ -378,6 +378,8 @@ def test_the_steps_and_reads_over_http(live: ledger.LedgerClient) -> None:
         live.fail(claimed.id, fence=claimed.fence - 1, reason="late and wrong")
     read = live.get(claimed.id)
     assert read.state == S.OUTCOME_CONFIRMED
+    # a long poll of an attempt that moved past the fence the caller saw answers at once
+    assert live.get(claimed.id, wait=20, fence=claimed.fence - 1).fence == confirmed.fence
     assert read.events is not None
     assert [e["to_state"] for e in read.events][-1] == S.OUTCOME_CONFIRMED
     assert [a.id for a in live.find("pay:1")] == [claimed.id]

@@ -10,10 +10,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from django.db.models import QuerySet
+from ninja import Schema
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from ledgerdash import errorcodes
 from ledgerdash.ledger.events import MAX_REASON
-from ledgerdash.ledger.models import State
+from ledgerdash.ledger.models import Attempt, AttemptEvent, State
 from ledgerdash.ledger.recording import MAX_KEY, MAX_NAME
 
 #: Largest value a fence or an id can take (a signed 64-bit column).
@@ -105,10 +108,10 @@ OutcomeIn = Annotated[
 ]
 
 
-# --- responses -------------------------------------------------------------------
+# --- responses: read from the models' attributes ---------------------------------------
 
 
-class EventOut(BaseModel):
+class EventOut(Schema):
     seq: int
     kind: str
     actor_kind: str
@@ -122,7 +125,7 @@ class EventOut(BaseModel):
     hash: str
 
 
-class AttemptSummaryOut(BaseModel):
+class AttemptSummaryOut(Schema):
     id: int
     task_id: str
     tool_name: str
@@ -149,6 +152,10 @@ class AttemptSummaryOut(BaseModel):
     created_at: datetime
     updated_at: datetime
 
+    @staticmethod
+    def resolve_credential_scope(attempt: Attempt) -> list[str]:
+        return sorted(attempt.scopes)
+
 
 class AttemptOut(AttemptSummaryOut):
     args: dict[str, Any]
@@ -163,8 +170,12 @@ class AttemptOut(AttemptSummaryOut):
 class AttemptDetailOut(AttemptOut):
     events: list[EventOut]
 
+    @staticmethod
+    def resolve_events(attempt: Attempt) -> QuerySet[AttemptEvent]:
+        return attempt.events.order_by("seq")
 
-class AttemptListOut(BaseModel):
+
+class AttemptListOut(Schema):
     items: list[AttemptSummaryOut]
     next_before: int | None = Field(description="Pass as `before` for the next page; null on the last page.")
 
@@ -178,7 +189,10 @@ class FieldErrorOut(BaseModel):
 class ErrorOut(BaseModel):
     """Every error answer. ``code`` is stable and meant for machines."""
 
-    code: str
+    code: str = Field(
+        description="Stable, for machines: what went wrong (ledgerdash/errorcodes.py has each code's meaning).",
+        json_schema_extra={"enum": list[JsonValue](errorcodes.answered())},
+    )
     message: str
     attempt_id: int | None = Field(
         None,

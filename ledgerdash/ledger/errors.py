@@ -1,20 +1,41 @@
 """Named errors of the ledger. Messages are class constants so tests and the
-API can refer to them; each error has a stable ``code`` for machines."""
+API can refer to them; each error has a stable ``code`` for machines, whose
+row in :mod:`ledgerdash.errorcodes` gives its HTTP status: a class whose code
+has no row is refused when this module is imported."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import Any, Protocol
 
+from ledgerdash import errorcodes
 from ledgerdash.ledger import keys
 
-if TYPE_CHECKING:
-    from ledgerdash.ledger.models import Attempt
+
+class Attempt(Protocol):
+    """What an error says of the attempt it is about (an ``Attempt`` row).
+    This module does not import the models: it is imported by modules the
+    models import (canonical JSON, the provider adapters) and by the client."""
+
+    @property
+    def pk(self) -> Any: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def parent_id(self) -> int | None: ...
+    @property
+    def next_check_at(self) -> datetime | None: ...
 
 
 class LedgerError(Exception):
     """Base of every error the ledger raises on purpose."""
 
     code = "ledger_error"
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if errorcodes.row(cls.code).origin not in ("ledger", "process"):
+            raise ValueError(f"{cls.__name__}: {cls.code} is not a ledger error's code in ledgerdash/errorcodes.py")
 
 
 # --- bad input: nothing was written ------------------------------------------
@@ -211,6 +232,7 @@ class ApprovalRefused(LedgerError):
 class SelfApproval(ApprovalRefused):
     code = "self_approval"
     MESSAGE = "{user} requested this retry and cannot also approve it"
+    FIRST_CALL = "{user} triggered this call and cannot also approve it"
 
 
 # --- what an agent is told instead of dispatching -------------------------------
@@ -247,6 +269,15 @@ class UnderReview(AttemptBlocked):
     MESSAGE = "attempt {attempt_id} is waiting for an operator's decision"
 
 
+class AwaitingApproval(AttemptBlocked):
+    """The tenant's policy requires an approver's yes before this call is
+    sent; it waits in the approvals queue. Call again later: once approved,
+    the same call dispatches (once); once rejected, it fails with the reason."""
+
+    code = "awaiting_approval"
+    MESSAGE = "attempt {attempt_id} waits for an approver before it may be sent ({why}); call again later"
+
+
 class AttemptInFlight(AttemptBlocked):
     code = "attempt_in_flight"
     MESSAGE = "attempt {attempt_id} is being dispatched by {holder}"
@@ -260,6 +291,13 @@ class RetryPending(AttemptBlocked):
 class AttemptFailed(AttemptBlocked):
     code = "attempt_failed"
     MESSAGE = "attempt {attempt_id} failed: {reason}"
+
+
+class ApprovalRejected(AttemptFailed):
+    """An approver rejected the call before it was sent: final, with their reason."""
+
+    code = "approval_rejected"
+    MESSAGE = "attempt {attempt_id} was rejected by an approver and will not be sent: {reason}"
 
 
 class ResultUnavailable(AttemptBlocked):

@@ -1,0 +1,49 @@
+"""The ingest API: the recording API over HTTP, for agents in any language.
+
+``/api/v1/``, JSON, one bearer token per agent (:mod:`.auth`). Endpoints
+(:mod:`.attempts`) parse, authorize, call one function of
+:mod:`ledgerdash.ledger.recording` and return the attempt, which the
+response schemas render; they never write attempt rows themselves. Every
+error answer is ``{"code": …, "message": …}`` with the ledger's stable codes
+(:mod:`.errors`), and a refused request writes nothing (the one exception is
+the ledger's own rule: an idempotency key reused with other arguments
+records a linked attempt for review and answers 409 naming it).
+
+Checks run in this order, so an answer says the first thing wrong:
+body size (before anything is read, :mod:`.guard`), token, scope, content
+type, JSON (:mod:`.parsing`), schema, then the ledger's own validation and
+state machine.
+"""
+
+from __future__ import annotations
+
+from django.urls import URLPattern, URLResolver
+from ninja import NinjaAPI
+
+from ledgerdash.ledger.api import attempts
+from ledgerdash.ledger.api.errors import API_CODES, STATUS_BY_CODE, install_handlers
+from ledgerdash.ledger.api.guard import guarded_urls
+from ledgerdash.ledger.api.parsing import StrictJsonParser
+
+__all__ = ["API_CODES", "STATUS_BY_CODE", "api", "urls"]
+
+api = NinjaAPI(
+    title="ledgerdash ingest API",
+    version="1",
+    description=(
+        "Record an agent's side effects in the ledger before they happen: record the intent, claim it for "
+        "dispatch (the claim returns a fence), call the provider, report the outcome with the fence. "
+        "Every error is `{code, message}`; see the README's status table."
+    ),
+    urls_namespace="ledger-api-v1",
+    docs_url=None,
+    parser=StrictJsonParser(),
+)
+api.add_router("", attempts.router)
+install_handlers(api)
+
+
+def urls() -> tuple[list[URLPattern | URLResolver], str, str]:
+    """The API's URL patterns, each behind the body check, with JSON answers
+    for unknown paths and methods. Include under ``api/v1/``."""
+    return guarded_urls(api)

@@ -1,0 +1,74 @@
+"""From a tool's configuration to its adapter.
+
+Reads the configuration through :class:`ToolSettings` rather than the
+``Tool`` model, so the model can validate its own configuration (``Tool.clean``)
+with this module without an import cycle (the adapters import the ledger's
+errors and canonical JSON, which must not depend on the models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any, Protocol
+
+from django.utils.module_loading import import_string
+
+from ledgerdash.ledger.providers.base import ProviderAdapter
+from ledgerdash.ledger.providers.http import HttpAdapter, HttpConfig
+
+#: The adapter kinds (``Tool.Adapter``'s values).
+HTTP = "http"
+PYTHON = "python"
+
+
+class ToolSettings(Protocol):
+    """What building an adapter reads of a tool (a ``Tool`` row)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def adapter(self) -> str: ...
+    @property
+    def config(self) -> Any: ...
+    @property
+    def idempotent(self) -> bool: ...
+    @property
+    def key_retention_seconds(self) -> int | None: ...
+    @property
+    def max_request_seconds(self) -> float: ...
+
+
+def build_adapter(
+    tool: ToolSettings,
+    *,
+    credentials: Mapping[str, str] | None = None,
+    per_tenant: Iterable[str] = (),
+    tenant_label: str = "",
+) -> ProviderAdapter:
+    """``tool``'s adapter. For an HTTP tool, ``credentials`` are the calling
+    tenant's bindings (placeholder -> secret name), ``per_tenant`` every
+    placeholder some tenant binds (never filled from a shared secret)."""
+    if tool.adapter == HTTP:
+        adapter: ProviderAdapter = HttpAdapter(
+            tool.name,
+            HttpConfig.from_dict(tool.config),
+            credentials=credentials,
+            per_tenant=per_tenant,
+            tenant_label=tenant_label,
+        )
+    elif tool.adapter == PYTHON:
+        config = dict(tool.config)
+        path = config.pop("class", None)
+        if not isinstance(path, str):
+            raise ValueError("a python adapter's config needs 'class': 'package.module.Class'")
+        cls = import_string(path)
+        if not (isinstance(cls, type) and issubclass(cls, ProviderAdapter)):
+            raise TypeError(f"{path} is not a ProviderAdapter")
+        adapter = cls(**config)
+    else:
+        raise ValueError(f"unknown adapter kind {tool.adapter!r}")
+    adapter.idempotent = tool.idempotent
+    adapter.key_retention = timedelta(seconds=tool.key_retention_seconds) if tool.key_retention_seconds else None
+    adapter.max_request_seconds = float(tool.max_request_seconds)
+    return adapter

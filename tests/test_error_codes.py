@@ -1,0 +1,88 @@
+"""The one table of error codes (ledgerdash/errorcodes.py) against what is
+built from it: the ledger's errors, the API's statuses and OpenAPI enum, and
+the Python client's exception classes."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+from django.test import Client
+
+import ledgerdash.ledger
+from ledgerdash import client, errorcodes
+from ledgerdash.ledger import errors
+from ledgerdash.ledger.api import errors as api_errors
+
+
+def _ledger_errors() -> list[type[errors.LedgerError]]:
+    """Every LedgerError class, wherever in the ledger it is defined."""
+    for module in pkgutil.walk_packages(ledgerdash.ledger.__path__, "ledgerdash.ledger."):
+        if ".migrations" not in module.name and ".management" not in module.name:
+            importlib.import_module(module.name)
+    found: list[type[errors.LedgerError]] = [errors.LedgerError]
+    for cls in found:
+        found.extend(cls.__subclasses__())
+    return found
+
+
+LEDGER_ERRORS = _ledger_errors()
+
+
+def test_every_ledger_error_has_a_row() -> None:
+    missing = {cls.__name__: cls.code for cls in LEDGER_ERRORS if cls.code not in errorcodes.BY_CODE}
+    assert not missing, missing
+    wrong = {cls.__name__ for cls in LEDGER_ERRORS if errorcodes.BY_CODE[cls.code].origin not in ("ledger", "process")}
+    assert not wrong, wrong
+
+
+def test_every_ledger_row_has_a_ledger_error() -> None:
+    codes = {cls.code for cls in LEDGER_ERRORS}
+    rows = {row.code for row in errorcodes.TABLE if row.origin in ("ledger", "process")}
+    assert rows - codes == set(), f"rows without a ledger error: {rows - codes}"
+
+
+def test_a_ledger_error_with_a_code_that_has_no_row_is_refused() -> None:
+    with pytest.raises(KeyError, match="no_such_code"):
+        type("Misnamed", (errors.LedgerError,), {"code": "no_such_code"})
+    with pytest.raises(ValueError, match="not a ledger error"):
+        type("ParsingError", (errors.LedgerError,), {"code": "malformed_json"})
+
+
+def test_the_client_has_a_class_for_every_row_that_names_one() -> None:
+    for row in errorcodes.TABLE:
+        if row.client is None:
+            assert row.origin in ("ledger", "process"), f"{row.code}: the API answers it, the client needs a class"
+            continue
+        cls = getattr(client, row.client)
+        assert isinstance(cls, type), row.client
+        assert cls.code == row.code, row.client
+        assert cls.retryable is row.retryable, row.client
+        if row.parent is not None:
+            assert cls.__bases__ == (getattr(client, errorcodes.BY_CODE[row.parent].client or ""),), row.client
+        elif row.code != "ledger_unavailable":
+            assert cls.__bases__ == (client.ApiError,), row.client
+
+
+def test_the_clients_classes_keep_their_names_and_hierarchy() -> None:
+    from ledgerdash.client import AttemptBlocked, IdempotencyConflict, InvalidKey, MalformedRequest, NotAllowed
+
+    assert issubclass(IdempotencyConflict, AttemptBlocked)
+    assert issubclass(client.InvalidUtf8, MalformedRequest)
+    assert issubclass(client.ScopeNotAllowed, NotAllowed)
+    assert issubclass(InvalidKey, client.InvalidInput)
+    assert client.IdempotencyConflict.__module__ == "ledgerdash.client"
+    with pytest.raises(AttributeError):
+        _ = client.NoSuchError
+
+
+def test_the_api_status_of_each_code_is_the_tables() -> None:
+    for code, status in {**api_errors.STATUS_BY_CODE, **api_errors.API_CODES}.items():
+        assert errorcodes.BY_CODE[code].status == status, code
+    assert set(api_errors.STATUS_BY_CODE) | set(api_errors.API_CODES) == set(errorcodes.answered())
+
+
+def test_the_openapi_document_lists_every_code_the_api_answers() -> None:
+    doc = Client().get("/api/v1/openapi.json").json()
+    assert doc["components"]["schemas"]["ErrorOut"]["properties"]["code"]["enum"] == errorcodes.answered()

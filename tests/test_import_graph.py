@@ -1,0 +1,121 @@
+"""The ledger's modules import each other without cycles.
+
+Read from the source with ``ast``, so it counts every import: at module
+level, inside functions (a lazy import hides a cycle, it does not remove
+it) and under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "ledgerdash"
+
+#: Modules everything else builds on: the models, and what the models use to
+#: check a tool's configuration. Nothing they import may import them back.
+FOUNDATION = {
+    "ledgerdash.errorcodes",
+    "ledgerdash.ledger.models",
+    "ledgerdash.ledger.errors",
+    "ledgerdash.ledger.keys",
+    "ledgerdash.ledger.canonical",
+    "ledgerdash.ledger.providers.base",
+    "ledgerdash.ledger.providers.factory",
+    "ledgerdash.ledger.providers.http",
+    "ledgerdash.ledger.providers.registry",
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path, *, module_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    nodes: Iterator[ast.AST] = iter(tree.body) if module_level_only else ast.walk(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return {n for n in names if n in MODULES and n != name}
+
+
+def _graph(*, module_level_only: bool) -> dict[str, set[str]]:
+    return {name: _imports(name, path, module_level_only=module_level_only) for name, path in MODULES.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_is_read() -> None:
+    graph = _graph(module_level_only=False)
+    assert "ledgerdash.ledger.providers.factory" in graph["ledgerdash.ledger.models"]
+    assert "ledgerdash.ledger.models" in graph["ledgerdash.ledger.providers.registry"]
+    assert "ledgerdash.ledger.errors" in graph["ledgerdash.ledger.canonical"]
+
+
+def test_no_cycle_among_module_level_imports() -> None:
+    assert _cycles(_graph(module_level_only=True)) == []
+
+
+def test_no_cycle_through_the_models_and_what_they_build_on() -> None:
+    tangled = [cycle for cycle in _cycles(_graph(module_level_only=False)) if FOUNDATION & set(cycle)]
+    assert tangled == [], tangled
+
+
+def test_a_cycle_would_be_found() -> None:
+    graph = _graph(module_level_only=False)
+    graph["ledgerdash.ledger.errors"] = graph["ledgerdash.ledger.errors"] | {"ledgerdash.ledger.models"}
+    assert any("ledgerdash.ledger.errors" in cycle for cycle in _cycles(graph))
