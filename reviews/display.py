@@ -23,9 +23,11 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -256,3 +258,14 @@ def shortened(value: Any, limit: int) -> tuple[Any, int]:
 def compact_json(value: Any) -> str:
     """One-line JSON with sorted keys: dense enough for a printed report."""
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(", ", ": "))
+
+
+def age(value: datetime | None, now: datetime | None = None) -> str:
+    """A compact age: 45s, 12m, 3h, 4d."""
+    if value is None:
+        return ""
+    seconds = max(0, int(((now or timezone.now()) - value).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

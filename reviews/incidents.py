@@ -40,6 +40,8 @@ def incident_list(request: HttpRequest) -> HttpResponse:
     incidents = queries.incidents_for(request.user)
     if request.GET.get("status") in (Incident.Status.OPEN, Incident.Status.RESOLVED):
         incidents = incidents.filter(status=request.GET["status"])
+    if request.GET.get("kind") in Incident.Kind.values:
+        incidents = incidents.filter(kind=request.GET["kind"])
     page = Paginator(incidents, PAGE_SIZE).get_page(request.GET.get("page"))
     return render(request, "reviews/incident_list.html", {"page": page, "incidents": page.object_list})
 

@@ -14,6 +14,7 @@ from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from ledgerdash.ledger import rules
 from ledgerdash.ledger.models import (
     Attempt,
     AttemptEvent,
@@ -40,7 +41,9 @@ COUNT_CAP = 999
 
 def queue_counts(user: Any, *, tenant_ids: Iterable[int] | None = None) -> dict[str, int]:
     """How much is waiting in each queue, up to ``COUNT_CAP + 1`` (shown as "999+"),
-    and how many incidents are open (``INCIDENTS``).
+    how many items await an approver (``APPROVALS``), how much UNKNOWN and
+    MANUAL_REVIEW work the user owns (``MINE``) and how many incidents are
+    open (``INCIDENTS``).
     ``tenant_ids``: the user's tenants, when the caller has read them already."""
     tenant_ids = list(tenant_ids) if tenant_ids is not None else tenant_ids_for(user)
     counts = {}
@@ -49,6 +52,20 @@ def queue_counts(user: Any, *, tenant_ids: Iterable[int] | None = None) -> dict[
         # entries of the (tenant, state, ...) index are read.
         waiting = Attempt.objects.filter(tenant_id__in=tenant_ids, state=state).order_by().values("id")[: COUNT_CAP + 1]
         counts[state.value] = waiting.count()
+    awaiting = Attempt.objects.filter(rules.awaiting_approval_filter(), tenant_id__in=tenant_ids).order_by()
+    counts["APPROVALS"] = awaiting.values("id")[: COUNT_CAP + 1].count()
+    # One state at a time, like the queues: each an index range that stops at the cap.
+    owner_id = getattr(user, "pk", None)
+    counts["MINE"] = min(
+        COUNT_CAP + 1,
+        sum(
+            Attempt.objects.filter(tenant_id__in=tenant_ids, owner_id=owner_id, state=state)
+            .order_by()
+            .values("id")[: COUNT_CAP + 1]
+            .count()
+            for state in (State.UNKNOWN, State.MANUAL_REVIEW)
+        ),
+    )
     open_incidents = Incident.objects.filter(tenant_id__in=tenant_ids, status=Incident.Status.OPEN).order_by()
     counts["INCIDENTS"] = open_incidents.values("id")[: COUNT_CAP + 1].count()
     return counts
@@ -122,6 +139,14 @@ class ListQuery:
     #: Absolute bounds on ``created_at`` (the export command's time range).
     since: datetime | None = None
     until: datetime | None = None
+    #: Only what awaits an approver's decision (the approvals queue).
+    awaiting_approval: bool = False
+    #: Any of these states (``state`` is one); e.g. all work that waits on people.
+    states: tuple[str, ...] = ()
+    #: Only work older than its tenant's SLA.
+    past_sla: bool = False
+    #: Leave out what this user asked for (what awaits *their* approval).
+    not_requested_by: int | None = None
 
 
 @dataclass
@@ -160,6 +185,14 @@ def attempt_filter(query: ListQuery, user: Any, now: datetime, *, prefix: str = 
     condition = Q()
     if query.state:
         condition &= q(state=query.state)
+    if query.awaiting_approval:
+        condition &= rules.awaiting_approval_filter(prefix)
+    if query.states:
+        condition &= q(state__in=list(query.states))
+    if query.past_sla:
+        condition &= past_sla_filter(query.tenant_ids, now, prefix=prefix)
+    if query.not_requested_by is not None:
+        condition &= ~q(requested_by_id=query.not_requested_by) | q(requested_by__isnull=True)
     if query.tool:
         condition &= q(tool_name=query.tool)
     if query.owner == "me":
@@ -177,6 +210,14 @@ def attempt_filter(query: ListQuery, user: Any, now: datetime, *, prefix: str = 
     if query.search:
         search = _search_filter(query.search)
         condition &= Q(**{prefix + "pk__in": Attempt.objects.filter(search).values("pk")}) if prefix else search
+    return condition
+
+
+def past_sla_filter(tenant_ids: Iterable[int], now: datetime, *, prefix: str = "") -> Q:
+    """Attempts older than their own tenant's SLA (one cut-off per tenant)."""
+    condition = Q(pk__in=[])
+    for tenant in Tenant.objects.filter(pk__in=list(tenant_ids)).only("pk", "sla_minutes"):
+        condition |= Q(**{f"{prefix}tenant_id": tenant.pk, f"{prefix}created_at__lte": now - tenant.sla})
     return condition
 
 
@@ -331,3 +372,106 @@ def chain_status(user: Any, *, tenants: list[Tenant] | None = None) -> list[Chai
     heads = dict(ChainHead.objects.filter(tenant__in=tenants).values_list("tenant_id", "seq"))
     checks = {c.tenant_id: c for c in ChainCheck.objects.filter(tenant__in=tenants)}
     return [ChainStatus(t, heads.get(t.pk, 0), checks.get(t.pk)) for t in tenants]
+
+
+# --- the overview: what to do first ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Oldest:
+    """The oldest item of a queue: what waited longest."""
+
+    label: str
+    queue_url: str
+    count: int
+    since: datetime | None = None
+    item_url: str = ""
+    item_label: str = ""
+
+
+@dataclass(frozen=True)
+class Late:
+    """A tenant's work past its SLA."""
+
+    tenant: Tenant
+    count: int
+    sla: timedelta
+
+
+@dataclass(frozen=True)
+class FirstThings:
+    oldest: list[Oldest]
+    late: list[Late]
+    mine: int
+    my_approvals: int
+    unowned: int
+    duplicates: int
+
+
+def _capped(qs: QuerySet[Any]) -> int:
+    return qs.order_by().values("pk")[: COUNT_CAP + 1].count()
+
+
+def first_things(
+    user: Any, tenants: list[Tenant], approver_of: Iterable[int] | None = None, *, now: datetime | None = None
+) -> FirstThings:
+    """What an operator should look at first, in the user's tenants: the
+    oldest item of each queue, work past each tenant's SLA, their own work,
+    what awaits their approval, work nobody owns, and duplicate incidents.
+    Every count stops at ``COUNT_CAP + 1``. ``approver_of``: the tenants
+    where the user approves, when the caller has read them already."""
+    from django.urls import reverse
+
+    from ledgerdash.ledger.models import OWNED_STATES, Role
+
+    now = now or timezone.now()
+    tenant_ids = [t.pk for t in tenants]
+    attempts = Attempt.objects.filter(tenant_id__in=tenant_ids)
+    oldest: list[Oldest] = []
+    sources: list[tuple[str, str, QuerySet[Attempt]]] = [
+        ("UNKNOWN", reverse("reviews:queue", args=["unknown"]), attempts.filter(state=State.UNKNOWN)),
+        ("MANUAL_REVIEW", reverse("reviews:queue", args=["review"]), attempts.filter(state=State.MANUAL_REVIEW)),
+        ("Awaiting approval", reverse("reviews:approvals"), attempts.filter(rules.awaiting_approval_filter())),
+    ]
+    for label, url, qs in sources:
+        first = qs.order_by("created_at", "id").values("pk", "created_at").first()
+        oldest.append(
+            Oldest(
+                label,
+                url + "?sort=oldest",
+                _capped(qs),
+                first["created_at"] if first else None,
+                reverse("reviews:attempt", args=[first["pk"]]) if first else "",
+                f"#{first['pk']}" if first else "",
+            )
+        )
+    incidents = Incident.objects.filter(tenant_id__in=tenant_ids, status=Incident.Status.OPEN)
+    first_incident = incidents.order_by("opened_at", "id").values("pk", "opened_at").first()
+    oldest.append(
+        Oldest(
+            "Open incidents",
+            reverse("reviews:incidents") + "?status=open",
+            _capped(incidents),
+            first_incident["opened_at"] if first_incident else None,
+            reverse("reviews:incident", args=[first_incident["pk"]]) if first_incident else "",
+            f"incident #{first_incident['pk']}" if first_incident else "",
+        )
+    )
+    waiting = attempts.filter(state__in=list(OWNED_STATES))
+    late = []
+    for tenant in tenants:
+        count = _capped(waiting.filter(tenant_id=tenant.pk, created_at__lte=now - tenant.sla))
+        if count:
+            late.append(Late(tenant, count, tenant.sla))
+    approver_of = list(approver_of) if approver_of is not None else tenant_ids_for(user, Role.APPROVER)
+    awaiting_mine = Attempt.objects.filter(rules.awaiting_approval_filter(), tenant_id__in=approver_of).exclude(
+        requested_by_id=user.pk
+    )
+    return FirstThings(
+        oldest=oldest,
+        late=late,
+        mine=_capped(waiting.filter(owner_id=user.pk)),
+        my_approvals=_capped(awaiting_mine),
+        unowned=_capped(waiting.filter(owner__isnull=True)),
+        duplicates=_capped(incidents.filter(kind=Incident.Kind.DUPLICATE)),
+    )

@@ -2,7 +2,17 @@ from __future__ import annotations
 
 from django.urls import path
 
-from reviews import account_views, audit_views, drills, incidents, views
+from reviews import (
+    account_views,
+    approvals,
+    audit_views,
+    bulk,
+    drills,
+    incidents,
+    notifications,
+    tenant_settings,
+    views,
+)
 
 app_name = "reviews"
 
@@ -10,8 +20,10 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("export.<str:fmt>", audit_views.export, name="export"),
     path("queues/<slug:queue>/", views.attempt_list, name="queue"),
+    path("approvals/", approvals.approvals, name="approvals"),
     path("attempts/", views.attempt_list, name="search"),
     path("attempts/assign/", views.bulk_assign, name="bulk_assign"),
+    path("attempts/bulk/<slug:decision>/", bulk.bulk_decide, name="bulk_decide"),
     path("attempts/<int:pk>/", views.attempt_detail, name="attempt"),
     path("attempts/<int:pk>/claim/", views.attempt_claim, name="claim"),
     path("attempts/<int:pk>/assign/", views.attempt_assign, name="assign"),
@@ -30,6 +42,14 @@ urlpatterns = [
     path("incidents/<int:pk>/resolve/", incidents.incident_resolve, name="incident_resolve"),
     path("members/", account_views.members, name="members"),
     path("members/unlock/", account_views.member_unlock, name="member_unlock"),
+    path("tenants/<slug:slug>/settings/", tenant_settings.tenant_settings, name="tenant_settings"),
+    path("tenants/<slug:slug>/settings/role/", tenant_settings.member_role, name="member_role"),
+    path("notifications/", notifications.notification_list, name="notifications"),
+    path("notifications/channels/new/", notifications.channel_create, name="channel_create"),
+    path("notifications/channels/<int:pk>/", notifications.channel_edit, name="channel_edit"),
+    path("notifications/rules/new/", notifications.rule_create, name="rule_create"),
+    path("notifications/rules/<int:pk>/", notifications.rule_edit, name="rule_edit"),
+    path("notifications/deliveries/<uuid:pk>/resend/", notifications.delivery_resend, name="delivery_resend"),
     path("drills/", drills.drill_list, name="drills"),
     path("drills/<int:pk>/", drills.drill_detail, name="drill"),
     path("attempts/<int:pk>/report/", audit_views.attempt_report, name="attempt_report"),

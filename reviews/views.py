@@ -25,8 +25,8 @@ from django.views.decorators.http import require_http_methods, require_POST, req
 from ledgerdash.ledger import moves, rules, tenancy
 from ledgerdash.ledger.errors import ApprovalRefused, LedgerError
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, Role, State
-from reviews import diffs, queries
+from ledgerdash.ledger.models import Attempt, Role, State, roles_at_least
+from reviews import diffs, history, queries, timeline
 from reviews.forms import (
     AbandonForm,
     ApproveForm,
@@ -64,11 +64,13 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
     tenants = tenants_or_403(request)
     tenant_ids = [t.pk for t in tenants]
     counts = queries.queue_counts(request.user, tenant_ids=tenant_ids)
-    context: dict[str, Any] = {"counts": counts}
+    roles = tenancy.roles_by_tenant(request.user)
+    approves = [pk for pk, role in roles.items() if role in roles_at_least(Role.APPROVER)]
+    context: dict[str, Any] = {"counts": counts, "first": queries.first_things(request.user, tenants, approves)}
     if not is_partial(request):
         context["latest_drills"] = list(queries.drill_runs_for(request.user, tenant_ids=tenant_ids)[:3])
         context["chains"] = queries.chain_status(request.user, tenants=tenants)
-        context["administers"] = bool(tenancy.tenant_ids_for(request.user, Role.ADMIN))
+        context["administers"] = Role.ADMIN in roles.values()
     return render_region(request, "reviews/home.html", "counts", context)
 
 
@@ -124,19 +126,22 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
     children = [a for a in chain if a.parent_id == attempt.pk]
     actions = rules.moves_for(request.user, attempt, children=children)
     approval: dict[str, Any] | None = None
-    if rules.awaiting_approval(attempt) and parent is not None:
+    if rules.awaiting_approval(attempt) and (parent is not None or attempt.parent_id is None):
         # What the approval's re-check would find now. It runs again, under
         # locks, when the approver decides: this is a preview, not the check.
         check = rules.approval_check(attempt, parent, request.user)
+        standing = check.standing
         approval = {
             "original": parent,
-            "blocked": check.standing.blocked,
-            "risk": check.standing.risk,
-            "safe_because": check.standing.proof,
+            "first_call": parent is None,
+            "blocked": standing.blocked if standing else None,
+            "risk": standing.risk if standing else None,
+            "safe_because": standing.proof if standing else None,
             "changes": check.authority,
             "self_requested": attempt.requested_by_id == request.user.pk,
         }
     fence = {"fence": attempt.fence}
+    history_page = timeline.timeline(attempt, request.GET.get("events") or 1)
     owners = tenancy.member_names_who_can([attempt.tenant_id])
     return {
         "attempt": attempt,
@@ -145,7 +150,9 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "parent": parent,
         "parent_diff": diffs.diff(parent, attempt) if parent is not None else None,
         "child_diffs": [diffs.diff(attempt, child) for child in children],
-        "events": list(queries.events_of_chain([attempt])),
+        # Repeated checks folded, in pages; the audit report keeps every event.
+        "timeline": history_page,
+        "created": history.origin(attempt, history_page.creating),
         "actions": actions,
         "approval": approval,
         "owner_seen": attempt.owner_id or "",
@@ -171,6 +178,10 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
 @require_safe
 def attempt_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     attempt = attempt_for_user(request, pk)
+    if is_partial(request) and request.htmx.target == "timeline":
+        # The timeline's pager swaps only the timeline: read nothing else.
+        context = {"attempt": attempt, "timeline": timeline.timeline(attempt, request.GET.get("events") or 1)}
+        return render_region(request, "reviews/attempt_detail.html", "timeline", context)
     return render_region(request, "reviews/attempt_detail.html", "detail", _detail_context(request, attempt))
 
 
@@ -210,7 +221,7 @@ def _act(
     try:
         messages.success(request, do(attempt, form.cleaned_data, actor_of(request)))
     except ApprovalRefused as refusal:
-        messages.error(request, "Approval refused. What changed: " + "; ".join(refusal.changes))
+        messages.error(request, "Approval refused: " + "; ".join(refusal.changes) + ".")
     except LedgerError as exc:
         messages.error(request, str(exc))
     return _after_action(request, attempt.pk)
@@ -349,6 +360,8 @@ def retry_approve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             safe_because=data["safe_because"],
             fence=data["fence"],
         )
+        if attempt.parent_id is None:
+            return f"#{attempt.pk} approved: its agent's next call sends it."
         return f"Retry #{attempt.pk} approved: it may be dispatched now."
 
     return _act(request, pk, ApproveForm(request.POST), Role.APPROVER, do)
@@ -359,7 +372,7 @@ def retry_approve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def retry_reject(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     def do(attempt: Attempt, data: dict[str, Any], actor: Actor) -> str:
         moves.retry_reject(attempt=attempt, actor=actor, comment=data["comment"], fence=data["fence"])
-        return f"Retry #{attempt.pk} rejected."
+        return f"{'Retry ' if attempt.parent_id else ''}#{attempt.pk} rejected: it will not be sent."
 
     return _act(request, pk, RejectForm(request.POST), Role.APPROVER, do)
 
@@ -372,6 +385,9 @@ class PlanRow:
     attempt: Attempt
     #: Why this attempt will not be touched; empty when it will be assigned.
     skip: str = ""
+
+
+ALREADY_THEIRS = "already theirs"
 
 
 def _bulk_plan(request: HttpRequest, ids: list[int], owner: Any, operator_tenants: set[int]) -> list[PlanRow]:
@@ -387,7 +403,7 @@ def _bulk_plan(request: HttpRequest, ids: list[int], owner: Any, operator_tenant
         if attempt.tenant_id not in owner_tenants:
             plan.append(PlanRow(attempt, f"not an operator of {attempt.tenant.slug}"))
         elif attempt.owner_id == owner.pk:
-            plan.append(PlanRow(attempt, "already theirs"))
+            plan.append(PlanRow(attempt, ALREADY_THEIRS))
         else:
             plan.append(PlanRow(attempt))
     return plan
@@ -414,9 +430,13 @@ def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
     context["plan"] = plan
     if request.method == "POST":
         touch = [row.attempt.pk for row in plan if not row.skip]
+        # Every row the target could own goes to the ledger with the owner the
+        # preview showed, those it skipped as "already theirs" too: a row the
+        # target claimed meanwhile changes the batch, so nothing is assigned.
+        could_own = [row.attempt.pk for row in plan if row.skip in ("", ALREADY_THEIRS)]
         try:
             moves.attempts_assign(
-                attempt_ids=touch,
+                attempt_ids=could_own,
                 owner=owner,
                 actor=actor_of(request),
                 expected_owner_ids=data["expect"],

@@ -384,7 +384,7 @@ def test_it_refuses_approval_when_the_policy_changed_and_says_what_changed(
     response = as_user(approver_a).post(url("approve", retry), {"comment": "ok", "fence": retry.fence}, headers=HTMX)
     page = response.content.decode()
     assert (
-        "Approval refused. What changed: scope email:send is not allowed for send_email by policy v2 "
+        "Approval refused: scope email:send is not allowed for send_email by policy v2 "
         "(it allows: none) (attempt recorded under v1)" in page
     )
     # The refusal is in the ledger, and on the timeline with what changed.

@@ -193,7 +193,7 @@ def test_an_operator_claims_stuck_work_and_an_approver_settles_a_linked_retry(
     page.get_by_label("Comment").first.fill("looks right")
     page.get_by_role("button", name="Approve retry").click()
     expect(page.locator("#flash")).to_contain_text(
-        "Approval refused. What changed: scope email:send is not allowed for send_email by policy v2"
+        "Approval refused: scope email:send is not allowed for send_email by policy v2"
     )
     expect(page.locator(".event-approval_refused")).to_contain_text("not allowed for send_email by policy v2")
     expect(page.locator("h1 .state")).to_have_text("MANUAL_REVIEW")

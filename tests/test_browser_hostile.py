@@ -299,6 +299,20 @@ def test_hostile_strings_keep_every_page_in_shape(people: Any, hostile: Hostile)
     assert measured["scrollWidth"] <= measured["innerWidth"]
     assert measured["invisible"] == []
 
+    # The approvals queue (the hostile linked attempts wait there), the
+    # overview, and a bulk decision's preview of the hostile rows.
+    look(operator, "/approvals/", "approvals-queue")
+    look(operator, "/", "overview", markers=False)
+    page.goto(operator.base_url + "/queues/unknown/")
+    for attempt in (hostile.rlo, hostile.lookalike_zw, hostile.long_task):
+        page.get_by_label(f"Select #{attempt.pk}").check()
+    page.get_by_role("button", name="Preview re-check").click()
+    expect(page.locator("#preview")).to_contain_text("will touch")
+    measured = page.evaluate(MEASURE)
+    operator.shot("hostile-bulk-recheck-preview")
+    assert measured["scrollWidth"] <= measured["innerWidth"]
+    assert measured["invisible"] == []
+
     look(operator, f"/drills/{hostile.drill.pk}/", "drill")
     look(operator, "/drills/", "drills", markers=False)
 

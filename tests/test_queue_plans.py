@@ -157,6 +157,9 @@ LISTS = [
     ("all attempts, newest first", {"oldest_first": False}),
     ("all attempts, FAILED", {"state": State.FAILED, "oldest_first": False}),
     ("all attempts, mine", {"owner": "me", "oldest_first": False}),
+    ("awaiting approval, oldest first", {"state": State.MANUAL_REVIEW, "awaiting_approval": True}),
+    ("my work, oldest first", {"states": (State.MANUAL_REVIEW, State.UNKNOWN), "owner": "me"}),
+    ("waiting on people or facts, past the SLA", {"states": (State.MANUAL_REVIEW, State.UNKNOWN), "past_sla": True}),
 ]
 
 
@@ -188,7 +191,7 @@ def test_every_list_read_is_an_index_scan_of_a_page_not_of_the_tenant(big_ledger
     with CaptureQueriesContext(connection) as captured:
         queries.queue_counts(user)
     counts = [q["sql"] for q in captured.captured_queries if "COUNT" in q["sql"]]
-    assert len(counts) == 3  # UNKNOWN, MANUAL_REVIEW and open incidents
+    assert len(counts) == 6  # UNKNOWN, MANUAL_REVIEW, awaiting approval, my work (two) and open incidents
     for sql in counts:
         problems += _check("queue count", sql)
     assert not problems, "\n".join(problems)

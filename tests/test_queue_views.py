@@ -111,14 +111,15 @@ def test_the_overview_counts_and_refreshes_itself(stuck: dict[str, Attempt], ope
     assert '<span class="card-count">1</span>' in page
     partial = client.get(reverse("reviews:home"), headers=HTMX).content.decode()
     assert "<html" not in partial
-    assert partial.lstrip().startswith('<section id="counts"')
+    assert partial.lstrip().startswith('<div id="counts"')
     assert 'hx-trigger="every 15s"' in partial
 
 
 def test_counts_stop_at_a_cap(stuck: dict[str, Attempt], tenant_a: Tenant, operator_a: Any, monkeypatch: Any) -> None:
     attempt_in(S.UNKNOWN, tenant_a, key="a-unknown-2")
     monkeypatch.setattr(queries, "COUNT_CAP", 1)
-    assert queries.queue_counts(operator_a) == {S.UNKNOWN: 2, S.MANUAL_REVIEW: 1, "INCIDENTS": 0}
+    counts = {S.UNKNOWN: 2, S.MANUAL_REVIEW: 1, "APPROVALS": 0, "MINE": 0, "INCIDENTS": 0}
+    assert queries.queue_counts(operator_a) == counts
     page = as_user(operator_a).get(reverse("reviews:home")).content.decode()
     assert 'id="count-unknown">1+<' in page
     assert '<span class="card-count">1+</span>' in page
@@ -162,6 +163,27 @@ def test_operators_get_claim_buttons_and_bulk_selection(stuck: dict[str, Attempt
     attempt = stuck["a_unknown"]
     assert f'aria-label="Claim #{attempt.pk}"' in page
     assert f'name="ids" value="{attempt.pk}" form="bulk"' in page
+
+
+def test_a_row_carries_its_claim_form_and_says_whose_it_is(stuck: dict[str, Attempt], operator_a: Any) -> None:
+    attempt = stuck["a_unknown"]
+    client = as_user(operator_a)
+    url = f"{UNKNOWN_QUEUE}?sort=newest"
+    page = client.get(url).content.decode()
+    row = page[page.index(f'<tr id="row-{attempt.pk}"') :].split("</tr>", 1)[0]
+    claim = reverse("reviews:claim", args=[attempt.pk])
+    assert f'action="{claim}" hx-post="{claim}" hx-target="#row-{attempt.pk}"' in row
+    assert 'name="csrfmiddlewaretoken" value="' in row
+    assert '<input type="hidden" name="next" value="/queues/unknown/?sort=newest">' in row
+    assert f'<time datetime="{attempt.created_at.isoformat()}"' in row
+    # The claim form posts as the template's did: the owner seen, and back to the list.
+    response = client.post(claim, {"owner_seen": attempt.owner_id or "", "next": url})
+    assert response.status_code == 303
+    assert response["Location"] == url
+    page = client.get(url).content.decode()
+    row = page[page.index(f'<tr id="row-{attempt.pk}"') :].split("</tr>", 1)[0]
+    assert '<span class="mine">yours</span>' in row
+    assert 'class="claim"' not in row
 
 
 # --- the pages themselves: keyset pagination ------------------------------------------

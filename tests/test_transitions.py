@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -544,11 +545,23 @@ def test_concurrent_agents_of_one_tenant_keep_its_chain_whole(tenant_a: Any) -> 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_tenants_first_event_creates_its_chain_head(make_user: Any) -> None:
-    from ledgerdash.ledger.models import ChainHead, Policy, Tenant
+    from django.db import connection
 
-    tenant = Tenant.objects.create(slug="fresh", name="Fresh")
-    # A policy written directly, without the event policy_publish records.
-    Policy.objects.create(tenant=tenant, version=1, tools=TOOLS_V1)
+    from ledgerdash.ledger.models import ChainHead, Tenant
+
+    # A tenant and policy written behind the application's back (raw SQL):
+    # through the application, creating the tenant is its chain's first event.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO ledger_tenant (slug, name, is_active, created_at) VALUES ('fresh', 'Fresh', true, now()) "
+            "RETURNING id"
+        )
+        (tenant_id,) = cursor.fetchone()
+        cursor.execute(
+            "INSERT INTO ledger_policy (tenant_id, version, tools, note, created_at) VALUES (%s, 1, %s, '', now())",
+            [tenant_id, json.dumps(TOOLS_V1)],
+        )
+    tenant = Tenant.objects.get(pk=tenant_id)
     assert not ChainHead.objects.filter(tenant=tenant).exists()
     attempt = record(tenant, "first")
     assert [e.seq for e in events_of(attempt)] == [1]
@@ -586,3 +599,23 @@ def test_the_suite_runs_the_moves_as_production_runs_them(tenant_a: Any) -> None
     with transaction.atomic(), CaptureQueriesContext(connection) as inside:
         moves.attempt_comment(attempt=attempt, actor=AGENT, text="seen")
     assert not any(q["sql"].lstrip().startswith("WITH changed AS") for q in inside.captured_queries)
+
+
+@pytest.mark.postgres
+def test_an_intent_is_two_statements_its_id_taken_with_the_authority_read(tenant_a: Any) -> None:
+    """The intent's id comes from the sequence in the authority read's round
+    trip, not a ``nextval`` of its own; ids still follow recording order."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    first = record(tenant_a, "k-ids-1")
+    with CaptureQueriesContext(connection) as captured:
+        second = record(tenant_a, "k-ids-2")
+    # (The test case's savepoints stand in for production's autocommit.)
+    sqls = [q["sql"] for q in captured.captured_queries if "SAVEPOINT" not in q["sql"]]
+    assert len(sqls) == 2
+    assert "nextval" in sqls[0]
+    assert sqls[1].lstrip().startswith("WITH changed AS")
+    assert first.pk < second.pk
+    assert Attempt.objects.get(pk=second.pk).events.get().details["idempotency_key"] == "k-ids-2"
+    _assert_chain_intact(tenant_a)

@@ -82,36 +82,51 @@ class Authority:
     tenant: Tenant | None
     policy: Policy | None
     timing: Timing
+    #: An id for the attempt about to be recorded, when asked for (PostgreSQL only).
+    attempt_id: int | None = None
 
 
 #: One round trip for the questions every intent and every dispatch asks.
 #: Plain SQL (SQLite and PostgreSQL alike): on the hot path, compiling the
 #: equivalent ORM query cost more than running it.
 _AUTHORITY_SQL = """
-SELECT t.slug, t.is_active, p.id, p.version, p.tools, l.dispatch_lease_seconds, l.max_request_seconds
+SELECT t.slug, t.is_active, p.id, p.version, p.tools, p.approvals, l.dispatch_lease_seconds, l.max_request_seconds
 FROM {tenant} t
 LEFT JOIN {tool} l ON l.name = %s
 LEFT JOIN {policy} p ON p.tenant_id = t.id AND p.version = (SELECT max(version) FROM {policy} WHERE tenant_id = t.id)
 WHERE t.id = %s
 """
+#: The intent's id, taken from the attempts' sequence in the same round trip
+#: (the event that records the intent names its attempt, so the id is needed
+#: before the insert; asking for it on its own cost a round trip per intent).
+_RESERVE_ID = ", nextval(pg_get_serial_sequence('{attempt}', 'id'))\nFROM"
 
 
-def authority_of(tenant_id: int, tool_name: str) -> Authority:
-    """The tenant, its current policy and ``tool_name``'s timing, read now, in one query."""
+def authority_of(tenant_id: int, tool_name: str, *, reserve_attempt_id: bool = False) -> Authority:
+    """The tenant, its current policy and ``tool_name``'s timing, read now, in one query.
+
+    ``reserve_attempt_id``: on PostgreSQL, also take the next attempt id
+    (an intent refused or found recorded already leaves a gap in the ids,
+    as any rolled-back insert does)."""
     sql = _AUTHORITY_SQL.format(tenant=Tenant._meta.db_table, policy=Policy._meta.db_table, tool=Tool._meta.db_table)
+    reserve = reserve_attempt_id and connection.vendor == "postgresql"
+    if reserve:
+        sql = sql.replace("\nFROM", _RESERVE_ID.format(attempt=Attempt._meta.db_table), 1)
     with connection.cursor() as cursor:
         cursor.execute(sql, [tool_name, tenant_id])
         row = cursor.fetchone()
     if row is None:
         return Authority(None, None, timing(None, None))
-    slug, is_active, policy_id, version, tools, lease, max_request = row
+    attempt_id = row[8] if reserve else None
+    slug, is_active, policy_id, version, tools, approvals, lease, max_request = row[:8]
     tenant = Tenant(pk=tenant_id, slug=slug, is_active=bool(is_active))
     policy = None
     if policy_id is not None:
         policy = Policy(pk=policy_id, tenant_id=tenant_id, version=version)
         policy.tools = json.loads(tools) if isinstance(tools, str | bytes) else tools
+        policy.approvals = json.loads(approvals) if isinstance(approvals, str | bytes) else approvals
         policy._state.adding = False
-    return Authority(tenant, policy, timing(lease, max_request))
+    return Authority(tenant, policy, timing(lease, max_request), attempt_id)
 
 
 def dispatch_standing(attempt: Attempt, *, original: Attempt | None = None) -> tuple[Standing, Timing]:

@@ -8,6 +8,7 @@ their events) and by admins (tenants, policies). Nothing else writes
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +16,9 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+from ledgerdash.ledger.audited import AuditedModel
+from ledgerdash.ledger.providers.factory import build_adapter
 
 
 class State(models.TextChoices):
@@ -57,7 +61,7 @@ class ActorKind(models.TextChoices):
     SYSTEM = "system"
 
 
-class Tenant(models.Model):
+class Tenant(AuditedModel):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     is_active = models.BooleanField(default=True)
@@ -69,6 +73,14 @@ class Tenant(models.Model):
         related_name="+",
         help_text="Owns UNKNOWN and MANUAL_REVIEW work when nobody is on call.",
     )
+    #: How long work may wait on people before it is late; empty: the
+    #: LEDGER_DEFAULT_SLA_MINUTES setting.
+    sla_minutes = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="How old UNKNOWN and MANUAL_REVIEW work may get before the overview calls it late "
+        "(empty: the LEDGER_DEFAULT_SLA_MINUTES setting).",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -76,6 +88,10 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    @property
+    def sla(self) -> timedelta:
+        return timedelta(minutes=self.sla_minutes or settings.LEDGER_DEFAULT_SLA_MINUTES)
 
 
 class Role(models.TextChoices):
@@ -96,7 +112,7 @@ def roles_at_least(role: Role | str) -> list[Role]:
     return [r for r in Role if ROLE_RANK[r] >= ROLE_RANK[Role(role)]]
 
 
-class Membership(models.Model):
+class Membership(AuditedModel):
     """A person's role in a tenant: who may see and decide what there
     (:mod:`ledgerdash.ledger.tenancy` answers the questions)."""
 
@@ -121,7 +137,7 @@ class Membership(models.Model):
         return ROLE_RANK[Role(self.role)] >= ROLE_RANK[Role(role)]
 
 
-class Policy(models.Model):
+class Policy(AuditedModel):
     """One version of what a tenant's agents may do. Versions are never edited:
     a change is a new row with the next version number, so every attempt can
     name exactly the authority it was recorded under."""
@@ -131,6 +147,11 @@ class Policy(models.Model):
     #: ``{"tool_name": ["scope", ...], ...}``: the tools allowed and the
     #: credential scopes each may use.
     tools = models.JSONField(default=dict)
+    #: ``{"tool_name": "condition", ...}``: tools whose calls wait for an
+    #: approver before the first dispatch; the condition is a JMESPath
+    #: expression over the call's arguments (e.g. ``amount_cents > `50000```),
+    #: empty for every call. See :func:`ledgerdash.ledger.rules.approval_needed`.
+    approvals = models.JSONField(default=dict, db_default={}, blank=True)
     note = models.CharField(max_length=500, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
@@ -150,6 +171,7 @@ class Policy(models.Model):
 
     def clean(self) -> None:
         validate_policy_tools(self.tools)
+        validate_policy_approvals(self.approvals, self.tools)
 
     def scopes_for(self, tool_name: str) -> frozenset[str] | None:
         """The scopes ``tool_name`` may use, or None when the tool is not allowed."""
@@ -167,7 +189,27 @@ def validate_policy_tools(tools: Any) -> None:
             raise ValidationError(f"scopes of {name!r} must be a list of non-empty strings without spaces")
 
 
-class OnCallShift(models.Model):
+def validate_policy_approvals(approvals: Any, tools: Any) -> None:
+    """Each entry names a tool the policy allows and a JMESPath condition
+    that compiles (empty: every call of the tool waits for approval)."""
+    import jmespath
+    from jmespath.exceptions import JMESPathError
+
+    if not isinstance(approvals, dict):
+        raise ValidationError("approvals must be a JSON object mapping tool names to conditions")
+    for name, condition in approvals.items():
+        if not isinstance(tools, dict) or name not in tools:
+            raise ValidationError(f"approvals name {name!r}, which the policy does not allow")
+        if not isinstance(condition, str) or len(condition) > 1000:
+            raise ValidationError(f"the approval condition of {name!r} must be a JMESPath expression (text)")
+        if condition.strip():
+            try:
+                jmespath.compile(condition)
+            except JMESPathError as exc:
+                raise ValidationError(f"the approval condition of {name!r} is not valid JMESPath: {exc}") from None
+
+
+class OnCallShift(AuditedModel):
     """Who owns newly stuck work of a tenant during a window of time."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="on_call")
@@ -223,6 +265,10 @@ class Attempt(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     approved_at = models.DateTimeField(null=True, blank=True)
+    #: Why this call waits for an approver before its first dispatch (its
+    #: policy requires approval for the tool, and the condition held); empty
+    #: when it needs none.
+    approval_required = models.CharField(max_length=1000, blank=True, default="", db_default="")
     #: Bumped on every transition and every reconciler claim; a writer must
     #: name the fence it holds, so a stale one cannot complete a newer claim.
     fence = models.PositiveBigIntegerField(default=0)
@@ -310,6 +356,26 @@ class Attempt(models.Model):
                 condition=Q(owner__isnull=True, state__in=[State.UNKNOWN, State.MANUAL_REVIEW]),
                 name="ledger_attempt_unassigned",
             ),
+            # The approvals queue and its count: only what awaits an approver
+            # (rules.awaiting_approval_filter, the same condition).
+            models.Index(
+                fields=["tenant", "-created_at", "-id"],
+                condition=Q(state=State.MANUAL_REVIEW, dispatch_count=0)
+                & (Q(parent__isnull=False) | (~Q(approval_required="") & Q(approved_at__isnull=True))),
+                name="ledger_attempt_awaiting",
+            ),
+            # All work that waits on people or facts, newest or oldest first
+            # ("my work", "past the SLA"): the two states in one index order.
+            models.Index(
+                fields=["tenant", "-created_at", "-id"],
+                condition=Q(state__in=[State.UNKNOWN, State.MANUAL_REVIEW]),
+                name="ledger_attempt_attention",
+            ),
+            models.Index(
+                fields=["tenant", "owner", "-created_at", "-id"],
+                condition=Q(owner__isnull=False, state__in=[State.UNKNOWN, State.MANUAL_REVIEW]),
+                name="ledger_attempt_owner_attention",
+            ),
             # Search: exact task id or provider request id, args hash by prefix.
             models.Index(fields=["tenant", "task_id"], name="ledger_attempt_task"),
             models.Index(fields=["tenant", "provider_request_id"], name="ledger_attempt_request_id"),
@@ -328,7 +394,7 @@ class Attempt(models.Model):
         return self.state in TERMINAL_STATES
 
 
-class Tool(models.Model):
+class Tool(AuditedModel):
     """How to reach the provider behind a tool: its adapter and what the
     recovery rules need to know about it. Policies say who may use a tool;
     this says how it behaves."""
@@ -391,8 +457,6 @@ class Tool(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from ledgerdash.ledger.providers.registry import build_adapter
-
         lease = self.dispatch_lease_seconds or settings.LEDGER_DISPATCH_LEASE_SECONDS
         if self.max_request_seconds is not None and lease <= self.max_request_seconds:
             raise ValidationError(
@@ -405,6 +469,73 @@ class Tool(models.Model):
             build_adapter(self)
         except (ValueError, TypeError, ImportError) as exc:
             raise ValidationError({"config": str(exc)}) from exc
+
+
+#: How a secret is named: the ``${NAME}`` placeholders of a tool's header
+#: templates and the names of secrets in the environment or secrets file.
+SECRET_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"  # noqa: S105 - a pattern, not a secret
+
+
+class ToolCredential(AuditedModel):
+    """Which secret a tenant's calls through a tool use for one placeholder.
+
+    A tool's header templates name placeholders (``Bearer ${API_TOKEN}``);
+    binding ``API_TOKEN`` to ``ACME_MAIL_TOKEN`` for tenant acme makes acme's
+    calls read the secret named ``ACME_MAIL_TOKEN`` from the secrets file
+    (setting ``LEDGERDASH_SECRETS_FILE``) or the environment, at call time.
+    The database holds the name only, never the secret. Once any tenant binds
+    a placeholder of a tool, it is per tenant for every tenant: one without a
+    binding cannot call (nothing is sent), never borrowing a shared secret.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="tool_credentials")
+    tool = models.ForeignKey(Tool, on_delete=models.CASCADE, related_name="credentials")
+    placeholder = models.CharField(
+        max_length=128, help_text="The ${NAME} in the tool's header templates this binding fills, without ${}."
+    )
+    secret_name = models.CharField(
+        max_length=128,
+        help_text="The secret's name in the secrets file or the environment (never the secret itself).",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["tenant", "tool", "placeholder"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "tool", "placeholder"], name="ledger_toolcredential_unique"),
+            models.CheckConstraint(
+                condition=Q(placeholder__regex=SECRET_NAME_PATTERN), name="ledger_toolcredential_placeholder_name"
+            ),
+            models.CheckConstraint(
+                condition=Q(secret_name__regex=SECRET_NAME_PATTERN), name="ledger_toolcredential_secret_name"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.tool_id} ${{{self.placeholder}}} = {self.secret_name}"
+
+    def clean(self) -> None:
+        import re
+
+        errors: dict[str, str] = {}
+        for name in ("placeholder", "secret_name"):
+            if not re.fullmatch(SECRET_NAME_PATTERN, getattr(self, name) or ""):
+                errors[name] = "a name of letters, digits and underscores, not starting with a digit"
+        if self.tool_id is not None and "placeholder" not in errors:
+            headers = (self.tool.config or {}).get("headers") or {}
+            used = {m for value in headers.values() if isinstance(value, str) for m in _placeholders(value)}
+            if self.placeholder not in used:
+                errors["placeholder"] = f"tool {self.tool.name} uses no ${{{self.placeholder}}} in its headers" + (
+                    f" (it uses {', '.join(sorted(used))})" if used else ""
+                )
+        if errors:
+            raise ValidationError(errors)
+
+
+def _placeholders(template: str) -> list[str]:
+    import string
+
+    return string.Template(template).get_identifiers()
 
 
 class ChainHead(models.Model):
@@ -639,3 +770,24 @@ class ChainCheck(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}: {'ok' if self.ok else self.problem} @ {self.checked_at:%Y-%m-%d %H:%M}"
+
+
+class ReconcilerWorker(models.Model):
+    """One ``manage.py reconcile`` process's running totals, written after each pass.
+
+    Read by the metrics endpoint (and anyone asking whether the reconciler
+    still runs): the web processes cannot see a worker's memory. One row per
+    worker label; a restarted worker has a new pid, so a new row.
+    """
+
+    label = models.CharField(max_length=255, unique=True)
+    started_at = models.DateTimeField()
+    last_pass_at = models.DateTimeField(null=True, blank=True)
+    passes = models.PositiveBigIntegerField(default=0)
+    claimed = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0)
+    #: Decisions since the worker started, by name ("confirmed", "escalated", ...).
+    decisions = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return self.label

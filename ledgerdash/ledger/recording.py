@@ -46,14 +46,16 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from ledgerdash import toolcalls
-from ledgerdash.ledger import keys, moves
+from ledgerdash.ledger import keys, moves, rules
 from ledgerdash.ledger.authority import authority_of, authorize
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
+    ApprovalRejected,
     AttemptBlocked,
     AttemptFailed,
     AttemptInFlight,
     AttemptSuperseded,
+    AwaitingApproval,
     ClaimLost,
     IdempotencyConflict,
     InvalidField,
@@ -70,12 +72,14 @@ from ledgerdash.ledger.errors import (
     UnknownTenant,
 )
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, ResultSource, State, Tenant
+from ledgerdash.ledger.models import Attempt, FailedBecause, ResultSource, State, Tenant
 from ledgerdash.ledger.moves import NewAttempt, Outcome, Report
 from ledgerdash.toolcalls import ToolCall
 
 __all__ = [
+    "ApprovalRejected",
     "AttemptBlocked",
+    "AwaitingApproval",
     "IdempotencyConflict",
     "NoTask",
     "NothingHappened",
@@ -201,8 +205,15 @@ def record_intent(
     args: Any,
     credential_scope: str | Iterable[str] | None = None,
     actor: Actor | None = None,
+    requested_by_id: int | None = None,
 ) -> Recorded:
     """Record the intent to call ``tool_name`` with ``args`` under ``idempotency_key``.
+
+    When the tenant's policy requires approval for this call (see
+    :func:`ledgerdash.ledger.rules.approval_needed`), the new attempt waits
+    in MANUAL_REVIEW for an approver instead (:func:`refuse_unless_dispatchable`
+    then raises :class:`AwaitingApproval`); ``requested_by_id`` names the
+    person behind the agent, who may not approve it.
 
     - a new key: a new attempt in INTENT_RECORDED (``created=True``);
     - the same key and arguments: the existing attempt (``created=False``);
@@ -221,7 +232,8 @@ def record_intent(
     requested = parse_scope(credential_scope)
     normalized, args_hash = normalize_args(args)
     found = resolve_tenant(tenant)
-    policy = authority_of(found.pk, tool_name).policy
+    authority = authority_of(found.pk, tool_name, reserve_attempt_id=True)
+    policy = authority.policy
     scopes = authorize(found, policy, tool_name, requested)
     assert policy is not None  # authorize refuses a tenant without one
     new = NewAttempt(
@@ -233,11 +245,17 @@ def record_intent(
         args_hash=args_hash,
         policy_version=policy.version,
         scopes=scopes,
+        attempt_id=authority.attempt_id,
     )
     # Most keys are new: try to record the intent first, and only when the
     # key already has an attempt (recorded earlier, or a moment ago by a
     # concurrent caller) read its chain to match against it.
-    created = moves.attempt_create_intent(new=new, actor=actor)
+    created = moves.attempt_create_intent(
+        new=new,
+        actor=actor,
+        approval_required=rules.approval_needed(policy, tool_name, normalized),
+        requested_by_id=requested_by_id,
+    )
     if created is not None:
         return Recorded(created, True)
     existing = _match(found.pk, key, args_hash, tool_name)
@@ -412,6 +430,7 @@ def refuse_unless_dispatchable(attempt: Attempt) -> None:
         return
     if state == State.UNKNOWN:
         raise OutcomeUnknown(OutcomeUnknown.MESSAGE.format(attempt_id=attempt.pk), attempt)
+    refuse_while_approval_pending(attempt)
     if state == State.MANUAL_REVIEW:
         raise UnderReview(UnderReview.MESSAGE.format(attempt_id=attempt.pk), attempt)
     if state == State.DISPATCHED:
@@ -428,6 +447,24 @@ def refuse_unless_dispatchable(attempt: Attempt) -> None:
     raise AttemptSuperseded(
         AttemptSuperseded.MESSAGE.format(attempt_id=attempt.pk, child_id=child.pk if child else "?"), attempt
     )
+
+
+def refuse_while_approval_pending(attempt: Attempt) -> None:
+    """Raise :class:`AwaitingApproval` while a call waits for an approver,
+    and :class:`ApprovalRejected` (with the approver's reason) once one
+    rejected it before it was sent; else return quietly. Only first calls:
+    a linked retry is under review (:class:`UnderReview`) and, rejected, failed."""
+    if attempt.parent_id is not None:
+        return
+    if rules.awaiting_approval(attempt):
+        raise AwaitingApproval(
+            AwaitingApproval.MESSAGE.format(attempt_id=attempt.pk, why=attempt.approval_required),
+            attempt,
+        )
+    if attempt.state == State.FAILED and attempt.failed_because == FailedBecause.REJECTED:
+        raise ApprovalRejected(
+            ApprovalRejected.MESSAGE.format(attempt_id=attempt.pk, reason=attempt.last_note or "rejected"), attempt
+        )
 
 
 def _now() -> Any:
@@ -584,7 +621,7 @@ def provider_tool(
         from ledgerdash.ledger.providers.base import dispatch_through
         from ledgerdash.ledger.providers.registry import profile_for
 
-        profile = profile_for(name)
+        profile = profile_for(name, getattr(call.attempt, "tenant_id", None))  # with the tenant's credentials
         if profile is None:
             raise PermanentFailure(f"no provider adapter is configured for {name}; nothing was sent")
         return dispatch_through(profile.adapter, call)

@@ -9,6 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+
+import jmespath
+from django.db.models import Q
+from jmespath.exceptions import JMESPathError
 
 from ledgerdash.ledger import clock, tenancy
 from ledgerdash.ledger.authority import standing_of
@@ -93,26 +98,73 @@ def original_standing(original: Attempt, *, now: datetime | None = None) -> Orig
 
 
 def awaiting_approval(attempt: Attempt) -> bool:
-    """A linked attempt under review that was never sent: only an approver
-    lets it go out (approve) or stops it (reject); there is nothing at the
+    """Never sent and waiting on an approver: a linked attempt under review,
+    or a first call its policy requires approval for. Only an approver lets
+    it go out (approve) or stops it (reject); there is nothing at the
     provider to look up or verify."""
-    return attempt.state == S.MANUAL_REVIEW and attempt.parent_id is not None and attempt.dispatch_count == 0
+    if attempt.state != S.MANUAL_REVIEW or attempt.dispatch_count != 0:
+        return False
+    return attempt.parent_id is not None or (bool(attempt.approval_required) and attempt.approved_at is None)
+
+
+def awaiting_approval_filter(prefix: str = "") -> Q:
+    """:func:`awaiting_approval` as a condition on attempts (``prefix``: the
+    path to the attempt, e.g. ``"attempt__"``), for queues and counts."""
+
+    def q(**lookups: Any) -> Q:
+        return Q(**{prefix + name: value for name, value in lookups.items()})
+
+    first_call = ~q(approval_required="") & q(approved_at__isnull=True)
+    return q(state=S.MANUAL_REVIEW, dispatch_count=0) & (q(parent__isnull=False) | first_call)
+
+
+def approval_needed(policy: Any, tool_name: str, args: Any) -> str:
+    """Why a call of ``tool_name`` with ``args`` must wait for an approver
+    before it is sent under ``policy``, or "" when it need not.
+
+    The policy's ``approvals`` name the tool with a JMESPath condition over
+    the arguments (empty: every call). The condition decides only when it
+    yields true or false; anything else (null, because a field is missing or
+    of another type; a number; a list) cannot tell, and an undecided
+    condition waits for approval: a risky call is never let through by a
+    typo or a string where a number was expected.
+    """
+    approvals = getattr(policy, "approvals", None) or {}
+    if tool_name not in approvals:
+        return ""
+    condition = str(approvals[tool_name] or "").strip()
+    where = f"policy v{policy.version} requires approval for {tool_name}"
+    if not condition:
+        return where
+    try:
+        result = jmespath.search(condition, args)
+    except (JMESPathError, TypeError, ValueError) as exc:
+        # e.g. a string compared with a number: the condition cannot tell.
+        return f"{where} when {condition}, and the condition could not be evaluated over these arguments ({exc})"
+    if result is True:
+        return f"{where} when {condition}"
+    if result is False:
+        return ""
+    return f"{where} when {condition}, and the condition did not yield true or false for these arguments"
 
 
 @dataclass(frozen=True)
 class ApprovalCheck:
-    """What the approval of a linked retry would find now: ``authority``
-    (who approves, and under which policy: what no longer holds, in words)
-    and the original's ``standing``."""
+    """What the approval of a linked retry (or of a first call) would find
+    now: ``authority`` (who approves, and under which policy: what no longer
+    holds, in words) and the original's ``standing`` (None for a first call:
+    there is no original that could have happened)."""
 
     authority: tuple[str, ...]
-    standing: OriginalStanding
+    standing: OriginalStanding | None
     policy_version_now: int | None
 
     def refusals(self, *, safe_because: str = "") -> list[str]:
         """Why the approval would be refused, given the approver's reason
         (if any) why approving over a risky original is safe."""
         refusals = list(self.authority)
+        if self.standing is None:
+            return refusals
         if self.standing.blocked:
             refusals.append(self.standing.blocked)
         elif self.standing.risk and not safe_because.strip():
@@ -120,7 +172,7 @@ class ApprovalCheck:
         return refusals
 
 
-def approval_check(retry: Attempt, original: Attempt, approver: Person) -> ApprovalCheck:
+def approval_check(retry: Attempt, original: Attempt | None, approver: Person) -> ApprovalCheck:
     """Everything approving ``retry`` re-checks: the approver holds the
     approver role in the tenant and did not ask for the retry themselves;
     the retry is still authorized by the current policy, never wider than
@@ -128,10 +180,11 @@ def approval_check(retry: Attempt, original: Attempt, approver: Person) -> Appro
     happened by the provider's word (or the approver says why approving is
     safe anyway; an original that may yet be sent blocks whatever the
     reason). The move asks it again under row locks; the dashboard shows it
-    beforehand."""
+    beforehand. Without ``original`` (a first call waiting for approval)
+    there is no original standing to weigh: the rest is the same."""
     authority: list[str] = []
     if approver is not None and approver.pk == retry.requested_by_id:
-        authority.append("you requested this retry; another approver must decide it")
+        authority.append(self_decision(retry))
     else:
         denied = tenancy.refusal(approver, retry.tenant_id, Role.APPROVER)
         if denied:
@@ -140,9 +193,56 @@ def approval_check(retry: Attempt, original: Attempt, approver: Person) -> Appro
     authority.extend(standing_now.changes)
     return ApprovalCheck(
         tuple(authority),
-        original_standing(original),
+        original_standing(original) if original is not None else None,
         standing_now.policy.version if standing_now.policy else None,
     )
+
+
+def self_decision(attempt: Attempt) -> str:
+    """Four eyes, in words: why the person who asked for it cannot decide it."""
+    if attempt.parent_id is None:
+        return "you triggered this call (its agent's token is yours); another approver must decide it"
+    return "you requested this retry; another approver must decide it"
+
+
+@dataclass(frozen=True)
+class ApprovalVerdict:
+    """What an approver would be told if they approved now, for a list of
+    items awaiting approval: ``refusals`` (what refuses it whatever the
+    approver says), else ``needs_reason`` (the risk the approver must say
+    why it is safe to accept), else it would go through."""
+
+    standing: OriginalStanding | None
+    refusals: tuple[str, ...]
+    needs_reason: str
+
+    @property
+    def word(self) -> str:
+        if self.refusals:
+            return "refused"
+        return "needs a reason" if self.needs_reason else "approvable"
+
+    @property
+    def summary(self) -> str:
+        if self.refusals:
+            return "; ".join(self.refusals)
+        if self.needs_reason:
+            return f"{self.needs_reason}; approving needs a recorded reason why it is safe"
+        return "approving would go through now"
+
+
+def approval_verdict(attempt: Attempt, original: Attempt | None, approver: Person) -> ApprovalVerdict:
+    """:func:`approval_check` for ``approver`` now, as a verdict a queue row
+    shows. The move asks again, under locks, when the approver decides."""
+    if attempt.parent_id is not None and original is None:
+        return ApprovalVerdict(None, ("the original attempt of this linked retry is missing",), "")
+    check = approval_check(attempt, original, approver)
+    refusals = list(check.authority)
+    standing = check.standing
+    if standing is not None and standing.blocked:
+        refusals.append(standing.blocked)
+    risk = "" if refusals or standing is None else (standing.risk or "")
+    return ApprovalVerdict(standing, tuple(refusals), risk)
 
 
 @dataclass(frozen=True)
@@ -199,11 +299,11 @@ def moves_for(user: Person, attempt: Attempt, *, children: Sequence[Attempt] = (
         return _allowed(operate and ok, role if not operate else why_not)
 
     if awaiting and approve and user is not None and user.pk == attempt.requested_by_id:
-        decide = Allowed(False, "you requested this retry; another approver must decide it")
+        decide = Allowed(False, self_decision(attempt))
     else:
         decide = _allowed(
             approve and awaiting,
-            "this needs the approver role in the tenant" if not approve else "only a linked retry awaiting approval",
+            "this needs the approver role in the tenant" if not approve else "only what awaits approval",
         )
     return PeoplesMoves(
         read=_allowed(membership is not None, "you are not a member of this tenant"),
@@ -221,7 +321,7 @@ def moves_for(user: Person, attempt: Attempt, *, children: Sequence[Attempt] = (
         verify=operator_and(sent and review, never_sent if not sent else "only work under review is verified"),
         mark_failed=operator_and(
             review and not awaiting,
-            "a linked retry awaiting approval is rejected by an approver" if awaiting else "only work under review",
+            "what awaits approval is rejected by an approver" if awaiting else "only work under review",
         ),
         request_retry=operator_and(
             review and not awaiting and pending is None,

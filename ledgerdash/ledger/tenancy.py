@@ -89,6 +89,17 @@ def tenant_ids_for(user: Person, role: Role | str = Role.VIEWER) -> list[int]:
     )
 
 
+def roles_by_tenant(user: Person) -> dict[int, Role]:
+    """``user``'s role in each of their tenants, in one read (for a page
+    that asks several "where may they…" questions)."""
+    if (account := _active(user)) is None:
+        return {}
+    return {
+        tenant_id: Role(role)
+        for tenant_id, role in Membership.objects.filter(user=account).values_list("tenant_id", "role")
+    }
+
+
 def attempts_for(user: Person) -> QuerySet[Attempt]:
     """Every attempt ``user`` may read: their tenants', nobody else's."""
     return Attempt.objects.filter(tenant__in=tenants_for(user)).select_related("tenant", "owner")

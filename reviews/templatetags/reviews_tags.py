@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import template
-from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from ledgerdash.ledger.models import Attempt, AttemptEvent
-from reviews import display, history, queries
+from reviews import display, history, queries, rows
 
 register = template.Library()
 
@@ -34,13 +33,27 @@ def short_hash(value: str, length: int = 12) -> str:
 @register.filter
 def age(value: datetime | None, now: datetime | None = None) -> str:
     """A compact age: 45s, 12m, 3h, 4d."""
+    return display.age(value, now)
+
+
+@register.simple_tag(takes_context=True)
+def attempt_row(context: template.Context, attempt: Attempt) -> SafeString:
+    """One row of an attempt list, written by ``reviews.rows`` (a queue
+    page's rows, drawn cell by cell in the template, were most of its time)."""
+    return rows.row(attempt, rows.setting_for(context))
+
+
+@register.filter
+def duration_words(value: timedelta | None) -> str:
+    """A duration for people: "4 hours", "90 minutes", "2 days"."""
     if value is None:
         return ""
-    seconds = max(0, int(((now or timezone.now()) - value).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+    minutes = int(value.total_seconds() // 60)
+    for unit, size in (("day", 1440), ("hour", 60)):
+        if minutes >= size and minutes % size == 0:
+            n = minutes // size
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    return f"{minutes} minute{'s' if minutes != 1 else ''}"
 
 
 @register.filter

@@ -51,12 +51,14 @@ from ledgerdash.ledger.moves.incidents import (
     incident_resolve,
 )
 from ledgerdash.ledger.moves.people import (
+    BULK_DECISIONS,
     attempt_assign,
     attempt_comment,
     attempt_mark_failed,
     attempt_recheck,
     attempt_verify,
     attempts_assign,
+    attempts_decide,
     intent_abandon,
     retry_approve,
     retry_reject,
@@ -75,6 +77,7 @@ from ledgerdash.ledger.moves.reconciler import (
 )
 
 __all__ = [
+    "BULK_DECISIONS",
     "CREATE_MOVES",
     "LEGAL_MOVES",
     "OUTCOME_STATE",
@@ -105,6 +108,7 @@ __all__ = [
     "attempt_wait_for_landing",
     "attempts_assign",
     "attempts_claim_due",
+    "attempts_decide",
     "backoff",
     "claim_lease",
     "incident_assign",

@@ -49,23 +49,37 @@ class NewAttempt:
     args_hash: str
     policy_version: int
     scopes: frozenset[str]
+    #: An id already taken from the sequence (with the authority read), or None.
+    attempt_id: int | None = None
 
 
-def attempt_create_intent(*, new: NewAttempt, actor: Actor) -> Attempt | None:
-    """Record the root attempt for a key in INTENT_RECORDED.
+def attempt_create_intent(
+    *, new: NewAttempt, actor: Actor, approval_required: str = "", requested_by_id: int | None = None
+) -> Attempt | None:
+    """Record the root attempt for a key in INTENT_RECORDED, or, when its
+    policy requires approval for this call (``approval_required`` says why),
+    in MANUAL_REVIEW waiting for an approver, with an owner, and not due
+    for the reconciler: it is not sent until approved. ``requested_by_id``:
+    the person behind the agent (an API token's creator), who may not
+    approve it.
 
     Returns None when the key already has a root (perhaps one committed a
     moment ago by a concurrent caller): the caller then matches against it.
     """
     refuse_open_transaction("recording an intent")
-    if actor.kind not in CREATE_MOVES[S.INTENT_RECORDED]:
+    state = S.MANUAL_REVIEW if approval_required else S.INTENT_RECORDED
+    if actor.kind not in CREATE_MOVES[state]:
         raise IllegalTransition(
-            IllegalTransition.MESSAGE.format(
-                actor=actor.kind, attempt_id="(new)", from_state="nothing", to_state=S.INTENT_RECORDED
-            )
+            IllegalTransition.MESSAGE.format(actor=actor.kind, attempt_id="(new)", from_state="nothing", to_state=state)
         )
     now = clock.now()
+    waits: dict[str, Any] = {}
+    if approval_required:
+        approval_required = clean_text(approval_required)[:1000]
+        owner_id, source = pick_owner(new.tenant_id, now)
+        waits = {"approval_required": approval_required, "owner_assigned": {"user_id": owner_id, "by": source}}
     attempt = Attempt(
+        pk=new.attempt_id,
         tenant_id=new.tenant_id,
         task_id=new.task_id,
         tool_name=new.tool_name,
@@ -73,11 +87,14 @@ def attempt_create_intent(*, new: NewAttempt, actor: Actor) -> Attempt | None:
         provider_key=new.idempotency_key,
         args=new.args,
         args_hash=new.args_hash,
-        state=S.INTENT_RECORDED,
+        state=state,
         policy_version=new.policy_version,
         credential_scope=scope_string(new.scopes),
-        next_check_at=_lease(settings.LEDGER_INTENT_LEASE_SECONDS, now),
-        last_note="intent recorded",
+        next_check_at=None if approval_required else _lease(settings.LEDGER_INTENT_LEASE_SECONDS, now),
+        last_note=f"waits for approval: {approval_required}" if approval_required else "intent recorded",
+        approval_required=approval_required,
+        owner_id=waits["owner_assigned"]["user_id"] if waits else None,
+        requested_by_id=requested_by_id if approval_required else None,
         created_at=now,
         updated_at=now,
     )
@@ -86,10 +103,11 @@ def attempt_create_intent(*, new: NewAttempt, actor: Actor) -> Attempt | None:
         None,
         EventKind.TRANSITION,
         actor,
-        to_state=S.INTENT_RECORDED,
+        to_state=state,
         fence=0,
-        reason="intent recorded",
+        reason=attempt.last_note,
         details={
+            **waits,
             "task_id": new.task_id,
             "tool_name": new.tool_name,
             "idempotency_key": new.idempotency_key,

@@ -8,8 +8,10 @@ the attempt's, and records who decided and why.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
@@ -23,6 +25,7 @@ from ledgerdash.ledger.errors import (
     OwnershipError,
     RequestIdConflict,
     SelfApproval,
+    StaleFence,
 )
 from ledgerdash.ledger.models import (
     OWNED_STATES,
@@ -46,7 +49,7 @@ from ledgerdash.ledger.moves.base import (
     validate_ref,
 )
 from ledgerdash.ledger.moves.create import create_retry_under
-from ledgerdash.ledger.rules import approval_check
+from ledgerdash.ledger.rules import approval_check, awaiting_approval
 
 
 def attempt_assign(
@@ -258,11 +261,15 @@ def retry_approve(
     refusal: ApprovalRefused | None = None
     with transaction.atomic():
         peek = get_attempt(attempt_id)
-        if peek.parent_id is None:
-            raise IllegalTransition(f"attempt #{attempt_id} is not a linked retry")
-        # Lock parent before child: every path locks the older row first.
-        original = get_attempt(peek.parent_id, lock=True)
+        original: Attempt | None = None
+        if peek.parent_id is not None:
+            # Lock parent before child: every path locks the older row first.
+            original = get_attempt(peek.parent_id, lock=True)
+        elif not peek.approval_required:
+            raise IllegalTransition(f"attempt #{attempt_id} is neither a linked retry nor a call awaiting approval")
         retry = locked_for_decision(attempt_id, fence)
+        if original is None and not awaiting_approval(retry):
+            raise IllegalTransition(f"attempt #{attempt_id} does not await approval (it is {retry.state})")
         check_move(retry, S.INTENT_RECORDED, actor)
         approver = get_user_model().objects.filter(pk=actor.user_id).first() if actor.user_id else None
         check = approval_check(retry, original, approver)
@@ -271,7 +278,7 @@ def retry_approve(
         if changes:
             error = SelfApproval if approver is not None and approver.pk == retry.requested_by_id else ApprovalRefused
             message = (
-                SelfApproval.MESSAGE.format(user=actor.label)
+                (SelfApproval.MESSAGE if original is not None else SelfApproval.FIRST_CALL).format(user=actor.label)
                 if error is SelfApproval
                 else ApprovalRefused.MESSAGE.format(attempt_id=attempt_id, changes="; ".join(changes))
             )
@@ -290,6 +297,8 @@ def retry_approve(
                     )
                 ]
             )
+        elif original is None:
+            return _approve_first_call(retry, actor=actor, comment=comment, policy_version_now=check.policy_version_now)
         else:
             now = clock.now()
             details = {
@@ -297,7 +306,7 @@ def retry_approve(
                 "original_id": original.pk,
                 "original_state": original.state,
                 "original_last_lookup": original.last_lookup,
-                "original_standing": {"proof": standing.proof, "risk": standing.risk},
+                "original_standing": {"proof": standing.proof, "risk": standing.risk} if standing else None,
                 "policy_version": retry.policy_version,
                 "policy_version_now": check.policy_version_now,
             }
@@ -327,13 +336,54 @@ def retry_approve(
     raise refusal
 
 
+def _approve_first_call(retry: Attempt, *, actor: Actor, comment: str, policy_version_now: int | None) -> Attempt:
+    """A first call its policy held for approval may go out now:
+    MANUAL_REVIEW -> INTENT_RECORDED. Its agent's next call for the same key
+    and arguments dispatches it; an agent that does not come back within the
+    intent lease leaves it to be abandoned (nothing was sent)."""
+    now = clock.now()
+    return move(
+        retry,
+        to_state=S.INTENT_RECORDED,
+        actor=actor,
+        fence=None,
+        reason=f"approved by {actor.label}: {comment}",
+        updates={
+            "approved_by_id": actor.user_id,
+            "approved_at": now,
+            "next_check_at": now + timedelta(seconds=settings.LEDGER_INTENT_LEASE_SECONDS),
+        },
+        details={
+            "comment": comment,
+            "approval_required": retry.approval_required,
+            "policy_version": retry.policy_version,
+            "policy_version_now": policy_version_now,
+        },
+        now=now,
+    )
+
+
 def retry_reject(*, attempt: Attempt, actor: Actor, comment: str, fence: int | None = None) -> Attempt:
-    """Reject a linked retry: MANUAL_REVIEW -> FAILED. The original stays as it is."""
+    """Reject a linked retry, or a first call awaiting approval:
+    MANUAL_REVIEW -> FAILED, for good, with the approver's reason (the agent
+    is told it). A rejected retry's original stays as it is."""
     attempt_id = attempt.pk
     peek = get_attempt(attempt_id)
-    if peek.parent_id is None:
-        raise IllegalTransition(f"attempt #{attempt_id} is not a linked retry")
-    return attempt_mark_failed(attempt=attempt, actor=actor, reason=comment, fence=fence, kind="retry rejected")
+    if peek.parent_id is None and not awaiting_approval(peek):
+        raise IllegalTransition(f"attempt #{attempt_id} is neither a linked retry nor a call awaiting approval")
+    kind = "retry rejected" if peek.parent_id is not None else "rejected"
+    return attempt_mark_failed(attempt=attempt, actor=actor, reason=comment, fence=fence, kind=kind)
+
+
+def _lock_all(ids: Sequence[int]) -> list[Attempt]:
+    """Lock these attempts, in one order (by id) for every writer that locks
+    several, so two batches never deadlock; every one must exist."""
+    attempts = list(Attempt.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+    found = {a.pk for a in attempts}
+    for pk in ids:
+        if pk not in found:
+            raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=pk))
+    return attempts
 
 
 def attempts_assign(
@@ -357,12 +407,7 @@ def attempts_assign(
     if missing_expectation:
         raise OwnershipError(f"no previewed owner for attempts {missing_expectation}; preview the assignment first")
     with transaction.atomic():
-        # One lock order (by id) for every writer that locks several attempts.
-        attempts = list(Attempt.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
-        found = {a.pk for a in attempts}
-        for pk in ids:
-            if pk not in found:
-                raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=pk))
+        attempts = _lock_all(ids)
         changed = [a.pk for a in attempts if a.owner_id != expected_owner_ids[a.pk]]
         if changed:
             listed = ", ".join(f"#{pk}" for pk in changed)
@@ -392,3 +437,54 @@ def attempts_assign(
             attempt.updated_at = now
         append_events(events, now=now)
     return attempts
+
+
+#: The decisions that can be made on several attempts at once, and what each does.
+BULK_DECISIONS = ("recheck", "fail", "reject")
+
+
+def attempts_decide(
+    *,
+    decision: str,
+    attempt_ids: Sequence[int],
+    expected: Mapping[int, tuple[int, int | None]],
+    actor: Actor,
+    reason: str,
+) -> list[Attempt]:
+    """Make one decision on several attempts at once: all of them, or none.
+
+    ``decision``: ``recheck`` (:func:`attempt_recheck`), ``fail``
+    (:func:`attempt_mark_failed`, ``reason`` the evidence that it did not
+    happen) or ``reject`` (:func:`retry_reject`: what awaits approval).
+    ``expected`` maps each attempt to the (fence, owner) its preview showed;
+    if any attempt moved on or changed hands since, nothing is done (the
+    preview no longer says what would happen). Each attempt's move checks
+    itself as it does alone, in the same transaction: one refusal undoes
+    the batch. Each change is the move's own event, its reason naming the
+    batch.
+    """
+    if decision not in BULK_DECISIONS:
+        raise InvalidField(f"no such decision on several attempts: {decision!r}")
+    reason = required(reason, "evidence" if decision == "fail" else "reason")
+    ids = sorted(set(attempt_ids))
+    if not ids:
+        raise InvalidField("select some attempts first")
+    missing = [pk for pk in ids if pk not in expected]
+    if missing:
+        raise StaleFence(f"no previewed version for attempts {missing}; preview the decision first")
+    note = f"{reason} (one of {len(ids)} decided together)" if len(ids) > 1 else reason
+    with transaction.atomic():
+        attempts = _lock_all(ids)
+        changed = [a.pk for a in attempts if (a.fence, a.owner_id) != tuple(expected[a.pk])]
+        if changed:
+            listed = ", ".join(f"#{pk}" for pk in changed)
+            raise StaleFence(f"{listed} changed since the preview; nothing was done, preview again")
+        done = []
+        for attempt in attempts:
+            if decision == "recheck":
+                done.append(attempt_recheck(attempt=attempt, actor=actor, reason=note))
+            elif decision == "fail":
+                done.append(attempt_mark_failed(attempt=attempt, actor=actor, reason=note, fence=attempt.fence))
+            else:
+                done.append(retry_reject(attempt=attempt, actor=actor, comment=note, fence=attempt.fence))
+    return done

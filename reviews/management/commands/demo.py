@@ -2,10 +2,15 @@
 
 The attempts a newcomer sees are not fixtures: the crash drill kills real
 agent processes at each crash point against the sandbox provider and lets
-recovery run, for tenant ``acme`` (the six cases, both kinds of tool) and
-``globex`` (random cases from a fixed seed). A few more agents are killed
-while the provider's lookup API is down, so the UNKNOWN queue has live work,
-and an operator asks for a retry so the approver has a decision waiting.
+recovery run, for tenant ``acme`` (every case whose agent runs in process,
+A to J but G, with both kinds of tool) and ``globex`` (random cases from a
+fixed seed). More agents are killed while
+the provider's lookup API is down, so the UNKNOWN queue has live work; an
+operator asks for a retry so the approver has a decision waiting. Agents
+make a few hundred real calls through the sandbox provider over the last
+two days (the clock is injected), acme's policy holds large charges for an
+approver (two wait), and a team of operators on an on-call rotation shares
+the stuck work.
 
 Runs once: a database that already has the demo tenants is left alone.
 """
@@ -14,25 +19,46 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
-from ledgerdash.ledger import moves
-from ledgerdash.ledger.drill.runner import NON_IDEMPOTENT_TOOL, Drill, fixed_plan, leave_unknown, random_plan
-from ledgerdash.ledger.errors import LedgerError
+from ledgerdash.ledger import clock, moves, recording
+from ledgerdash.ledger.authority import current_policy
+from ledgerdash.ledger.drill.runner import (
+    IDEMPOTENT_TOOL,
+    NON_IDEMPOTENT_TOOL,
+    Drill,
+    fixed_plan,
+    leave_unknown,
+    random_plan,
+)
+from ledgerdash.ledger.errors import AwaitingApproval, LedgerError, NothingHappened, PermanentFailure
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, Membership, State, Tenant
+from ledgerdash.ledger.models import Attempt, Membership, OnCallShift, State, Tenant
+from ledgerdash.ledger.policies import policy_publish
 
 PASSWORD = "ledgerdash-demo"  # noqa: S105 - published on purpose: demo users only, refused with DEBUG off
 PEOPLE = [
     ("admin", "admin", "an admin of both tenants (and of /admin/)"),
-    ("approver", "approver", "approves or rejects linked retries"),
-    ("operator", "operator", "claims, assigns, asks for re-checks and retries"),
+    ("approver", "approver", "approves or rejects linked retries and held calls"),
+    ("chen", "approver", "a second approver (four eyes: nobody approves what they asked for)"),
+    ("operator", "operator", "claims, assigns, asks for re-checks and retries; on call now"),
+    ("ana", "operator", "an operator of the on-call rotation"),
+    ("ben", "operator", "an operator of the on-call rotation"),
     ("viewer", "viewer", "reads only"),
 ]
+#: The on-call rotation: eight-hour shifts, in this order, around the demo's start.
+ROTATION = ["operator", "ana", "ben"]
+#: Calls of the charge tool above this wait for an approver (acme's policy).
+APPROVAL_CONDITION = "amount_cents > `50000`"
+#: Real agent calls through the sandbox provider, so the lists have pages.
+AGENT_CALLS = 240
 TENANTS = [("acme", "Acme Corp"), ("globex", "Globex")]
 
 
@@ -79,8 +105,9 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  acme: drill #{run.pk}, {run.cases_total - run.cases_failed}/{run.cases_total} cases held"
             )
-            left = leave_unknown(drill, count=3, run_id=run.pk)
+            left = leave_unknown(drill, count=8, run_id=run.pk)
             self.stdout.write(f"  acme: {len(left)} agents killed while the provider's lookup API is down")
+            self._agents_at_work(users)
         with Drill(tenant="globex", sandbox_url=sandbox_url) as drill:
             run = drill.run(random_plan(6, seed=1), mode="random", seed=1)
             self.stdout.write(f"  globex: drill #{run.pk}, random seed 1, {run.cases_total} cases")
@@ -89,6 +116,77 @@ class Command(BaseCommand):
             with contextlib.suppress(OSError):
                 drill.sandbox.faults("drill.send_email", lookup_5xx=True)
         self._operator_asks_for_a_retry(users)
+        self._the_team_shares_the_work(users)
+
+    def _agents_at_work(self, users: dict[str, Any]) -> None:
+        """Real agents at work through the sandbox provider: a few hundred
+        calls over the last two days (the clock is injected, the calls are
+        real), and charges under a policy that holds the large ones for an
+        approver (one is left waiting in the approvals queue)."""
+        tenant = Tenant.objects.get(slug="acme")
+        policy = current_policy(tenant.pk)
+        if policy is not None:
+            policy_publish(
+                tenant=tenant,
+                tools=policy.tools,
+                approvals={NON_IDEMPOTENT_TOOL: APPROVAL_CONDITION},
+                actor=Actor.user(users["admin"]),
+                note="large charges need an approver",
+            )
+        send = recording.provider_tool(IDEMPOTENT_TOOL, key="digest:{team}:{day}")
+        charge = recording.provider_tool(NON_IDEMPOTENT_TOOL, key="order:{order}:charge")
+        chance = random.Random(7)  # noqa: S311 - spreads the demo's times, not a secret
+        now = timezone.now()
+        agents = ["digest-agent", "billing-agent", "support-agent"]
+        done = 0
+        for n in range(AGENT_CALLS):
+            at = now - timedelta(minutes=chance.randint(5, 48 * 60))
+            try:
+                with clock.frozen_at(at), recording.task(tenant="acme", task_id=f"run-{n // 10}", agent=agents[n % 3]):
+                    if n % 4 == 0:
+                        charge(order=1000 + n, amount_cents=chance.randint(500, 45000), to="shop@example.com")
+                    else:
+                        send(team=f"team-{n % 40}", day=f"d{n}", to=f"team-{n % 40}@example.com")
+                done += 1
+            except (LedgerError, PermanentFailure, NothingHappened, OSError) as exc:
+                self.stdout.write(f"  acme: agent call {n} ended: {exc}")
+        self.stdout.write(f"  acme: {done} agent calls through the sandbox provider")
+        for order, amount in ((7001, 125000), (7002, 98000)):
+            with (
+                contextlib.suppress(AwaitingApproval),
+                recording.task(tenant="acme", task_id="checkout-big", agent="billing-agent"),
+            ):
+                charge(order=order, amount_cents=amount, to="shop@example.com")
+        self.stdout.write("  acme: two large charges wait for an approver")
+
+    def _the_team_shares_the_work(self, users: dict[str, Any]) -> None:
+        """An on-call rotation, and the stuck work spread over the operators
+        as they would claim it (each an owner event)."""
+        now = timezone.now()
+        start = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=16)
+        for tenant in Tenant.objects.filter(slug__in=[slug for slug, _ in TENANTS]):
+            for shift in range(6):
+                OnCallShift.objects.create(
+                    tenant=tenant,
+                    user=users[ROTATION[(shift + 1) % len(ROTATION)]],
+                    starts_at=start + timedelta(hours=8 * shift),
+                    ends_at=start + timedelta(hours=8 * (shift + 1)),
+                )
+        stuck = Attempt.objects.filter(
+            tenant__slug__in=[slug for slug, _ in TENANTS], state__in=[State.UNKNOWN, State.MANUAL_REVIEW]
+        ).order_by("id")
+        for n, attempt in enumerate(stuck):
+            person = users[ROTATION[n % len(ROTATION)]]
+            if n % 5 == 4 or attempt.owner_id == person.pk:
+                continue  # some stay with whoever the ledger gave them to
+            with contextlib.suppress(LedgerError):
+                moves.attempt_assign(
+                    attempt=attempt,
+                    owner=person,
+                    actor=Actor.user(person),
+                    reason="claimed",
+                    expected_owner_id=attempt.owner_id,
+                )
 
     def _people(self) -> dict[str, Any]:
         user_model = get_user_model()
