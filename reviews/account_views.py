@@ -31,7 +31,12 @@ def members(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "reviews/members.html",
-        {"people": people, "title": "Members", "failure_limit": settings.AXES_FAILURE_LIMIT},
+        {
+            "people": people,
+            "title": "Members",
+            "failure_limit": settings.AXES_FAILURE_LIMIT,
+            "administered": sorted({m.tenant.slug for m in memberships if m.user_id == request.user.pk}),
+        },
     )
 
 

@@ -32,6 +32,8 @@ from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
+from ledgerdash.ledger.configuration import acting_as
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import ROLE_RANK, Membership, Role, Tenant
 from reviews.models import SsoIdentity
 
@@ -158,6 +160,8 @@ class TenantRolesBackend(OIDCAuthenticationBackend):
         for slug in sorted(set(granted) - set(tenants)):
             log.warning("single sign-on: OIDC_GROUP_ROLES names tenant %r, which does not exist", slug)
         wanted = {tenants[slug]: role for slug, role in granted.items() if slug in tenants}
-        Membership.objects.filter(user=user).exclude(tenant_id__in=wanted).delete()
-        for tenant_id, role in wanted.items():
-            Membership.objects.update_or_create(user=user, tenant_id=tenant_id, defaults={"role": role})
+        # The identity provider's claims make these changes: recorded as its.
+        with acting_as(Actor.system(f"single sign-on {claims['iss']}"[:255])):
+            Membership.objects.filter(user=user).exclude(tenant_id__in=wanted).delete()
+            for tenant_id, role in wanted.items():
+                Membership.objects.update_or_create(user=user, tenant_id=tenant_id, defaults={"role": role})

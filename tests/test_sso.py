@@ -208,3 +208,28 @@ def test_a_provider_that_cannot_be_reached_for_the_token_is_a_failed_sign_in_not
     client = Client()
     assert sign_in(sso, client, "dana", "pw-dana")["Location"] == "/login/?sso=failed"
     assert signed_in_as(client) is None
+
+
+def test_the_roles_single_sign_on_grants_and_removes_are_in_the_tenants_chains(
+    sso: str, tenant_a: Tenant, tenant_b: Tenant
+) -> None:
+    from ledgerdash.ledger.models import AttemptEvent
+
+    def membership_events(tenant: Tenant) -> list[AttemptEvent]:
+        return list(AttemptEvent.objects.filter(tenant=tenant, kind="membership").order_by("seq"))
+
+    sign_in(sso, Client(), "dana", "pw-dana")
+    (granted,) = membership_events(tenant_a)
+    assert (granted.actor_kind, granted.actor_label) == ("system", f"single sign-on {sso}")
+    assert granted.details["after"] == {"user": "dana", "tenant": "acme", "role": "approver"}
+    assert len(membership_events(tenant_b)) == 1
+
+    _post(sso + "/test/groups", {"username": "dana", "groups": "globex-all"})
+    try:
+        sign_in(sso, Client(), "dana", "pw-dana")
+    finally:
+        _post(sso + "/test/groups", {"username": "dana", "groups": "acme-ops acme-leads globex-all unrelated"})
+    removed = membership_events(tenant_a)[-1]
+    assert (removed.details["change"], removed.details["before"]["role"]) == ("deleted", "approver")
+    assert len(membership_events(tenant_a)) == 2
+    assert len(membership_events(tenant_b)) == 1  # unchanged: no event

@@ -10,6 +10,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -25,6 +26,8 @@ from ledgerdash.ledger.models import (
     Tenant,
     TokenScope,
     Tool,
+    ToolCredential,
+    validate_policy_approvals,
     validate_policy_tools,
 )
 
@@ -59,16 +62,32 @@ class TenantAdmin(admin.ModelAdmin):
     search_fields = ["slug", "name"]
     inlines = [PolicyInline]
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # its chain must stay verifiable: deactivate it instead
+
 
 class PolicyForm(forms.ModelForm):
     class Meta:
         model = Policy
-        fields = ["tenant", "tools", "note"]
+        fields = ["tenant", "tools", "approvals", "note"]
+        help_texts = {
+            "approvals": 'Tools whose calls wait for an approver before they are sent: {"pay": "amount_cents > '
+            '`50000`"} (a JMESPath condition over the arguments), or {"pay": ""} for every call.'
+        }
 
     def clean_tools(self) -> Any:
         tools = self.cleaned_data["tools"]
         validate_policy_tools(tools)
         return tools
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if "tools" in data:
+            try:
+                validate_policy_approvals(data.get("approvals") or {}, data["tools"])
+            except ValidationError as exc:
+                self.add_error("approvals", exc)
+        return data
 
 
 @admin.register(Policy)
@@ -92,6 +111,7 @@ class PolicyAdmin(admin.ModelAdmin):
         published = policy_publish(
             tenant=obj.tenant,
             tools=obj.tools,
+            approvals=obj.approvals or {},
             note=obj.note,
             actor=Actor.user(request.user),  # type: ignore[arg-type]
         )
@@ -105,6 +125,25 @@ class ToolAdmin(admin.ModelAdmin):
     list_display = ["name", "adapter", "idempotent", "key_retention_seconds", "max_checks", "max_dispatches", "enabled"]
     list_filter = ["adapter", "idempotent", "enabled"]
     search_fields = ["name"]
+
+
+@admin.register(ToolCredential)
+class ToolCredentialAdmin(admin.ModelAdmin):
+    """A tenant's credential for a tool, by name: the secret stays in the
+    secrets file or the environment, and no page shows it (only whether it
+    resolves)."""
+
+    list_display = ["tenant", "tool", "placeholder", "secret_name", "resolves"]
+    fields = ["tenant", "tool", "placeholder", "secret_name"]
+    list_filter = ["tenant", "tool"]
+    list_select_related = ["tenant", "tool"]
+    search_fields = ["placeholder", "secret_name"]
+
+    @admin.display(boolean=True, description="resolves now")
+    def resolves(self, obj: ToolCredential) -> bool:
+        from ledgerdash.ledger.secrets import is_set
+
+        return is_set(obj.secret_name)
 
 
 @admin.register(OnCallShift)

@@ -8,3 +8,7 @@ class LedgerConfig(AppConfig):
     label = "ledger"
     verbose_name = "Ledger"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Connects the hook that makes every configuration delete an event.
+        from ledgerdash.ledger import configuration  # noqa: F401

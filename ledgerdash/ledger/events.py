@@ -84,6 +84,14 @@ class EventKind(models.TextChoices):
     DRILL = "drill", "a crash-drill run"
     ACCOUNT_LOCKED = "account_locked", "an account locked out after failed sign-ins"
     ACCOUNT_UNLOCKED = "account_unlocked", "a locked-out account unlocked"
+    TENANT = "tenant", "the tenant's settings changed"
+    MEMBERSHIP = "membership", "a person's membership or role granted, changed or removed"
+    ON_CALL = "on_call", "an on-call shift added, changed or removed"
+    TOOL = "tool", "a tool's provider configuration changed"
+    CREDENTIAL = "credential", "a tool's credential binding for the tenant changed"
+    NOTIFY_CHANNEL = "notify_channel", "a notification channel created, changed or disabled"
+    NOTIFY_RULE = "notify_rule", "a notification rule created, changed or disabled"
+    NOTIFY_RESEND = "notify_resend", "a dead notification sent again"
 
 
 @dataclass
@@ -301,9 +309,10 @@ def insert_with_event(attempt: Attempt, event: EventDraft, now: datetime) -> boo
     the key already has a root (ON CONFLICT on the partial unique index:
     nothing was written)."""
     connection = transaction.get_connection()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id'))", [Attempt._meta.db_table])
-        (attempt.pk,) = cursor.fetchone()  # the event's content names the attempt
+    if attempt.pk is None:  # not taken with the authority read
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id'))", [Attempt._meta.db_table])
+            (attempt.pk,) = cursor.fetchone()  # the event's content names the attempt
     assignments = [_prepared(f.name, f.pre_save(attempt, True), connection) for f in Attempt._meta.concrete_fields]
     columns, placeholders = ", ".join(column for column, _ in assignments), ", ".join(["%s"] * len(assignments))
     # Table and column names come from the model; every value is a parameter.

@@ -17,8 +17,13 @@ an ``Idempotency-Key`` header and answers ``GET /v1/messages?key=…``::
 
 Paths are JMESPath expressions into the JSON responses. ``{key}`` and
 ``{tool}`` in URLs are replaced (URL-quoted). ``${NAME}`` in header values is
-read from the environment at call time, so secrets never sit in the
-database. When the provider returns the payload rather than its hash, set
+a secret resolved at call time (:mod:`ledgerdash.ledger.secrets`: the
+secrets file, then the environment), so secrets never sit in the database.
+When a tenant binds ``NAME`` to a secret of its own
+(:class:`~ledgerdash.ledger.models.ToolCredential`), that tenant's calls use
+it; once any tenant binds ``NAME``, a tenant without a binding cannot call.
+
+When the provider returns the payload rather than its hash, set
 ``lookup_payload_path`` and the adapter hashes it (RFC 8785, as the ledger
 does).
 
@@ -31,17 +36,16 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
-import os
 import string
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jmespath
 
-from ledgerdash.ledger import crashpoints
+from ledgerdash.ledger import crashpoints, secrets
 from ledgerdash.ledger.canonical import canonical_bytes, sha256_hex
 from ledgerdash.ledger.errors import InvalidArgs, NothingHappened, PermanentFailure
 from ledgerdash.ledger.providers.base import Dispatched, Lookup, LookupStatus, ProviderAdapter, ProviderAmbiguous
@@ -135,9 +139,22 @@ class HttpAdapter(ProviderAdapter):
     sending and reading alike: the ledger relies on no request landing later
     than that after it was sent."""
 
-    def __init__(self, tool_name: str, config: HttpConfig) -> None:
+    def __init__(
+        self,
+        tool_name: str,
+        config: HttpConfig,
+        *,
+        credentials: Mapping[str, str] | None = None,
+        per_tenant: Iterable[str] = (),
+        tenant_label: str = "",
+    ) -> None:
         self.tool_name = tool_name
         self.config = config
+        #: This tenant's bindings: placeholder -> secret name.
+        self.credentials = dict(credentials or {})
+        #: Placeholders some tenant binds: never filled from a shared secret.
+        self.per_tenant = frozenset(per_tenant)
+        self.tenant_label = tenant_label
 
     @classmethod
     def from_config(cls, tool_name: str, raw: dict[str, Any]) -> HttpAdapter:
@@ -150,14 +167,37 @@ class HttpAdapter(ProviderAdapter):
     def _headers(self, extra: dict[str, str]) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "ledgerdash"}
         for name, value in self.config.headers.items():
-            try:
-                headers[name] = string.Template(value).substitute(os.environ)
-            except KeyError as exc:
-                raise NothingHappened(
-                    f"header {name} needs environment variable {exc.args[0]}, which is not set"
-                ) from None
+            template = string.Template(value)
+            filled: dict[str, str] = {}
+            for placeholder in template.get_identifiers():
+                filled[placeholder] = self._secret(name, placeholder)
+            headers[name] = template.substitute(filled)
         headers.update(extra)
         return headers
+
+    def _secret(self, header: str, placeholder: str) -> str:
+        """The secret a header's ``${placeholder}`` stands for; nothing is
+        sent when it is missing (the message names it, never its value)."""
+        whose = f" for tenant {self.tenant_label}" if self.tenant_label else ""
+        if placeholder in self.credentials:
+            name, source = self.credentials[placeholder], f"the credential bound{whose}"
+        elif placeholder in self.per_tenant:
+            raise NothingHappened(
+                f"header {header} needs ${{{placeholder}}}, a per-tenant credential of {self.tool_name}, "
+                f"and none is bound{whose}"
+            )
+        else:
+            name, source = placeholder, "the tool's shared secret"
+        try:
+            value = secrets.secret(name)
+        except secrets.SecretsFileInvalid as exc:
+            raise NothingHappened(f"header {header}: {exc}") from None
+        if value is None:
+            raise NothingHappened(
+                f"header {header} needs secret {name} ({source}), which is in neither the secrets file "
+                "nor the environment"
+            )
+        return value
 
     def _request(
         self,
@@ -207,6 +247,10 @@ class HttpAdapter(ProviderAdapter):
             chunks: list[bytes] = []
             size = 0
             while size <= MAX_RESPONSE_BYTES:
+                if response.isclosed():
+                    # All of a Content-Length body was read: on a "Connection:
+                    # close" answer (any HTTP/1.0 server) the socket is gone now.
+                    break
                 sock.settimeout(remaining())
                 chunk = response.read1(64 * 1024)
                 if not chunk:
