@@ -44,16 +44,23 @@ INSTALLED_APPS = [
     "django_htmx",
     "axes",
     "ledgerdash.ledger",
+    "ledgerdash.notify",
     "reviews",
 ]
 
 MIDDLEWARE = [
+    # First: it times and logs every request, redirects and refusals included.
+    "ledgerdash.ops.requests.RequestLogMiddleware",
+    # Its process_exception turns a database that is down or too slow into a 503.
+    "ledgerdash.ops.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Configuration changed in a signed-in person's request is recorded as theirs.
+    "ledgerdash.ledger.configuration.ActorMiddleware",
     "ledgerdash.middleware.NoStoreMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -104,6 +111,9 @@ def _database(url: str) -> dict[str, object]:
         }
     elif engine == "django.db.backends.postgresql":
         config["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+        # A connection kept from an earlier request is tested before it is
+        # used again: after a server restart or a terminated session, the
+        # next request reconnects instead of failing.
         config["CONN_HEALTH_CHECKS"] = True
         # Server-side binding lets psycopg prepare the statements a process
         # sends again and again (every transition's compare-and-set and event
@@ -112,11 +122,32 @@ def _database(url: str) -> dict[str, object]:
         # 1.21), which cannot keep prepared statements.
         binding = env_bool("DATABASE_SERVER_SIDE_BINDING", True)
         defaults = {"server_side_binding": True, "prepare_threshold": 5} if binding else {}
+        # A stalled database becomes a fast error (answered as a 503 with
+        # Retry-After) well before gunicorn's worker timeout kills the worker:
+        # a statement may run this long, and wait this long for a lock.
+        # 0 turns a limit off (a one-off maintenance command may want that).
+        statement_ms = env_int("DATABASE_STATEMENT_TIMEOUT_MS", 30_000, minimum=0)
+        lock_ms = env_int("DATABASE_LOCK_TIMEOUT_MS", 10_000, minimum=0)
+        defaults["options"] = f"-c statement_timeout={statement_ms} -c lock_timeout={lock_ms}"
+        if env_bool("DATABASE_POOL", False):
+            # psycopg's pool in each process (Django's OPTIONS["pool"]): connections
+            # are reused across requests without a pooler in front. A process
+            # holds at most max_size; a request that finds none free within the
+            # timeout answers 503. Persistent connections are the pool's job.
+            config["CONN_MAX_AGE"] = 0
+            defaults["pool"] = {
+                "min_size": env_int("DATABASE_POOL_MIN_SIZE", 1, minimum=0),
+                "max_size": env_int("DATABASE_POOL_MAX_SIZE", 4, minimum=1),
+                "timeout": env_int("DATABASE_POOL_TIMEOUT", 10, minimum=1),
+            }
     else:
         raise ImproperlyConfigured(f"DATABASE_URL uses {engine}; ledgerdash supports sqlite:/// and postgres:// URLs.")
     # Options given in the URL (``?sslmode=require``) are kept, over these defaults.
-    given = config.get("OPTIONS")
-    config["OPTIONS"] = {**defaults, **(given if isinstance(given, dict) else {})}
+    given = dict(config.get("OPTIONS") or {})  # type: ignore[call-overload]
+    if "options" in given and "options" in defaults:
+        # Server settings from the URL (?options=-c%20search_path%3Dx) come after, so they win.
+        given["options"] = f"{defaults['options']} {given['options']}"
+    config["OPTIONS"] = {**defaults, **given}
     return config
 
 
@@ -188,7 +219,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Where `collectstatic` writes the hashed files whitenoise serves with DEBUG off.
+STATIC_ROOT = Path(env_str("STATIC_ROOT") or BASE_DIR / "staticfiles")
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -219,6 +251,8 @@ SECURE_REFERRER_POLICY = "same-origin"
 SESSION_COOKIE_HTTPONLY = True
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_TLS_PROXY", False) else None
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+# Probes and scrapers speak plain HTTP to the process itself, not through the proxy.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
@@ -226,6 +260,13 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", SECURE_HSTS_SECONDS > 0)
 
 # --- the ledger -----------------------------------------------------------
+# How long an API worker keeps a token it has checked before looking it up
+# again: a revoked token (or a deactivated tenant) is refused by every worker
+# within this many seconds (at once by the one that revoked it). 0: never kept.
+LEDGER_TOKEN_CACHE_SECONDS = env_int("LEDGER_TOKEN_CACHE_SECONDS", 5, minimum=0)
+#: A JSON file of secret names to values (provider credentials that tools and
+#: tenants' credential bindings name); empty: secrets come from the environment only.
+LEDGERDASH_SECRETS_FILE = env_str("LEDGERDASH_SECRETS_FILE")
 # A DISPATCHED attempt with no outcome after this long is UNKNOWN.
 LEDGER_DISPATCH_LEASE_SECONDS = env_int("LEDGER_DISPATCH_LEASE_SECONDS", 60, minimum=1)
 # The longest one request to a provider may take, for tools without a row of
@@ -242,6 +283,12 @@ if LEDGER_MAX_REQUEST_SECONDS >= LEDGER_DISPATCH_LEASE_SECONDS:
 LEDGER_RECONCILER_CLAIM_SECONDS = env_int("LEDGER_RECONCILER_CLAIM_SECONDS", 120, minimum=1)
 # An INTENT_RECORDED attempt nobody dispatched after this long is abandoned.
 LEDGER_INTENT_LEASE_SECONDS = env_int("LEDGER_INTENT_LEASE_SECONDS", 900, minimum=1)
+#: How long an agent is told to wait (Retry-After) before calling again for
+#: a call that waits for an approver.
+LEDGER_APPROVAL_RETRY_AFTER_SECONDS = env_int("LEDGER_APPROVAL_RETRY_AFTER_SECONDS", 30, minimum=1)
+#: How old UNKNOWN and MANUAL_REVIEW work may get before the overview calls
+#: it late, for a tenant that sets no SLA of its own.
+LEDGER_DEFAULT_SLA_MINUTES = env_int("LEDGER_DEFAULT_SLA_MINUTES", 240, minimum=1)
 # Largest normalized arguments, in bytes of canonical JSON, and deepest nesting.
 LEDGER_MAX_ARGS_BYTES = env_int("LEDGER_MAX_ARGS_BYTES", 64 * 1024, minimum=2)
 LEDGER_MAX_ARGS_DEPTH = env_int("LEDGER_MAX_ARGS_DEPTH", 32, minimum=1)
@@ -250,11 +297,70 @@ LEDGER_API_MAX_BODY_BYTES = env_int("LEDGER_API_MAX_BODY_BYTES", 512 * 1024, min
 # Django refuses bodies over its own limit with a 400; keep it out of the API's way.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(2621440, LEDGER_API_MAX_BODY_BYTES)
 
+# --- notifications (ledgerdash.notify, sent by `manage.py notify`) ----------
+# The dashboard's address as people reach it: links in notifications point here.
+LEDGERDASH_BASE_URL = env_str("LEDGERDASH_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+# A failed try n waits NOTIFY_BACKOFF_SECONDS * 2**(n-1), at most
+# NOTIFY_MAX_BACKOFF_SECONDS; after NOTIFY_MAX_TRIES the delivery is dead
+# (shown to the tenant's admins, who can send it again).
+NOTIFY_MAX_TRIES = env_int("NOTIFY_MAX_TRIES", 8, minimum=1)
+NOTIFY_BACKOFF_SECONDS = env_int("NOTIFY_BACKOFF_SECONDS", 30, minimum=1)
+NOTIFY_MAX_BACKOFF_SECONDS = env_int("NOTIFY_MAX_BACKOFF_SECONDS", 3600, minimum=1)
+# How long one send may take, and how long a worker's claim on a delivery
+# keeps other workers off it (longer than a send, so a slow send is not doubled).
+NOTIFY_SEND_TIMEOUT_SECONDS = env_int("NOTIFY_SEND_TIMEOUT_SECONDS", 10, minimum=1)
+NOTIFY_CLAIM_SECONDS = env_int("NOTIFY_CLAIM_SECONDS", 60, minimum=1)
+if NOTIFY_CLAIM_SECONDS <= NOTIFY_SEND_TIMEOUT_SECONDS:
+    raise ImproperlyConfigured("NOTIFY_CLAIM_SECONDS must exceed NOTIFY_SEND_TIMEOUT_SECONDS")
+
+# Email (notification channels of kind email) goes through Django's default
+# mailer: SMTP at EMAIL_HOST when it is set; else, with DEBUG on, the console
+# (each message is written to the process's output), and with DEBUG off none:
+# an email delivery then fails, saying so, until EMAIL_HOST is set.
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "ledgerdash@localhost")
+if env_str("EMAIL_HOST"):
+    MAILERS = {
+        "default": {
+            "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "OPTIONS": {
+                "host": env_str("EMAIL_HOST"),
+                "port": env_int("EMAIL_PORT", 587, minimum=1),
+                "username": env_str("EMAIL_HOST_USER"),
+                "password": env_str("EMAIL_HOST_PASSWORD"),
+                "use_tls": env_bool("EMAIL_USE_TLS", True),
+                "timeout": NOTIFY_SEND_TIMEOUT_SECONDS,
+            },
+        }
+    }
+elif DEBUG:
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
+else:
+    MAILERS = {}
+
+# --- operations -------------------------------------------------------------
+# /metrics answers only with this bearer token (and 404 without one set).
+METRICS_TOKEN = env_str("METRICS_TOKEN")
+if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured("METRICS_TOKEN must be at least 16 characters (or empty to turn /metrics off)")
+
+# plain: one readable line per record, for a terminal; json: one JSON object
+# per line with the record's fields (request id, tenant, attempt, fence,
+# decision), for a log pipeline.
+LOG_FORMAT = env_str("LOG_FORMAT", "plain").strip().lower()
+if LOG_FORMAT not in {"plain", "json"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: use plain or json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        },
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Migrate the embedded database, load the demo, then serve: the sandbox
-# provider and a reconciler in the background, gunicorn + whitenoise in front.
+# provider and a reconciler in the background (the reconciler restarted if it
+# exits), gunicorn + whitenoise in front.
 set -eu
 cd "$(dirname "$0")/.."
 HOST=${1:-127.0.0.1}
@@ -32,10 +33,30 @@ done
 
 $PY manage.py demo --sandbox-url "http://127.0.0.1:$SANDBOX_PORT"
 
-$PY manage.py reconcile --interval 5 >"$VAR/reconciler.log" 2>&1 &
-pids="$pids $!"
+# Run a background worker, and again whenever it exits, until make run stops.
+# Its current process id is kept in $VAR/<name>.pid.
+supervise() {
+    name=$1
+    shift
+    (
+        child=""
+        trap 'if [ -n "$child" ]; then kill "$child" 2>/dev/null; fi; rm -f "$VAR/$name.pid"; exit 0' TERM INT
+        while :; do
+            "$@" >>"$VAR/$name.log" 2>&1 &
+            child=$!
+            echo "$child" >"$VAR/$name.pid"
+            status=0
+            wait "$child" || status=$?
+            echo "run.sh: $name exited with status $status; restarting it in 2 s" >>"$VAR/$name.log"
+            sleep 2
+        done
+    ) &
+    pids="$pids $!"
+}
+
+supervise reconciler $PY manage.py reconcile --interval 5
 
 echo
 echo "ledgerdash: http://$HOST:$PORT/ (log in with a demo user above; Ctrl-C stops)"
-echo "sandbox provider: http://127.0.0.1:$SANDBOX_PORT/ ; reconciler log: $VAR/reconciler.log"
+echo "sandbox provider: http://127.0.0.1:$SANDBOX_PORT/ ; reconciler log: $VAR/reconciler.log; notifications log: $VAR/notify.log"
 .venv/bin/gunicorn ledgerdash.wsgi --bind "$HOST:$PORT" --workers 2 --access-logfile - --log-level warning

@@ -13,6 +13,12 @@ os.environ.setdefault("SECRET_KEY", "tests-only-" + "k" * 50)
 os.environ.setdefault("SECURE_SSL_REDIRECT", "false")
 os.environ.setdefault("SECURE_COOKIES", "false")
 os.environ.setdefault("ALLOWED_HOSTS", "testserver,127.0.0.1,localhost")
+# Email as production sends it (SMTP); Django's test runner puts its in-memory
+# outbox in its place, and tests/test_notify.py runs a real SMTP server.
+os.environ.setdefault("EMAIL_HOST", "127.0.0.1")
+# Every request looks its token up (tests revoke and deactivate, then expect a
+# refusal at once); tests/test_tokens.py turns the per-worker cache on itself.
+os.environ.setdefault("LEDGER_TOKEN_CACHE_SECONDS", "0")
 # Single sign-on on, against a provider tests/test_sso.py starts (its
 # endpoints are set there); nothing listens at these until then.
 os.environ.setdefault("OIDC_ENABLED", "true")

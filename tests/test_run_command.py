@@ -4,6 +4,8 @@ gunicorn + whitenoise on a port, a log-in, a page."""
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -21,12 +23,12 @@ pytestmark = [
 def test_the_run_command_serves_the_app_with_demo_data(tmp_path: Path) -> None:
     port = free_port()
     env = {"LEDGERDASH_VAR_DIR": str(tmp_path), "DEBUG": "true", "DATABASE_URL": ""}
-    # The run command migrates and runs a crash drill for its demo data before it serves.
+    # The run command migrates, runs a crash drill and real agents for its demo data before it serves.
     with running(
         [str(ROOT / "scripts" / "run.sh"), "127.0.0.1", str(port)],
         env=env,
         url=f"http://127.0.0.1:{port}/login/",
-        timeout=180,
+        timeout=300,
     ):
         browser = Browser(f"http://127.0.0.1:{port}")
         status, _, _ = browser.get("/")
@@ -44,4 +46,20 @@ def test_the_run_command_serves_the_app_with_demo_data(tmp_path: Path) -> None:
         assert headers["Server"] == "gunicorn"
         assert "Cache-Control" in headers  # set by whitenoise, not by Django's static view
         assert ":root" in css
+        # The reconciler is supervised: killed, it is started again.
+        pid_file = tmp_path / "reconciler.pid"
+        first = int(pid_file.read_text())
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            again = pid_file.read_text().strip()
+            if again and int(again) != first:
+                break
+            time.sleep(0.2)
+        second = int(pid_file.read_text())
+        assert second != first
+        os.kill(second, 0)  # alive
+        assert "reconciler exited with status 137; restarting it" in (tmp_path / "reconciler.log").read_text()
     assert (tmp_path / "ledgerdash.sqlite3").exists()
+    # The notification worker ran beside the reconciler.
+    assert "sending notifications every" in (tmp_path / "notify.log").read_text()

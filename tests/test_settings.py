@@ -44,6 +44,8 @@ def start(extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
         ("DATABASE_URL", "nonsense", "is not a database URL"),
         ("LEDGER_DISPATCH_LEASE_SECONDS", "soon", "is not a whole number"),
         ("LEDGER_DISPATCH_LEASE_SECONDS", "0", "below the minimum"),
+        ("LOG_FORMAT", "xml", "use plain or json"),
+        ("METRICS_TOKEN", "short", "at least 16 characters"),
     ],
 )
 def test_bad_values_fail_loudly_at_start_up(variable: str, value: str, message: str) -> None:
@@ -55,7 +57,7 @@ def test_bad_values_fail_loudly_at_start_up(variable: str, value: str, message: 
 
 @pytest.mark.slow  # the whole project's checks, in a process of its own
 def test_production_settings_pass_the_deploy_check(tmp_path: object) -> None:
-    result = start({"DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3"})
+    result = start({"DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3", "EMAIL_HOST": "smtp.example.com"})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout
 
@@ -142,3 +144,29 @@ def test_pages_answers_and_exports_are_never_stored_by_caches(client: Any, opera
     static = client.get("/static/ledgerdash/app.css")
     assert static.status_code == 200
     assert "no-store" not in static.get("Cache-Control", "")
+
+
+def test_postgres_connections_get_the_statement_and_lock_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledgerdash import settings
+
+    monkeypatch.setenv("DATABASE_STATEMENT_TIMEOUT_MS", "2500")
+    monkeypatch.setenv("DATABASE_LOCK_TIMEOUT_MS", "0")
+    config = settings._database("postgres://u@db.example.com/ledger?options=-c%20search_path%3Dledger")
+    options = config["OPTIONS"]
+    assert isinstance(options, dict)
+    # The URL's own server settings come last, so they win over the project's.
+    assert options["options"] == "-c statement_timeout=2500 -c lock_timeout=0 -c search_path=ledger"
+    assert config["CONN_HEALTH_CHECKS"] is True
+    assert "pool" not in options
+
+
+def test_the_connection_pool_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledgerdash import settings
+
+    monkeypatch.setenv("DATABASE_POOL", "true")
+    monkeypatch.setenv("DATABASE_POOL_MAX_SIZE", "3")
+    config = settings._database("postgres://u@db.example.com/ledger")
+    options = config["OPTIONS"]
+    assert isinstance(options, dict)
+    assert options["pool"] == {"min_size": 1, "max_size": 3, "timeout": 10}
+    assert config["CONN_MAX_AGE"] == 0  # Django refuses persistent connections beside a pool

@@ -23,7 +23,8 @@ workers share the work) and, for each:
 - FAILED_RETRYABLE past its back-off: the provider guaranteed nothing
   happened, so the same key is sent again under re-checked authority.
 - INTENT_RECORDED: an approved linked retry is dispatched; an intent nobody
-  dispatched within its lease is failed as abandoned (nothing was sent).
+  dispatched within its lease (an approved first call included: its agent
+  sends it) is failed as abandoned (nothing was sent).
 
 Every decision is a transition with the lookup result and the reason in its
 event. The provider is called with no transaction open; the decision is
@@ -198,7 +199,9 @@ class Reconciler:
                     continue
                 seen.add(attempt.pk)
                 try:
-                    summary.decisions[self.reconcile_one(attempt, profiles.get(attempt.tool_name))] += 1
+                    summary.decisions[
+                        self.reconcile_one(attempt, profiles.get(attempt.tool_name, attempt.tenant_id))
+                    ] += 1
                 except StaleFence as exc:
                     summary.stale += 1
                     log.info("attempt %s changed under this claim; leaving it: %s", attempt.pk, exc)
@@ -249,6 +252,14 @@ class Reconciler:
             attempt.idempotency_key,
             decision,
             attempt.last_note,
+            # Fields of their own for LOG_FORMAT=json (the plain format shows the message only).
+            extra={
+                "tenant": attempt.tenant_id,
+                "attempt": attempt.pk,
+                "fence": attempt.fence,
+                "state": attempt.state,
+                "decision": decision,
+            },
         )
 
     def _escalate(self, attempt: Attempt, reason: str, lookup: dict[str, Any] | None = None) -> str:
@@ -262,7 +273,11 @@ class Reconciler:
         """An intent falls due when its lease passed (nobody dispatched it) or
         when a person approved it as a linked retry."""
         if attempt.approved_at is not None:
-            if tool is not None and tool.adapter.can_dispatch:
+            # A linked retry has no agent waiting on it: the reconciler sends
+            # it. A first call approved before it was sent is its agent's to
+            # send, when it calls again.
+            first_call = attempt.parent_id is None
+            if not first_call and tool is not None and tool.adapter.can_dispatch:
                 return self._dispatch(attempt, tool, "approved linked retry: sending it under re-checked authority")
             # Only the agent can send it; give it the intent lease to come back.
             deadline = attempt.approved_at + timedelta(seconds=settings.LEDGER_INTENT_LEASE_SECONDS)
@@ -270,7 +285,9 @@ class Reconciler:
                 self._release(attempt, deadline)
                 return "released"
             reason = (
-                f"abandoned: approved, but no adapter can send {attempt.tool_name} and the agent did not "
+                "abandoned: approved, but its agent did not call again within the intent lease; nothing was sent"
+                if first_call
+                else f"abandoned: approved, but no adapter can send {attempt.tool_name} and the agent did not "
                 "dispatch it within the intent lease; nothing was sent"
             )
         else:
@@ -411,7 +428,9 @@ class Reconciler:
             attempt = moves.attempt_dispatch(attempt=attempt, actor=self.actor, fence=attempt.fence, reason=why)
         except AuthorizationChanged as exc:
             # Not sent: the ledger put it under review beside a linked attempt.
-            self._log(exc.original or attempt, "authority changed before sending")
+            self._log(
+                exc.original if isinstance(exc.original, Attempt) else attempt, "authority changed before sending"
+            )
             return "linked" if exc.attempt is not None and exc.attempt.parent_id == attempt.pk else "escalated"
         holder = {"attempt": attempt}
         fence = attempt.fence

@@ -1,0 +1,71 @@
+"""Gunicorn's configuration for ledgerdash (deploy/start-web passes it with --config).
+
+Every value can be overridden from the environment named beside it, or with
+GUNICORN_CMD_ARGS. The timeouts are chosen together with the database's:
+
+- ``timeout`` (GUNICORN_TIMEOUT, 60 s) is the last resort: a sync worker
+  silent for that long is killed and its client gets no answer at all. The
+  database gives up first: ``DATABASE_LOCK_TIMEOUT_MS`` (5 s) and
+  ``DATABASE_STATEMENT_TIMEOUT_MS`` (20 s) end a stalled statement with an
+  error that the app answers as a 503 with ``Retry-After`` (the API's
+  ``ledger_unavailable``), so a locked table costs a client seconds and a
+  worker nothing.
+- ``graceful_timeout`` (30 s): on SIGTERM a worker finishes the request it is
+  serving; tool-call recording requests are short, exports stream.
+- ``keepalive`` (5 s): behind a proxy that reuses connections; sync workers
+  close idle ones after this.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+bind = os.environ.get("LEDGERDASH_BIND", "127.0.0.1:8000")
+# Sync workers: each request holds one database connection for its length, so
+# workers x web hosts must stay below the server's max_connections (or the
+# pool's max_size; see DATABASE_POOL_MAX_SIZE).
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+worker_class = "sync"
+timeout = int(os.environ.get("GUNICORN_TIMEOUT", "60"))
+graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", "30"))
+keepalive = int(os.environ.get("GUNICORN_KEEPALIVE", "5"))
+# A worker is replaced after this many requests (with jitter, so they don't all
+# restart at once): a guard against slow leaks in the PDF renderer.
+max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", "2000"))
+max_requests_jitter = max_requests // 10
+# Load the app once in the master: a broken deployment (no collected static
+# files, a bad setting) stops gunicorn at start with the reason, instead of
+# workers failing one after the other.
+preload_app = True
+# The app logs one line per request itself (LOG_FORMAT); gunicorn's access log
+# is off unless asked for.
+accesslog = os.environ.get("GUNICORN_ACCESS_LOG") or None
+errorlog = "-"
+loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
+# The client address and scheme come from the proxy in front (BEHIND_TLS_PROXY).
+forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+
+# Request metrics: each worker writes its samples to files in this directory,
+# and /metrics adds them up, so one scrape sees every worker. Emptied when
+# gunicorn starts (samples of an earlier run would count twice).
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="ledgerdash-metrics-")
+
+
+def on_starting(server: object) -> None:
+    # The app is loaded by now (preload_app): refuse to serve pages that would all fail.
+    from ledgerdash.startup import check_static_files
+
+    check_static_files()
+    directory = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):
+        stale.unlink()
+
+
+def child_exit(server: object, worker: object) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[attr-defined]

@@ -1,0 +1,1 @@
+"""Notifications through an outbox: see :mod:`ledgerdash.notify.outbox`."""

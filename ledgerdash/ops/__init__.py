@@ -1,0 +1,1 @@
+"""Running the service: health checks, metrics, request logs, database trouble."""

@@ -1,0 +1,72 @@
+"""One log line and one metric sample per request, with a request id.
+
+The request id is the proxy's ``X-Request-ID`` when it sends a sane one,
+else a new one; it is answered in ``X-Request-ID`` so a client's report
+can be found in the log. Health checks are logged at DEBUG only: a load
+balancer asks every few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+
+from ledgerdash.ops.metrics import REQUEST_SECONDS
+
+log = logging.getLogger("ledgerdash.requests")
+
+QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def request_id(request: HttpRequest) -> str:
+    given = request.headers.get("X-Request-ID", "")
+    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+class RequestLogMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        started = time.perf_counter()
+        rid = request_id(request)
+        request.request_id = rid  # type: ignore[attr-defined]
+        response = self.get_response(request)
+        seconds = time.perf_counter() - started
+        match = getattr(request, "resolver_match", None)
+        route = match.route if match is not None and match.route else "unmatched"
+        REQUEST_SECONDS.labels(route=route, method=request.method or "", status=str(response.status_code)).observe(
+            seconds
+        )
+        response["X-Request-ID"] = rid
+        kwargs = match.kwargs if match is not None else {}
+        attempt = kwargs.get("pk") if "attempts/" in route else kwargs.get("attempt_id")
+        log.log(
+            logging.DEBUG if request.path in QUIET_PATHS else logging.INFO,
+            "%s %s %s %.1fms",
+            request.method,
+            request.path,
+            response.status_code,
+            seconds * 1000,
+            extra={
+                "request_id": rid,
+                "method": request.method,
+                "path": request.path,
+                "route": route,
+                "status": response.status_code,
+                "duration_ms": round(seconds * 1000, 1),
+                "user": getattr(getattr(request, "user", None), "pk", None)
+                if hasattr(request, "_cached_user")
+                else None,
+                "tenant": getattr(getattr(request, "auth", None), "tenant_id", None),
+                "attempt": attempt,
+            },
+        )
+        return response

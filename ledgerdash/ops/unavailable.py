@@ -1,0 +1,90 @@
+"""When the database is down, refusing connections or too slow: a fast, clean 503.
+
+A lost connection, "too many clients", a pool with no free connection, or a
+statement ended by ``statement_timeout`` / ``lock_timeout`` all reach Django
+as ``OperationalError`` or ``InterfaceError``. Instead of a 500, the
+dashboard answers a page in its own look and the API its JSON
+``ledger_unavailable``, both with status 503 and ``Retry-After``; nothing
+was changed (the ledger's transactions commit whole or not at all). The
+connection that failed is closed at the end of the request and the next
+request connects afresh (``CONN_HEALTH_CHECKS``), so the app recovers by
+itself when the database is back.
+
+Two places catch it: the middleware, for errors raised in a view, and the
+500 handler, for errors raised in a middleware (a session read, the login
+throttle) before any view ran.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+from django.template import loader
+from django.views.decorators.csrf import requires_csrf_token
+
+from reviews import errors
+
+log = logging.getLogger(__name__)
+
+#: Seconds a client should wait before trying again.
+RETRY_AFTER = 5
+UNAVAILABLE_ERRORS = (OperationalError, InterfaceError)
+API_PREFIX = "/api/"
+MESSAGE = "the ledger's database is unavailable; nothing was changed, retry later"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def unavailable_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
+    log.warning("%s %s: the database is unavailable: %s", request.method, request.path, _first_line(exc))
+    if request.path.startswith(API_PREFIX):
+        response = HttpResponse(
+            json.dumps({"code": "ledger_unavailable", "message": MESSAGE}),
+            status=503,
+            content_type="application/json; charset=utf-8",
+        )
+    else:
+        try:
+            body = loader.get_template("503.html").render(
+                {"stylesheet": errors._stylesheet(), "retry_after": RETRY_AFTER}
+            )
+        except Exception:
+            log.exception("the 503 page could not be rendered; serving the fixed one")
+            body = errors.FALLBACK
+        response = HttpResponse(body, status=503)
+        # A page left open reloads itself once the wait is over (no script: the CSP allows none inline).
+        response["Refresh"] = str(RETRY_AFTER)
+    response["Retry-After"] = str(RETRY_AFTER)
+    return response
+
+
+class DatabaseUnavailableMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        if isinstance(exc, UNAVAILABLE_ERRORS):
+            return unavailable_response(request, exc)
+        return None
+
+
+@requires_csrf_token
+def server_error(request: HttpRequest, template_name: str = "500.html") -> HttpResponse:
+    """The 500 handler: a 503 when what failed was the database, else the 500 page."""
+    import sys
+
+    exc = sys.exc_info()[1]
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return unavailable_response(request, exc)
+    return errors.server_error(request, template_name)

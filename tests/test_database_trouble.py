@@ -1,0 +1,208 @@
+"""The web app under database trouble, on a real PostgreSQL through a cuttable link.
+
+gunicorn (DEBUG off, deploy/gunicorn.conf.py) reaches the test database
+through :class:`TcpProxy`: cutting it is the server going away, restoring it
+the server coming back. Also: sessions terminated by pg_terminate_backend,
+and a table locked longer than ``DATABASE_LOCK_TIMEOUT_MS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+from ledgerdash.client import LedgerClient, LedgerUnavailable
+from ledgerdash.ledger.events import Actor
+from ledgerdash.ledger.models import Membership, Tenant, TokenScope
+from ledgerdash.ledger.tokens import token_create
+from tests.database_roles import admin_connect
+from tests.live import PYTHON, ROOT, Browser, free_port, running
+from tests.tcp_proxy import TcpProxy
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+PASSWORD = "database-trouble-Pa55"
+APP_NAME = "ledgerdash-web-under-test"
+
+
+@dataclass
+class App:
+    base: str
+    browser: Browser
+    client: LedgerClient
+    proxy: TcpProxy
+    token: str
+
+
+@pytest.fixture(scope="module")
+def static_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("static")
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update({"DEBUG": "false", "STATIC_ROOT": str(root), "DATABASE_URL": ""})
+    subprocess.run([PYTHON, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+    return root
+
+
+@pytest.fixture
+def app(
+    request: pytest.FixtureRequest, transactional_db: None, static_root: Path, django_user_model: Any
+) -> Iterator[App]:
+    tenant = Tenant.objects.create(slug="acme", name="Acme")
+    user = django_user_model.objects.create(
+        username="operator", password=PBKDF2PasswordHasher().encode(PASSWORD, "trouble-salt")
+    )
+    Membership.objects.create(user=user, tenant=tenant, role="operator")
+    _, raw_token = token_create(
+        tenant=tenant, name="agent", scopes=[TokenScope.READ, TokenScope.WRITE], actor=Actor.system("tests")
+    )
+    db = settings.DATABASES["default"]
+    proxy = TcpProxy((str(db["HOST"] or "127.0.0.1"), int(db["PORT"] or 5432)))
+    proxy.start()
+    auth = f"{db['USER']}:{db['PASSWORD']}" if db.get("PASSWORD") else str(db["USER"])
+    port = free_port()
+    env = {
+        "DEBUG": "false",
+        "SECRET_KEY": "database-trouble-" + "t" * 40,
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "DATABASE_URL": f"postgres://{auth}@127.0.0.1:{proxy.port}/{db['NAME']}?application_name={APP_NAME}",
+        "DATABASE_LOCK_TIMEOUT_MS": "1000",
+        "STATIC_ROOT": str(static_root),
+        "LEDGERDASH_BIND": f"127.0.0.1:{port}",
+        "WEB_CONCURRENCY": "1",
+        "SECURE_SSL_REDIRECT": "false",
+        "SECURE_COOKIES": "false",
+        "OIDC_ENABLED": "false",
+        **getattr(request, "param", {}),
+    }
+    base = f"http://127.0.0.1:{port}"
+    cmd = [PYTHON, "-m", "gunicorn", "--config", "deploy/gunicorn.conf.py", "ledgerdash.wsgi"]
+    try:
+        with running(cmd, env=env, url=f"{base}/healthz", timeout=120):
+            browser = Browser(base)
+            browser.login("operator", PASSWORD)
+            yield App(base, browser, LedgerClient(base, raw_token, retries=0, timeout=15), proxy, raw_token)
+    finally:
+        proxy.stop()
+
+
+def assert_unavailable_page(app: App, path: str) -> None:
+    status, headers, page = app.browser.get(path)
+    assert status == 503, page[:400]
+    assert int(headers["Retry-After"]) > 0
+    assert "The ledger is unavailable" in page
+    assert "/static/ledgerdash/app." in page  # in the dashboard's own look
+
+
+def assert_unavailable_api(app: App) -> None:
+    with pytest.raises(LedgerUnavailable) as caught:
+        app.client.find("invoice-1")
+    assert caught.value.status == 503
+    request = urllib.request.Request(
+        f"{app.base}/api/v1/attempts?idempotency_key=x", headers={"Authorization": f"Bearer {app.token}"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(request, timeout=15)
+    assert answer.value.code == 503
+    assert json.loads(answer.value.read())["code"] == "ledger_unavailable"
+    assert int(answer.value.headers["Retry-After"]) > 0
+
+
+def eventually_ok(app: App, path: str, *, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        status, _, page = app.browser.get(path)
+        if status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert status == 200, page[:400]
+
+
+def test_pages_and_the_api_answer_503_while_the_database_is_away_then_recover(app: App) -> None:
+    eventually_ok(app, "/queues/unknown/")
+    assert app.client.find("invoice-1") == []
+
+    app.proxy.stop()
+    started = time.monotonic()
+    assert_unavailable_page(app, "/queues/unknown/")
+    assert_unavailable_page(app, "/")
+    assert_unavailable_api(app)
+    status, _, body = app.browser.get("/readyz")
+    assert status == 503
+    assert json.loads(body)["checks"]["database"].startswith("unreachable")
+    assert time.monotonic() - started < 30  # fast answers, no worker killed by gunicorn's timeout
+
+    app.proxy.start()  # the same port: the database is back
+    eventually_ok(app, "/queues/unknown/")
+    eventually_ok(app, "/readyz")
+    assert app.client.find("invoice-1") == []
+
+
+def test_terminated_sessions_are_replaced_without_an_error(app: App) -> None:
+    eventually_ok(app, "/queues/unknown/")
+    with admin_connect() as admin:
+        killed = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", [APP_NAME]
+        ).fetchone()
+    assert killed is not None
+    assert killed[0] >= 1  # the worker kept its connection between requests
+    # The worker's kept connection is dead; the health check finds it and connects afresh.
+    status, _, page = app.browser.get("/queues/unknown/")
+    assert status == 200, page[:400]
+    assert app.client.find("invoice-1") == []
+
+
+def test_a_table_locked_for_long_answers_503_within_the_lock_timeout(app: App) -> None:
+    eventually_ok(app, "/queues/unknown/")
+    with admin_connect() as admin, contextlib.closing(admin.cursor()) as cursor:
+        admin.autocommit = False
+        cursor.execute("LOCK TABLE ledger_attempt IN ACCESS EXCLUSIVE MODE")
+        started = time.monotonic()
+        assert_unavailable_page(app, "/queues/unknown/")
+        assert_unavailable_api(app)
+        assert time.monotonic() - started < 15  # three requests, each ended by the 1 s lock timeout
+        admin.rollback()
+    eventually_ok(app, "/queues/unknown/")
+
+
+AGENT = """
+import sys
+from ledgerdash.client import LedgerClient
+client = LedgerClient(sys.argv[1], sys.argv[2], retries=0, timeout=60)
+for n in range(5):
+    assert client.find(f"invoice-{n}") == []
+"""
+
+
+@pytest.mark.parametrize(
+    "app", [{"DATABASE_POOL": "true", "DATABASE_POOL_MAX_SIZE": "2", "WEB_CONCURRENCY": "2"}], indirect=True
+)
+def test_fifty_agent_processes_share_the_pooled_connections(app: App) -> None:
+    agents = [
+        subprocess.Popen([PYTHON, "-c", AGENT, app.base, app.token], cwd=ROOT, stderr=subprocess.PIPE)
+        for _ in range(50)
+    ]
+    most = 0
+    with admin_connect() as admin:
+        while any(agent.poll() is None for agent in agents):
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [APP_NAME]
+            ).fetchone()
+            most = max(most, row[0] if row else 0)
+            time.sleep(0.05)
+    failures = [agent.stderr.read().decode() for agent in agents if agent.returncode != 0 and agent.stderr]
+    assert failures == []
+    # 2 workers x a pool of at most 2, whatever the number of agents.
+    assert 1 <= most <= 4

@@ -1,0 +1,191 @@
+"""/healthz, /readyz and /metrics, and the request log line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import subprocess
+from collections import Counter
+from typing import Any
+
+import pytest
+import yaml
+from django.db.migrations.recorder import MigrationRecorder
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+from pythonjsonlogger.json import JsonFormatter
+
+from ledgerdash.ledger.models import Attempt, ReconcilerWorker
+from ledgerdash.ledger.reconciler import PassSummary
+from ledgerdash.ledger.workers import WorkerTotals
+from ledgerdash.ops import health
+from tests.live import ROOT
+
+TOKEN = "metrics-token-for-tests-0123456789"
+
+
+@pytest.fixture
+def metrics_on(settings: Any) -> None:
+    settings.METRICS_TOKEN = TOKEN
+
+
+def scrape(client: Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def test_healthz_answers_without_the_database(client: Client) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+def test_health_endpoints_refuse_other_methods(client: Client) -> None:
+    assert client.post("/healthz").status_code == 405
+    assert client.post("/readyz").status_code == 405
+
+
+@pytest.mark.django_db
+def test_readyz_checks_the_database_and_migrations(client: Client) -> None:
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ready", "checks": {"database": "ok", "migrations": "ok"}}
+
+
+@pytest.mark.django_db
+def test_readyz_names_migrations_not_applied(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(health, "_migrations_applied", False)
+    MigrationRecorder.Migration.objects.filter(app="ledger", name="0016_tool_credentials_per_tenant").delete()
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    body = response.json()
+    assert body["status"] == "unavailable"
+    assert body["checks"]["database"] == "ok"
+    assert "1 not applied" in body["checks"]["migrations"]
+    assert "ledger.0016_tool_credentials_per_tenant" in body["checks"]["migrations"]
+
+
+def test_metrics_are_off_without_a_token(client: Client, settings: Any) -> None:
+    settings.METRICS_TOKEN = ""
+    assert client.get("/metrics").status_code == 404
+
+
+@pytest.mark.usefixtures("metrics_on")
+def test_metrics_refuse_a_missing_or_wrong_token(client: Client) -> None:
+    response = client.get("/metrics")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer not-the-token").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION=f"Basic {TOKEN}").status_code == 401
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("metrics_on")
+def test_metrics_show_the_queues_by_tenant_and_state(client: Client, stuck: dict[str, Attempt]) -> None:
+    samples = scrape(client)
+    assert samples[("ledgerdash_database_up", ())] == 1
+    assert samples[("ledgerdash_attempts", (("state", "UNKNOWN"), ("tenant", "acme")))] == 1
+    assert samples[("ledgerdash_attempts", (("state", "MANUAL_REVIEW"), ("tenant", "acme")))] == 1
+    assert samples[("ledgerdash_attempts", (("state", "OUTCOME_CONFIRMED"), ("tenant", "acme")))] == 1
+    assert samples[("ledgerdash_attempts", (("state", "UNKNOWN"), ("tenant", "globex")))] == 1
+    age = samples[("ledgerdash_oldest_attempt_age_seconds", (("state", "UNKNOWN"), ("tenant", "acme")))]
+    assert 0 <= age < 600
+    assert (
+        "ledgerdash_oldest_attempt_age_seconds",
+        (("state", "OUTCOME_CONFIRMED"), ("tenant", "acme")),
+    ) not in samples
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("metrics_on")
+def test_metrics_show_the_reconciler_workers_passes_and_decisions(client: Client) -> None:
+    before = scrape(client)
+    assert before[("ledgerdash_reconciler_last_pass_timestamp_seconds", ())] == 0
+    assert before[("ledgerdash_reconciler_workers_active", ())] == 0
+    one = WorkerTotals("reconciler@a:1")
+    one.record(PassSummary(decisions=Counter({"confirmed": 2, "escalated": 1}), claimed=3))
+    one.record(PassSummary(decisions=Counter({"confirmed": 1}), claimed=1))
+    WorkerTotals("reconciler@b:2").record(PassSummary(decisions=Counter({"backed off": 4}), claimed=4, errors=1))
+    assert ReconcilerWorker.objects.get(label="reconciler@a:1").passes == 2
+    after = scrape(client)
+    assert after[("ledgerdash_reconciler_passes_total", ())] == 3
+    assert after[("ledgerdash_reconciler_errors_total", ())] == 1
+    assert after[("ledgerdash_reconciler_decisions_total", (("decision", "confirmed"),))] == 3
+    assert after[("ledgerdash_reconciler_decisions_total", (("decision", "backed off"),))] == 4
+    assert after[("ledgerdash_reconciler_workers_active", ())] == 2
+    assert after[("ledgerdash_reconciler_last_pass_timestamp_seconds", ())] > 0
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("metrics_on")
+def test_metrics_count_requests_by_route_and_status(client: Client) -> None:
+    client.get("/healthz")
+    client.get("/no-such-page/")
+    samples = scrape(client)
+    served = samples[
+        ("ledgerdash_http_request_duration_seconds_count", (("method", "GET"), ("route", "healthz"), ("status", "200")))
+    ]
+    assert served >= 1
+    assert any(
+        name == "ledgerdash_http_request_duration_seconds_count" and ("status", "404") in labels
+        for name, labels in samples
+    )
+
+
+@pytest.mark.django_db
+def test_each_request_is_logged_with_its_request_id(client: Client, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="ledgerdash.requests"):
+        response = client.get("/login/", HTTP_X_REQUEST_ID="req-42")
+        client.get("/healthz")
+    assert response["X-Request-ID"] == "req-42"
+    login, probe = [r for r in caplog.records if r.name == "ledgerdash.requests"]
+    assert login.levelno == logging.INFO
+    assert probe.levelno == logging.DEBUG  # probes stay out of the info log
+    assert (login.request_id, login.status, login.route) == ("req-42", 200, "login/")  # type: ignore[attr-defined]
+    line = json.loads(JsonFormatter("%(levelname)s %(name)s %(message)s").format(login))
+    assert (line["request_id"], line["status"], line["method"]) == ("req-42", 200, "GET")
+
+
+def test_a_made_up_request_id_is_replaced(client: Client) -> None:
+    response = client.get("/healthz", HTTP_X_REQUEST_ID="bad id\n")
+    assert response["X-Request-ID"] != "bad id\n"
+    assert len(response["X-Request-ID"]) == 32
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("metrics_on")
+def test_the_example_alerts_use_metrics_the_endpoint_exposes(client: Client) -> None:
+    client.get("/healthz")  # so the request histogram has a sample
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    exposed: set[str] = set()
+    for family in text_string_to_metric_families(response.content.decode()):
+        exposed.add(family.name)
+        exposed.update(sample.name for sample in family.samples)
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus-alerts.yml").read_text())["groups"][0]["rules"]
+    assert len(rules) >= 8
+    used = {name for rule in rules for name in re.findall(r"\bledgerdash_[a-z_]+", rule["expr"])}
+    assert "ledgerdash_reconciler_last_pass_timestamp_seconds" in used
+    assert used <= exposed, used - exposed
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool not installed (Debian: apt-get install prometheus)"
+)
+def test_the_example_alerts_pass_promtool() -> None:
+    done = subprocess.run(
+        ["promtool", "check", "rules", str(ROOT / "deploy" / "prometheus-alerts.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout

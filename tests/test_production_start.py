@@ -1,0 +1,114 @@
+"""The web process started as deploy/start-web starts it in production:
+DEBUG off, collected static files, gunicorn with deploy/gunicorn.conf.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.live import PYTHON, ROOT, Browser, free_port, running
+
+pytestmark = pytest.mark.slow
+
+PASSWORD = "production-start-Pa55"
+METRICS_TOKEN = "production-start-metrics-token"
+
+
+def production_env(tmp_path: Path, port: int) -> dict[str, str]:
+    """The environment deploy/README.md lists, on loopback and an SQLite file of its own.
+
+    TLS is the proxy's job in a deployment; this test speaks plain HTTP to
+    gunicorn, so the HTTPS redirect and secure-only cookies are off.
+    """
+    return {
+        "DEBUG": "false",
+        "SECRET_KEY": "production-start-test-" + "s" * 40,
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.sqlite3'}",
+        "LEDGERDASH_VAR_DIR": str(tmp_path / "var"),
+        "STATIC_ROOT": str(tmp_path / "static"),
+        "LEDGERDASH_BIND": f"127.0.0.1:{port}",
+        "SECURE_SSL_REDIRECT": "false",
+        "SECURE_COOKIES": "false",
+        "OIDC_ENABLED": "false",
+        "PYTHON": PYTHON,
+        "WEB_CONCURRENCY": "2",
+        "METRICS_TOKEN": METRICS_TOKEN,
+        "LOG_FORMAT": "json",
+    }
+
+
+#: An operator of one tenant, made the way an admin would in /admin/.
+MEMBER = f"""
+from django.contrib.auth.models import User
+from ledgerdash.ledger.models import Membership, Tenant
+user = User.objects.create_superuser("root", "root@example.com", {PASSWORD!r})
+Membership.objects.create(user=user, tenant=Tenant.objects.create(slug="acme", name="Acme"), role="operator")
+"""
+
+
+def manage(env: dict[str, str], *args: str) -> None:
+    child = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"} | env
+    subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=child, check=True, capture_output=True)
+
+
+def test_the_web_process_refuses_to_start_without_collected_static_files(tmp_path: Path) -> None:
+    env = production_env(tmp_path, free_port()) | {"LEDGERDASH_SKIP_COLLECTSTATIC": "true"}
+    child = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"} | env
+    done = subprocess.run(
+        [str(ROOT / "deploy" / "start-web")], cwd=ROOT, env=child, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "static files are not collected" in done.stderr
+    assert "manage.py collectstatic" in done.stderr
+
+
+def test_the_documented_start_serves_pages_with_debug_off(tmp_path: Path) -> None:
+    port = free_port()
+    env = production_env(tmp_path, port)
+    manage(env, "migrate", "--noinput")
+    manage(env, "shell", "-c", MEMBER)
+    with running([str(ROOT / "deploy" / "start-web")], env=env, url=f"http://127.0.0.1:{port}/login/", timeout=180):
+        browser = Browser(f"http://127.0.0.1:{port}")
+        status, _, page = browser.get("/login/")
+        assert status == 200
+        assert "/static/ledgerdash/app." in page  # the hashed name from the manifest
+        status, final_url = browser.login("root", PASSWORD)
+        assert final_url.endswith(f":{port}/")
+        assert status == 200
+        for path in ("/", "/queues/unknown/", "/incidents/", "/admin/"):
+            status, _, page = browser.get(path)
+            assert status == 200, (path, page[:500])
+        status, headers, _ = browser.get("/static/ledgerdash/app.css")
+        assert status == 200
+        assert headers["Content-Type"].startswith("text/css")
+        status, _, body = browser.get("/readyz")
+        assert (status, json.loads(body)["status"]) == (200, "ready")
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            metrics = response.read().decode()
+        # The requests above, whichever of the two workers served them, in one scrape.
+        assert 'ledgerdash_http_request_duration_seconds_count{method="GET",route="login/",status="200"}' in metrics
+        assert "ledgerdash_attempts" in metrics
+    assert (tmp_path / "static" / "staticfiles.json").exists()
+
+
+def test_a_bare_gunicorn_without_static_files_says_so_and_serves_the_api(tmp_path: Path) -> None:
+    port = free_port()
+    env = production_env(tmp_path, port)
+    manage(env, "migrate", "--noinput")
+    cmd = [PYTHON, "-m", "gunicorn", "ledgerdash.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    with running(cmd, env=env, url=f"http://127.0.0.1:{port}/healthz", timeout=120) as proc:
+        status, _, body = Browser(f"http://127.0.0.1:{port}").get("/readyz")
+        assert status == 200, body
+    assert proc.stdout is not None
+    log = proc.stdout.read().decode()
+    assert "static files are not collected" in log
+    assert "the API is not affected" in log
