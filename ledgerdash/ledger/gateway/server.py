@@ -1,0 +1,390 @@
+"""The MCP gateway: an MCP server that lists the tools of its upstream MCP
+servers as its own and runs every ``tools/call`` through the ledger.
+
+For each call, in the safe order of a side effect (the same steps as
+:mod:`ledgerdash.ledger.recording`'s wrapper):
+
+1. name the effect (:mod:`ledgerdash.ledger.gateway.keys`);
+2. record the intent under the tenant's current policy (tool and credential
+   scope checked there, as on every path); a confirmed key replays its
+   recorded result, marked as a replay, without calling the upstream; a key
+   that is in flight, unknown or under review is refused with its code;
+3. commit DISPATCHED, then send the call upstream, beating the attempt's
+   heartbeat while it runs;
+4. record the outcome: the upstream's result confirms it (the result is
+   stored for replay); an ``isError`` result is the tool's own definitive
+   answer (FAILED by default, per tool ``on_error``); a protocol error that
+   says the call was refused before running fails it; a call that breaks
+   mid-way (the upstream died, the connection dropped, the time ran out)
+   leaves it UNKNOWN for the reconciler. No adapter can look an MCP call
+   up, so recovery sends such an attempt to manual review.
+
+The ledger's steps are synchronous Django code: they run in worker threads,
+each committing on its own, never inside a transaction of the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import jmespath
+import mcp_types as types
+from mcp import Client, StdioServerParameters
+from mcp.server import Server, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+
+from ledgerdash.ledger import crashpoints, errors, recording
+from ledgerdash.ledger.errors import AttemptBlocked, AttemptInFlight, ClaimLost, LedgerError
+from ledgerdash.ledger.events import Actor
+from ledgerdash.ledger.gateway import keys
+from ledgerdash.ledger.gateway.config import GatewayConfig, ToolConfig, UpstreamConfig
+from ledgerdash.ledger.models import Attempt, State
+
+log = logging.getLogger("ledgerdash.gateway")
+
+#: JSON-RPC errors that say the upstream refused the call before running the tool.
+REFUSED_BEFORE_RUNNING = {types.METHOD_NOT_FOUND, types.INVALID_PARAMS}
+#: How long a call waits for its upstream to (re)connect before giving up, unsent.
+CONNECT_WAIT = 30.0
+
+
+async def in_thread[T](fn: Callable[[], T]) -> T:
+    return await anyio.to_thread.run_sync(fn)
+
+
+class UpstreamUnavailable(Exception):
+    pass
+
+
+class Upstream:
+    """One upstream MCP server, connected by a task of its own that reconnects
+    when the connection breaks (an anyio connection must be closed by the task
+    that opened it, so calls only borrow it)."""
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.config = config
+        self.client: Client | None = None
+        self.tools: list[types.Tool] = []
+        self._ready = anyio.Event()
+        self._broken = anyio.Event()
+        self._closing = False
+
+    def _target(self) -> StdioServerParameters | str:
+        if self.config.command:
+            return StdioServerParameters(
+                command=self.config.command[0],
+                args=list(self.config.command[1:]),
+                env=self.config.env or None,
+                cwd=self.config.cwd or None,
+            )
+        return self.config.url
+
+    async def run(self) -> None:
+        delay = 0.2
+        while not self._closing:
+            try:
+                async with Client(self._target(), cache=None) as client:
+                    self.tools = await _all_tools(client)
+                    self.client = client
+                    self._ready.set()
+                    delay = 0.2
+                    log.info("upstream %s: connected, %d tools", self.config.name, len(self.tools))
+                    await self._broken.wait()
+            except Exception as exc:
+                log.warning("upstream %s: connection ended: %s", self.config.name, exc)
+            self.client = None
+            self._ready = anyio.Event()
+            self._broken = anyio.Event()
+            if not self._closing:
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def broken(self) -> None:
+        """A call saw the connection fail: reconnect before the next call."""
+        self.client = None
+        self._broken.set()
+
+    def close(self) -> None:
+        self._closing = True
+        self._broken.set()
+
+    async def connected(self, timeout: float = CONNECT_WAIT) -> Client:
+        with anyio.move_on_after(timeout):
+            while True:
+                await self._ready.wait()
+                if self.client is not None:
+                    return self.client
+                await anyio.sleep(0.05)
+        raise UpstreamUnavailable(f"the upstream MCP server {self.config.name} is not connected")
+
+
+async def _all_tools(client: Client) -> list[types.Tool]:
+    tools: list[types.Tool] = []
+    cursor: str | None = None
+    for _ in range(100):
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return tools
+
+
+@dataclass(frozen=True)
+class Route:
+    upstream: Upstream
+    upstream_name: str
+    tool: types.Tool
+
+
+def _error(message: str, *, code: str, attempt: errors.Attempt | None = None) -> types.CallToolResult:
+    detail: dict[str, Any] = {"code": code, "message": message}
+    if attempt is not None:
+        detail.update(attempt_id=attempt.pk, state=attempt.state)
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=f"ledger: {code}: {message}")],
+        is_error=True,
+        _meta={keys.META_ERROR: detail},
+    )
+
+
+def _refusal(exc: LedgerError) -> types.CallToolResult:
+    return _error(str(exc), code=exc.code, attempt=exc.attempt if isinstance(exc, AttemptBlocked) else None)
+
+
+def _with_meta(result: types.CallToolResult, extra: dict[str, Any]) -> types.CallToolResult:
+    return result.model_copy(update={"meta": {**(result.meta or {}), **extra}})
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, *, agent: str = "mcp-gateway") -> None:
+        self.config = config
+        self.actor = Actor.agent(agent)
+        self.upstreams = [Upstream(u) for u in config.upstreams]
+
+    # --- what the gateway lists ---------------------------------------------------
+
+    def routes(self) -> dict[str, Route]:
+        routes: dict[str, Route] = {}
+        for upstream in self.upstreams:
+            for tool in upstream.tools:
+                name = upstream.config.prefix + tool.name
+                if name in routes:
+                    log.warning("tool %s of %s hides the one of %s", name, upstream.config.name, routes[name])
+                    continue
+                routes[name] = Route(upstream, tool.name, tool.model_copy(update={"name": name}))
+        return routes
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[route.tool for route in self.routes().values()])
+
+    # --- one call -------------------------------------------------------------------
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        name = params.name
+        route = self.routes().get(name)
+        if route is None:
+            raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}")
+        arguments = dict(params.arguments or {})
+        settings = self.config.tool(name)
+        try:
+            prepared = await self._prepare(name, arguments, params.meta, settings)
+        except LedgerError as exc:
+            return _refusal(exc)
+        if isinstance(prepared, types.CallToolResult):
+            return prepared
+        return await self._dispatch(route, prepared, arguments, settings)
+
+    async def _prepare(
+        self, name: str, arguments: dict[str, Any], meta: Any, settings: ToolConfig
+    ) -> Attempt | types.CallToolResult:
+        """Record the intent and claim the dispatch; or the replayed result, or a refusal."""
+        call = keys.derive(
+            tool=name, arguments=arguments, meta=meta, settings=settings, default_task=self.config.task_id
+        )
+        attempt = await in_thread(
+            lambda: (
+                recording.record_intent(
+                    tenant=self.config.tenant,
+                    task_id=call.task_id,
+                    tool_name=settings.ledger_tool or name,
+                    idempotency_key=call.key,
+                    args=arguments,
+                    credential_scope=settings.scope,
+                    actor=self.actor,
+                ).attempt
+            )
+        )
+        if attempt.state == State.OUTCOME_CONFIRMED:
+            return self._replay(attempt)
+        await in_thread(lambda: recording.refuse_unless_dispatchable(attempt))
+        crashpoints.reached(crashpoints.AFTER_INTENT)
+        route = self.routes().get(name)
+        if route is not None:
+            try:
+                await route.upstream.connected()
+            except UpstreamUnavailable as exc:
+                return _error(f"{exc}; nothing was sent", code="upstream_unavailable", attempt=attempt)
+        try:
+            return await in_thread(lambda: recording.mark_dispatched(attempt, actor=self.actor))
+        except ClaimLost:
+            raise AttemptInFlight(
+                AttemptInFlight.MESSAGE.format(attempt_id=attempt.pk, holder="another worker"), attempt
+            ) from None
+
+    def _replay(self, attempt: Attempt) -> types.CallToolResult:
+        try:
+            stored = recording.replay(attempt)
+            result = types.CallToolResult.model_validate(stored)
+        except LedgerError as exc:
+            return _refusal(exc)
+        except ValueError:
+            return _error(
+                f"attempt {attempt.pk} was confirmed, but its recorded result is not an MCP tool result",
+                code="result_unavailable",
+                attempt=attempt,
+            )
+        log.info("replaying attempt %s (key %s)", attempt.pk, attempt.idempotency_key)
+        return _with_meta(result, {keys.META_REPLAYED: True, keys.META_ATTEMPT: attempt.pk})
+
+    async def _dispatch(
+        self, route: Route, attempt: Attempt, arguments: dict[str, Any], settings: ToolConfig
+    ) -> types.CallToolResult:
+        crashpoints.reached(crashpoints.BEFORE_SEND)
+        fence = attempt.fence
+        try:
+            client = await route.upstream.connected(timeout=1.0)
+            async with anyio.create_task_group() as beats:
+                beats.start_soon(self._heartbeat, attempt, fence)
+                try:
+                    with anyio.fail_after(settings.timeout):
+                        result = await client.call_tool(route.upstream_name, arguments, read_timeout_seconds=None)
+                finally:
+                    beats.cancel_scope.cancel()
+        except MCPError as exc:
+            if exc.code in REFUSED_BEFORE_RUNNING:
+                reason = f"the upstream refused the call before running it: {exc.message}"
+                await self._report(attempt, lambda: recording.fail(attempt, fence=fence, reason=reason))
+                return _error(reason, code="upstream_refused", attempt=attempt)
+            route.upstream.broken()
+            return await self._lost(route, attempt, f"the upstream answered with error {exc.code}: {exc.message}")
+        except Exception as exc:  # the connection broke, the process died, the time ran out
+            route.upstream.broken()
+            return await self._lost(route, attempt, f"the upstream call broke mid-way: {type(exc).__name__}: {exc}")
+        crashpoints.reached(crashpoints.AFTER_RESPONSE)
+        return await self._settle(route, attempt, fence, result, settings)
+
+    async def _lost(self, route: Route, attempt: Attempt, reason: str) -> types.CallToolResult:
+        reason = reason[:1000]
+        await self._report(attempt, lambda: recording.mark_unknown(attempt, fence=attempt.fence, reason=reason))
+        return _error(
+            f"{reason}; the outcome is unknown and recovery will settle it: do not call again",
+            code="outcome_unknown",
+            attempt=attempt,
+        )
+
+    async def _settle(
+        self, route: Route, attempt: Attempt, fence: int, result: types.CallToolResult, settings: ToolConfig
+    ) -> types.CallToolResult:
+        dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        meta = {keys.META_ATTEMPT: attempt.pk}
+        if result.is_error:
+            text = " ".join(c.text for c in result.content if isinstance(c, types.TextContent))[:500]
+            reason = f"the tool answered with an error: {text or 'no text'}"
+            if settings.on_error == "unknown":
+                step = lambda: recording.mark_unknown(attempt, fence=fence, reason=reason)  # noqa: E731
+            elif settings.on_error == "failed_retryable":
+                step = lambda: recording.fail_retryable(attempt, fence=fence, reason=reason)  # noqa: E731
+            else:
+                step = lambda: recording.fail(attempt, fence=fence, reason=reason)  # noqa: E731
+            await self._report(attempt, step)
+            return _with_meta(result, meta)
+        request_id = ""
+        if settings.request_id:
+            found = jmespath.search(settings.request_id, dumped)
+            if isinstance(found, str | int) and not isinstance(found, bool):
+                request_id = str(found)
+        stored, note = _storable(dumped)
+        await self._report(
+            attempt,
+            lambda: recording.report_outcome(
+                attempt,
+                outcome="confirmed",
+                fence=fence,
+                provider_request_id=request_id,
+                result_ref=f"mcp://{route.upstream.config.name}/{route.upstream_name}",
+                result=stored,
+                result_source="tool" if not note else "",
+                actor=self.actor,
+            ),
+        )
+        return _with_meta(result, meta)
+
+    async def _report(self, attempt: Attempt, step: Callable[[], Any]) -> None:
+        # The upstream's answer matters more than a failed report: an
+        # unreported outcome is found by the reconciler when the lease runs out.
+        try:
+            await in_thread(step)
+        except Exception:
+            log.exception("could not record the outcome of attempt %s; the reconciler will settle it", attempt.pk)
+
+    async def _heartbeat(self, attempt: Attempt, fence: int) -> None:
+        if attempt.next_check_at is None:
+            return
+        interval = max(0.05, (attempt.next_check_at - attempt.updated_at).total_seconds() / 3)
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await in_thread(lambda: recording.heartbeat(attempt, fence=fence, actor=self.actor))
+            except LedgerError as exc:
+                if exc.code in ("stale_fence", "claim_lost"):
+                    return
+                log.warning("attempt %s: heartbeat failed: %s", attempt.pk, exc)
+
+    # --- running --------------------------------------------------------------------
+
+    def server(self) -> Server[Any]:
+        return Server(
+            "ledgerdash-gateway",
+            instructions=(
+                "Tools of the configured upstream MCP servers; every call is recorded in the ledgerdash "
+                "ledger and a repeated call replays its recorded result (marked io.ledgerdash/replayed)."
+            ),
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+        )
+
+    async def serve(self, run: Callable[[Server[Any]], Awaitable[None]], *, connect_timeout: float = 60.0) -> None:
+        """Connect the upstreams, wait until each has listed its tools (or the
+        time runs out), then serve with ``run`` until it returns."""
+        async with anyio.create_task_group() as group, AsyncExitStack():
+            for upstream in self.upstreams:
+                group.start_soon(upstream.run)
+            with anyio.move_on_after(connect_timeout):
+                for upstream in self.upstreams:
+                    await upstream._ready.wait()
+            for upstream in self.upstreams:
+                if upstream.client is None:
+                    log.warning("upstream %s: not connected yet; its tools are listed once it is", upstream.config.name)
+            try:
+                await run(self.server())
+            finally:
+                for upstream in self.upstreams:
+                    upstream.close()
+                group.cancel_scope.cancel()
+
+
+def _storable(value: Any) -> tuple[Any, str]:
+    from ledgerdash.toolcalls import storable_json
+
+    return storable_json(value)
