@@ -20,6 +20,10 @@ admin site the benchmark's gunicorn serves: bench/urls.py), which leaves
 its paging. Ratios are stated against the latter.
 
 The admin shows 100 rows a page, the dashboard 50: each as shipped.
+The same run also times one attempt's page with a long history (703
+events: an UNKNOWN attempt looked up hourly for a month, recorded through
+the ledger's own moves), against its audit report, which lists every event.
+
 Percentiles are taken over all the requests of all rounds together; each
 side runs long enough for at least ``MIN_REQUESTS`` of them (a time cap
 bounds the slowest side, and the table says how many each had).
@@ -121,6 +125,35 @@ def _prepare(ctx: Any, total: int) -> dict[str, Any]:
             conn.execute("SELECT state, count(*) FROM ledger_attempt GROUP BY state").fetchall()
         )
     return {"operator": operator, "admin": admin, "tenants": tenants, "load": loaded, "counts": counts}
+
+
+#: An UNKNOWN attempt looked up hourly for a month, plus its record, dispatch and UNKNOWN move.
+LONG_HISTORY_CHECKS = 700
+#: The long history's pages: the attempt page (folded, paged) and its audit report (every event).
+HISTORY_PAGES = {"attempt page": "/attempts/{pk}/", "audit report (every event)": "/attempts/{pk}/report/"}
+
+
+def _long_history(tenant: Any) -> Any:
+    """An attempt of ``tenant`` with 703 events, made by the ledger's own moves."""
+    from ledgerdash.ledger import moves, recording
+    from ledgerdash.ledger.events import Actor
+    from ledgerdash.ledger.models import Attempt
+
+    agent, reconciler = Actor.agent("bench-agent"), Actor.reconciler("bench-reconciler")
+    args = {"invoice": "INV-long", "to": "ap@example.com"}
+    attempt = recording.record_intent(
+        tenant=tenant, task_id="task-long", tool_name=TOOLS[0], idempotency_key="invoice:long:send", args=args,
+        credential_scope="email:send", actor=agent,
+    ).attempt  # fmt: skip
+    attempt = recording.mark_dispatched(attempt, actor=agent)
+    attempt = recording.mark_unknown(attempt, reason="no response within 30 s", actor=agent)
+    for n in range(LONG_HISTORY_CHECKS):
+        # Mostly the same answer, now and then another: the page folds both into one run.
+        reason = "lookup timed out after 10 s" if n % 24 == 5 else "provider unavailable (HTTP 503)"
+        attempt = moves.attempt_check_later(
+            attempt=attempt, actor=reconciler, fence=attempt.fence, reason=reason, lookup={"status": "unavailable"}
+        )
+    return Attempt.objects.get(pk=attempt.pk)
 
 
 def _session_cookie(user: Any) -> str:
@@ -292,10 +325,12 @@ def _settle(ctx: Any) -> None:
     time.sleep(0.3)
 
 
-def _check_page(url: str, cookie: str, marker: str) -> float:
+def _check_page(url: str, cookie: str, marker: str, sized: bool = False) -> Any:
     """Fetch the page three times, check it is the expected one; the fastest
-    time it took, in seconds (to size the timed runs)."""
+    time it took, in seconds (to size the timed runs), and with ``sized``
+    its size in bytes too."""
     times = []
+    body = ""
     for _ in range(3):
         request = urllib.request.Request(url, headers={"Cookie": cookie})
         began = time.perf_counter()
@@ -304,7 +339,7 @@ def _check_page(url: str, cookie: str, marker: str) -> float:
         times.append(time.perf_counter() - began)
         if response.status != 200 or marker not in body:
             raise RuntimeError(f"{url} did not answer with the expected page (status {response.status})")
-    return min(times)
+    return (min(times), len(body.encode())) if sized else min(times)
 
 
 def run(ctx: Any) -> dict[str, Any]:
@@ -322,6 +357,9 @@ def run(ctx: Any) -> dict[str, Any]:
     prepared = _prepare(ctx, total)
     say(f"  loaded: {prepared['load']}; states {prepared['counts']}")
     pages = _pages(prepared)
+    long = _long_history(prepared["tenants"][7])
+    history_pages = {name: path.format(pk=long.pk) for name, path in HISTORY_PAGES.items()}
+    say(f"  long history: attempt #{long.pk}, {long.events.count()} events")
     cookies = {"ours": _session_cookie(prepared["operator"]), "admin": _session_cookie(prepared["admin"])}
     cookies["admin paging"] = cookies["admin"]
     run_manage(["collectstatic", "--noinput", "-v", "0"], ctx.dbs.url_of(ctx.dbs.main))
@@ -332,6 +370,7 @@ def run(ctx: Any) -> dict[str, Any]:
     base = f"http://127.0.0.1:{GUNICORN_PORT}"
     samples: dict[tuple[str, str], list[dict[str, Any]]] = {(v, w): [] for v in pages for w in SIDES}
     durations: dict[tuple[str, str], float] = {}
+    sizes: dict[str, int] = {}
     try:
         for view, urls in pages.items():
             for who in SIDES:
@@ -339,6 +378,11 @@ def run(ctx: Any) -> dict[str, Any]:
                 # Long enough for min_requests over all rounds, within [seconds, max_seconds].
                 wanted = min_requests / rounds * took / connections * 1.3
                 durations[(view, who)] = float(min(max_seconds, max(seconds, math.ceil(wanted))))
+        for name, path in history_pages.items():
+            took, sizes[name] = _check_page(base + path, cookies["ours"], "invoice:long:send", sized=True)
+            wanted = min_requests / rounds * took / connections * 1.3
+            durations[(name, "ours")] = float(min(max_seconds, max(seconds, math.ceil(wanted))))
+            samples[(name, "ours")] = []
         planned = sum(durations.values()) * rounds
         say(f"  load generator: {generator}; {rounds} rounds x {len(pages)} views x {len(SIDES)}: {planned:.0f}s")
         for round_no in range(rounds):
@@ -352,10 +396,55 @@ def run(ctx: Any) -> dict[str, Any]:
                     else:
                         sample = _python_load(url, cookie, duration, connections)
                     samples[(view, who)].append(sample)
+            for name, path in history_pages.items():
+                _settle(ctx)
+                url, duration = base + path, durations[(name, "ours")]
+                if wrk:
+                    samples[(name, "ours")].append(_wrk(wrk, url, cookies["ours"], duration, connections))
+                else:
+                    samples[(name, "ours")].append(_python_load(url, cookies["ours"], duration, connections))
             say(f"  round {round_no + 1}/{rounds} done")
     finally:
         stop_group(server)
-    return _summarize(samples, pages, prepared, explain_text, generator, rounds, durations)
+    result = _summarize(samples, pages, prepared, explain_text, generator, rounds, durations)
+    _summarize_history(result, samples, history_pages, sizes, durations, long.events.count())
+    return result
+
+
+def _summarize_history(
+    result: dict[str, Any],
+    samples: dict[tuple[str, str], list[dict[str, Any]]],
+    history_pages: dict[str, str],
+    sizes: dict[str, int],
+    durations: dict[tuple[str, str], float],
+    events: int,
+) -> None:
+    """The long history's rows, figures and target, added to the queue's result."""
+    rows = []
+    figures = {}
+    for name, path in history_pages.items():
+        runs = samples[(name, "ours")]
+        figures[name] = {
+            "url": path,
+            "seconds_per_run": durations[(name, "ours")],
+            "req_per_s": median(r["req_per_s"] for r in runs),
+            "p50_ms": pooled_percentile(runs, 50),
+            "p95_ms": pooled_percentile(runs, 95),
+            "p99_ms": pooled_percentile(runs, 99),
+            "requests": sum(r["requests"] for r in runs),
+            "errors": sum(r["errors"] for r in runs),
+            "kib": round(sizes[name] / 1024, 1),
+        }
+        f = figures[name]
+        rows.append([f"{events} events: {name}", f["req_per_s"], f["p50_ms"], f["p95_ms"], f["p99_ms"], f["requests"],
+                     f["errors"], f["kib"]])  # fmt: skip
+    result["long_history"] = {"events": events, "figures": figures}
+    result["table"] += "\n\n" + table(
+        ["long history", "req/s", "p50 ms", "p95 ms", "p99 ms", "requests", "errors", "KiB"], rows
+    )
+    page = figures["attempt page"]
+    name = f"attempt page, {events} events: p95 ({page['kib']} KiB)"
+    result["targets"].append(Target("queue", name, page["p95_ms"], 100.0, "<=", " ms"))
 
 
 def _summarize(

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing
+import os
 import time
 import traceback
 import uuid
@@ -231,6 +232,20 @@ def _tokens(slugs: list[str]) -> dict[str, str]:
     return tokens
 
 
+def chosen_peers() -> tuple[str, ...]:
+    """The peers to run: ``BENCH_RECORDING_PEERS`` (comma-separated names from
+    :data:`PEERS`), default all. A subset is for profiling one change beside
+    the floor; ``make bench`` runs them all."""
+    given = os.environ.get("BENCH_RECORDING_PEERS", "")
+    if not given.strip():
+        return PEERS
+    names = tuple(name.strip() for name in given.split(",") if name.strip())
+    unknown = sorted(set(names) - set(PEERS))
+    if unknown:
+        raise ValueError(f"BENCH_RECORDING_PEERS names no peer {', '.join(unknown)}; the peers: {', '.join(PEERS)}")
+    return tuple(peer for peer in PEERS if peer in names)
+
+
 def run(ctx: Any) -> dict[str, Any]:
     from django.conf import settings
 
@@ -256,7 +271,8 @@ def run(ctx: Any) -> dict[str, Any]:
         "warmup": 20,
     }
     rewarm = 10
-    bursts = sum(len(levels) for levels in RUNS_AT.values())
+    peers = chosen_peers()
+    bursts = sum(len(RUNS_AT[peer]) for peer in peers)
     say(
         f"recording: {rounds} rounds x {bursts} bursts (peers x agents), {duration:g}s each;"
         f" gunicorn with {HTTP_WORKERS} workers for the HTTP peer; starting agents"
@@ -268,18 +284,18 @@ def run(ctx: Any) -> dict[str, Any]:
     began = time.monotonic()
     startup = math.nan
     try:
-        pools = {peer: Pool(peer, AGENTS_MAX, cfg) for peer in PEERS}
+        pools = {peer: Pool(peer, AGENTS_MAX, cfg) for peer in peers}
         for pool in pools.values():
             pool.wait_ready(300)
             if pool.error:
                 say(f"  {pool.peer} could not run: {pool.error.splitlines()[0]}")
         startup = time.monotonic() - began
-        say(f"  {len(PEERS) * AGENTS_MAX} agents ready in {startup:.0f}s")
+        say(f"  {len(peers) * AGENTS_MAX} agents ready in {startup:.0f}s")
         for round_no in range(rounds):
             # Each peer in turn connects, warms up, runs its bursts and lets its
             # connections go, so that only the running peer's agents (and DBOS's,
             # which keeps its pool) hold connections; who goes first rotates.
-            order = PEERS[round_no % len(PEERS) :] + PEERS[: round_no % len(PEERS)]
+            order = peers[round_no % len(peers) :] + peers[: round_no % len(peers)]
             for peer in order:
                 pool = pools[peer]
                 if pool.error:
@@ -303,12 +319,15 @@ def run(ctx: Any) -> dict[str, Any]:
     result = _summarize(raw, pools, rounds, duration)
     result["connections_max"] = max(connections)
     result["startup_s"] = round(startup, 1)
+    dbos = f", DBOS's {AGENTS_MAX} processes (each keeps its pool and a LISTEN connection)" if "DBOS" in peers else ""
     result["notes"] = [
         f"connections to the run's databases: at most {max(connections)} (the server allows"
-        f" {ctx.dbs.server_facts()['max_connections']}): the running peer's {AGENTS_MAX} agents, DBOS's"
-        f" {AGENTS_MAX} processes (each keeps its pool and a LISTEN connection), {HTTP_WORKERS} gunicorn"
-        " workers and this process; a peer's agents connect when its turn comes and disconnect after it"
+        f" {ctx.dbs.server_facts()['max_connections']}): the running peer's {AGENTS_MAX} agents{dbos},"
+        f" {HTTP_WORKERS} gunicorn workers and this process; a peer's agents connect when its turn comes and"
+        " disconnect after it"
     ]
+    if peers != PEERS:
+        result["notes"].append(f"only these peers ran (BENCH_RECORDING_PEERS): {', '.join(peers)}")
     return result
 
 
@@ -432,6 +451,10 @@ def _summarize(
             future=True,
         ),
     ]
+    # A run of some peers (BENCH_RECORDING_PEERS) states only the targets it measured.
+    ran = {peer for peer, _label in raw if raw[(peer, _label)]} | {p for p in pools if pools[p].error}
+    needs = {"vs DBOS": "DBOS", "HTTP": "ledgerdash HTTP", "minimal peer": FLOOR}
+    targets = [t for t in targets if all(peer in ran for word, peer in needs.items() if word in t.name)]
     text = table(["peer", "agents", "calls/s", "p50 ms", "p99 ms", "p50 / floor", "calls/s / floor"], rows)
     return {
         "rounds": rounds,

@@ -62,7 +62,7 @@ def test_the_attempt_report_has_facts_decisions_and_timeline(incident: tuple[Att
     assert f'Attempt #{retry.pk}: <bdi class="u">send_email</bdi>' in page
     assert retry.args_hash in page
     assert "Approvals, refusals and other decisions by people" in page
-    assert "Refused. What changed:" in page
+    assert "Refused because:" in page
     assert "record why it is safe to approve anyway" in page
     assert "retry approved by approver-a" in page
     assert "&lt;b&gt;customer confirmed&lt;/b&gt;" in page  # people's text is escaped

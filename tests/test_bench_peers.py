@@ -7,6 +7,7 @@ A floor that skipped any of this would flatter nobody but itself.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,7 @@ from bench.peers import SCOPES, TOOL, MinimalPeer, tool_args
 from ledgerdash.ledger import audit, recording
 from ledgerdash.ledger.drill.runner import database_url
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, AttemptEvent, Policy, State, Tenant
+from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 from tests.conftest import together
 
@@ -38,6 +39,22 @@ def _tenant(slug: str) -> Tenant:
     tenant = Tenant.objects.create(slug=slug, name=slug)
     policy_publish(tenant=tenant, tools={TOOL: SCOPES}, actor=Actor.system("test"))
     return tenant
+
+
+def _tenant_without_chain(slug: str) -> Tenant:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO ledger_tenant (slug, name, is_active, created_at) VALUES (%s, %s, true, now()) RETURNING id",
+            [slug, slug],
+        )
+        (tenant_id,) = cursor.fetchone()
+        cursor.execute(
+            "INSERT INTO ledger_policy (tenant_id, version, tools, note, created_at) VALUES (%s, 1, %s, '', now())",
+            [tenant_id, json.dumps({TOOL: SCOPES})],
+        )
+    return Tenant.objects.get(pk=tenant_id)
 
 
 def _attempt_row(attempt_id: int) -> dict[str, Any]:
@@ -85,7 +102,7 @@ def test_the_minimal_peer_writes_the_rows_the_ledger_writes(conn: psycopg.Connec
     assert _event_rows(floor_id, "k-floor", "req-floor") == _event_rows(recorded.attempt.pk, "k-ledger", "req-ledger")
     result = audit.verify_tenant(tenant)
     assert result.ok, result.describe()
-    assert result.events == 1 + 3 + 3  # the policy, then each call's three
+    assert result.events == 2 + 3 + 3  # the tenant's creation and its policy, then each call's three
 
 
 def test_concurrent_minimal_agents_keep_one_tenants_chain_intact() -> None:
@@ -103,14 +120,14 @@ def test_concurrent_minimal_agents_keep_one_tenants_chain_intact() -> None:
 
     result = audit.verify_tenant(tenant)
     assert result.ok, result.describe()
-    assert result.events == 1 + agents * calls * 3
+    assert result.events == 2 + agents * calls * 3
     assert Attempt.objects.filter(tenant=tenant, state=State.OUTCOME_CONFIRMED).count() == agents * calls
 
 
 def test_the_minimal_peer_writes_no_change_without_its_event(conn: psycopg.Connection[Any]) -> None:
-    # A policy written directly records no event, so this tenant has no chain head to link to.
-    tenant = Tenant.objects.create(slug="no-head", name="No head")
-    Policy.objects.create(tenant=tenant, version=1, tools={TOOL: SCOPES})
+    # Rows written behind the application's back (raw SQL, no configuration
+    # event), so this tenant has no chain head to link to.
+    tenant = _tenant_without_chain("no-head")
 
     with pytest.raises(psycopg.errors.NotNullViolation):
         MinimalPeer(conn, LABEL).record_intent(tenant_id=tenant.pk, task_id="t", key="k", args=tool_args(1))

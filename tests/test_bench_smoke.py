@@ -71,7 +71,7 @@ def test_it_describes_the_machine(report: dict[str, Any]) -> None:
     machine = report["machine"]
     assert machine["nproc"] >= 1
     assert machine["postgresql"]["synchronous_commit"]
-    assert set(report["benchmarks"]) == {"recording", "queue", "reconciler", "export"}
+    assert set(report["benchmarks"]) == {"recording", "queue", "reconciler", "export", "notify"}
 
 
 def test_the_run_drops_its_own_databases_and_no_others(report: dict[str, Any]) -> None:
@@ -169,3 +169,12 @@ def test_every_target_has_a_verdict(report: dict[str, Any]) -> None:
         assert {"benchmark", "name", "limit", "op", "met", "future"} <= set(target)
         assert isinstance(target["met"], bool)
     assert any(target["future"] for target in report["targets"])
+
+
+def test_notify_reports_the_overhead_and_the_delivery_rates(report: dict[str, Any]) -> None:
+    notify = report["benchmarks"]["notify"]
+    assert math.isfinite(notify["overhead"])
+    assert all(_positive(x) for x in notify["ms_without"] + notify["ms_with"])
+    assert _positive(notify["collected_per_s"])
+    assert _positive(notify["sent_per_s"])
+    assert notify["received"] >= notify["deliveries"]

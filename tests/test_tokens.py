@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -14,10 +15,11 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
+from ledgerdash.ledger import tokens
 from ledgerdash.ledger.errors import InvalidField, InvalidToken, TokenExpired, TokenRevoked
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import ApiToken, AttemptEvent, Tenant
-from ledgerdash.ledger.tokens import token_authenticate, token_create, token_revoke
+from ledgerdash.ledger.tokens import token_authenticate, token_authenticate_cached, token_create, token_revoke
 from tests.api_support import READ, WRITE, Api, intent
 
 SYSTEM = Actor.system("tests")
@@ -58,6 +60,64 @@ def test_revoked_expired_and_unknown_tokens_are_refused(tenant_a: Tenant) -> Non
     for bad in ["", "ldk_", "ldk_zzzzzzzzzzzz_x", "ldk_" + token.prefix, raw + "x", "x" * 1000]:
         with pytest.raises(InvalidToken):
             token_authenticate(bad)
+
+
+@pytest.fixture
+def kept_for_5s(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """The per-worker token cache on (5 s), with a clock the test moves."""
+    settings.LEDGER_TOKEN_CACHE_SECONDS = 5
+    tokens.token_forget_all()
+    clock = [1000.0]
+    monkeypatch.setattr(tokens, "_monotonic", lambda: clock[0])
+    yield clock
+    tokens.token_forget_all()
+
+
+def test_a_worker_looks_a_token_up_once_per_cache_period(
+    tenant_a: Tenant, kept_for_5s: list[float], django_assert_num_queries: Any
+) -> None:
+    _, raw = token_create(tenant=tenant_a, name="a", scopes=[READ], actor=SYSTEM)
+    with django_assert_num_queries(1):
+        token_authenticate_cached(raw)
+    with django_assert_num_queries(0):
+        assert token_authenticate_cached(raw).tenant == tenant_a
+    kept_for_5s[0] += 5
+    with django_assert_num_queries(1):
+        token_authenticate_cached(raw)
+
+
+def test_a_revocation_elsewhere_takes_effect_within_the_cache_period(
+    tenant_a: Tenant, kept_for_5s: list[float]
+) -> None:
+    token, raw = token_create(tenant=tenant_a, name="a", scopes=[READ], actor=SYSTEM)
+    token_authenticate_cached(raw)
+    # Another worker revokes it: this one still knows it as live, for at most 5 s.
+    ApiToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())
+    kept_for_5s[0] += 4.9
+    assert token_authenticate_cached(raw)
+    kept_for_5s[0] += 0.2
+    with pytest.raises(TokenRevoked):
+        token_authenticate_cached(raw)
+
+
+def test_a_revocation_in_this_worker_and_an_expiry_take_effect_at_once(
+    tenant_a: Tenant, kept_for_5s: list[float]
+) -> None:
+    token, raw = token_create(tenant=tenant_a, name="a", scopes=[READ], actor=SYSTEM)
+    _, expiring = token_create(
+        tenant=tenant_a, name="b", scopes=[READ], actor=SYSTEM, expires_at=timezone.now() + timedelta(hours=1)
+    )
+    token_authenticate_cached(raw)
+    token_authenticate_cached(expiring)
+    with pytest.raises(TokenExpired):
+        token_authenticate_cached(expiring, now=timezone.now() + timedelta(hours=2))
+    token_revoke(token=token, actor=SYSTEM)
+    with pytest.raises(TokenRevoked):
+        token_authenticate_cached(raw)
+    # A token that failed is never kept: each try is looked up again.
+    for _ in range(2):
+        with pytest.raises(InvalidToken):
+            token_authenticate_cached(raw + "x")
 
 
 def test_a_token_needs_a_name_and_known_scopes(tenant_a: Tenant) -> None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -105,6 +108,7 @@ def token_revoke(*, token: ApiToken, actor: Actor) -> ApiToken:
             reason=f"API token {token.prefix} ({token.name}) revoked",
             details={"prefix": token.prefix, "name": token.name, "revoked": True},
         )
+    token_forget_all()  # this worker refuses it from now on; the others within LEDGER_TOKEN_CACHE_SECONDS
     return token
 
 
@@ -127,6 +131,53 @@ def token_authenticate(raw: str, *, now: datetime | None = None) -> ApiToken:
         raise TokenRevoked(TokenRevoked.MESSAGE.format(prefix=prefix, at=token.revoked_at.isoformat()))
     if token.expires_at is not None and token.expires_at <= now:
         raise TokenExpired(TokenExpired.MESSAGE.format(prefix=prefix, at=token.expires_at.isoformat()))
+    return token
+
+
+# --- tokens checked recently, per worker process ------------------------------------
+#
+# Every API request presents its token; looking it up (and its tenant) on each
+# one was a query per request on the hot path. A worker keeps a token it has
+# checked for LEDGER_TOKEN_CACHE_SECONDS (default 5): a revocation, or a
+# tenant deactivated, takes effect at once in the worker that made it and
+# within that many seconds in every other. Expiry is checked on every request
+# all the same, and a token that failed is never kept (each try is looked up).
+
+#: Tokens kept at most; past it the cache starts again (a worker serves a few tenants' agents).
+CACHE_MAX = 1024
+_checked: dict[str, tuple[float, ApiToken]] = {}
+_checked_lock = threading.Lock()
+
+
+def _monotonic() -> float:
+    return time.monotonic()
+
+
+def token_forget_all() -> None:
+    """Drop this worker's checked tokens (a revocation here takes effect at once)."""
+    with _checked_lock:
+        _checked.clear()
+
+
+def token_authenticate_cached(raw: str, *, now: datetime | None = None) -> ApiToken:
+    """:func:`token_authenticate`, answered from this worker's recent checks
+    when it checked ``raw`` less than ``LEDGER_TOKEN_CACHE_SECONDS`` ago."""
+    ttl = float(getattr(settings, "LEDGER_TOKEN_CACHE_SECONDS", 0))
+    if ttl <= 0 or len(raw) > MAX_TOKEN_LENGTH:
+        return token_authenticate(raw, now=now)
+    key = _digest(raw)
+    kept = _checked.get(key)
+    if kept is not None and _monotonic() - kept[0] < ttl:
+        token = kept[1]
+        now = now or timezone.now()
+        if token.expires_at is not None and token.expires_at <= now:
+            raise TokenExpired(TokenExpired.MESSAGE.format(prefix=token.prefix, at=token.expires_at.isoformat()))
+        return token
+    token = token_authenticate(raw, now=now)
+    with _checked_lock:
+        if len(_checked) >= CACHE_MAX:
+            _checked.clear()
+        _checked[key] = (_monotonic(), token)
     return token
 
 
