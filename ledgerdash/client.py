@@ -213,6 +213,8 @@ class Attempt:
     #: ``tool`` or ``lookup`` when ``result`` can be replayed; empty when none was recorded.
     result_source: str = ""
     events: list[dict[str, Any]] | None = None
+    #: Who owns it while it waits on people (a username), or None.
+    owner: str | None = None
     data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -157,9 +157,16 @@ def row(code: str) -> ErrorCode:
         raise KeyError(f"error code {code!r} has no row in ledgerdash/errorcodes.py") from None
 
 
-def answered() -> list[str]:
-    """Every code the API may answer with (the OpenAPI enum), sorted."""
-    return sorted(r.code for r in TABLE if r.origin in ("ledger", "api"))
+def is_answered(r: ErrorCode) -> bool:
+    """Whether the API may answer with ``r``: its own codes, and the ledger's
+    that have a client class (the others are people's decisions and
+    in-process errors, never sent over HTTP)."""
+    return r.origin == "api" or (r.origin == "ledger" and r.client is not None)
+
+
+def answered(status: int | None = None) -> list[str]:
+    """Every code the API may answer with (with ``status``: only those), sorted."""
+    return sorted(r.code for r in TABLE if is_answered(r) and (status is None or r.status == status))
 
 
 def _check(table: tuple[ErrorCode, ...]) -> None:

@@ -110,6 +110,9 @@ def test_a_second_claim_loses_with_409_and_writes_nothing(api_a: Api) -> None:
     response = api_a.dispatch(attempt["id"])
     assert response.status_code == 409
     assert response.json()["code"] == "attempt_in_flight"
+    # wait for the dispatcher's lease: after it, recovery takes the attempt over
+    lease_end = Attempt.objects.get(pk=attempt["id"]).next_check_at
+    assert 1 <= int(response["Retry-After"]) <= (lease_end - timezone.now()).total_seconds() + 1
     assert ledger_snapshot() == snapshot
 
 
@@ -119,6 +122,10 @@ def test_a_claim_with_a_stale_fence_loses(api_a: Api) -> None:
     response = api_a.dispatch(attempt["id"], fence=attempt["fence"] + 5)
     assert response.status_code == 409
     assert response.json()["code"] == "claim_lost"
+    assert (response.json()["attempt_id"], response.json()["state"]) == (attempt["id"], S.INTENT_RECORDED)
+    # nobody raced it: the caller sent a fence the attempt is not at
+    assert "another worker" not in response.json()["message"]
+    assert f"not at the fence {attempt['fence'] + 5} you sent" in response.json()["message"]
     assert ledger_snapshot() == snapshot
 
 
@@ -200,6 +207,7 @@ def test_the_request_id_is_recorded_and_repeating_it_writes_nothing(api_a: Api) 
     other = api_a.post(path, {"fence": attempt["fence"], "provider_request_id": "req-10"})
     assert other.status_code == 409
     assert other.json()["code"] == "request_id_conflict"
+    assert (other.json()["attempt_id"], other.json()["state"]) == (attempt["id"], S.DISPATCHED)
     assert ledger_snapshot() == snapshot
 
 
@@ -239,6 +247,7 @@ def test_a_stale_fence_is_refused_with_409(api_a: Api) -> None:
     response = api_a.outcome(attempt["id"], "failed", attempt["fence"] - 1, reason="x")
     assert response.status_code == 409
     assert response.json()["code"] == "stale_fence"
+    assert (response.json()["attempt_id"], response.json()["state"]) == (attempt["id"], S.DISPATCHED)
     assert ledger_snapshot() == snapshot
 
 
@@ -248,6 +257,7 @@ def test_an_outcome_for_an_attempt_never_dispatched_is_an_illegal_transition(api
     response = api_a.outcome(attempt["id"], "confirmed", attempt["fence"], provider_request_id="r")
     assert response.status_code == 409
     assert response.json()["code"] == "illegal_transition"
+    assert (response.json()["attempt_id"], response.json()["state"]) == (attempt["id"], S.INTENT_RECORDED)
     assert ledger_snapshot() == snapshot
 
 
@@ -345,6 +355,15 @@ def test_a_long_poll_refuses_a_wait_it_cannot_keep(api_a: Api, query: str) -> No
     response = api_a.get(f"/attempts/{attempt['id']}?{query}")
     assert response.status_code == 422
     assert response.json()["code"] in ("validation_error", "unknown_field")
+
+
+def test_the_attempt_names_its_owner(api_a: Api, operator_a: Any) -> None:
+    attempt = _dispatched(api_a)
+    assert api_a.get(f"/attempts/{attempt['id']}").json()["owner"] is None
+    moves.attempt_assign(attempt=Attempt.objects.get(pk=attempt["id"]), owner=operator_a, actor=Actor.user(operator_a))
+    assert api_a.get(f"/attempts/{attempt['id']}").json()["owner"] == operator_a.get_username()
+    listed = api_a.get("/attempts?idempotency_key=k").json()["items"]
+    assert [item["owner"] for item in listed] == [operator_a.get_username()]
 
 
 def test_finding_by_key_returns_the_whole_chain(api_a: Api) -> None:

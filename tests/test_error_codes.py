@@ -80,9 +80,35 @@ def test_the_clients_classes_keep_their_names_and_hierarchy() -> None:
 def test_the_api_status_of_each_code_is_the_tables() -> None:
     for code, status in {**api_errors.STATUS_BY_CODE, **api_errors.API_CODES}.items():
         assert errorcodes.BY_CODE[code].status == status, code
-    assert set(api_errors.STATUS_BY_CODE) | set(api_errors.API_CODES) == set(errorcodes.answered())
+    every_ledger_or_api_code = {r.code for r in errorcodes.TABLE if r.origin in ("ledger", "api")}
+    assert set(api_errors.STATUS_BY_CODE) | set(api_errors.API_CODES) == every_ledger_or_api_code
 
 
 def test_the_openapi_document_lists_every_code_the_api_answers() -> None:
     doc = Client().get("/api/v1/openapi.json").json()
     assert doc["components"]["schemas"]["ErrorOut"]["properties"]["code"]["enum"] == errorcodes.answered()
+
+
+def test_each_operation_documents_its_statuses_their_codes_and_headers() -> None:
+    doc = Client().get("/api/v1/openapi.json").json()
+    documented: set[str] = set()
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            assert "405" in responses, (method, path)
+            if method == "post":
+                assert "411" in responses, (method, path)
+            for status, answer in responses.items():
+                if int(status) < 400:
+                    continue
+                schema = answer["content"]["application/json"]["schema"]
+                codes = schema["allOf"][1]["properties"]["code"]["enum"]
+                assert codes == errorcodes.answered(int(status)), (method, path, status)
+                documented.update(codes)
+            if "401" in responses:
+                assert "WWW-Authenticate" in responses["401"]["headers"]
+            if "409" in responses:
+                assert "Retry-After" in responses["409"]["headers"]
+    assert documented == set(errorcodes.answered())
+    record = doc["paths"]["/api/v1/attempts"]["post"]["responses"]
+    assert "Idempotent-Replayed" in record["200"]["headers"]

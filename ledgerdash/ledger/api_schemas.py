@@ -149,12 +149,20 @@ class AttemptSummaryOut(Schema):
     )
     last_lookup: str = Field(description="The provider's answer to the last lookup: found, not_found, unavailable.")
     last_lookup_at: datetime | None
+    owner: str | None = Field(
+        description="The person who owns the attempt while it waits on people (UNKNOWN, MANUAL_REVIEW): "
+        "their username; null when nobody does."
+    )
     created_at: datetime
     updated_at: datetime
 
     @staticmethod
     def resolve_credential_scope(attempt: Attempt) -> list[str]:
         return sorted(attempt.scopes)
+
+    @staticmethod
+    def resolve_owner(attempt: Attempt) -> str | None:
+        return attempt.owner.get_username() if attempt.owner_id is not None and attempt.owner else None
 
 
 class AttemptOut(AttemptSummaryOut):

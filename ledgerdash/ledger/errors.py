@@ -179,6 +179,11 @@ class ClaimLost(StaleFence):
 
     code = "claim_lost"
     MESSAGE = "attempt {attempt_id} was claimed by another worker (now {state} at fence {current})"
+    #: The caller named a fence the attempt has moved past: nobody raced it, it read an old version.
+    FENCE_MESSAGE = (
+        "attempt {attempt_id} is {state} at fence {current}, not at the fence {given} you sent: it moved since "
+        "you read it; read it again, and do not call the tool"
+    )
 
 
 class MissingEvidence(LedgerError):

@@ -17,23 +17,35 @@ state machine.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.urls import URLPattern, URLResolver
 from ninja import NinjaAPI
+from ninja.openapi.schema import OpenAPISchema
 
-from ledgerdash.ledger.api import attempts
+from ledgerdash.ledger.api import attempts, openapi
 from ledgerdash.ledger.api.errors import API_CODES, STATUS_BY_CODE, install_handlers
 from ledgerdash.ledger.api.guard import guarded_urls
 from ledgerdash.ledger.api.parsing import StrictJsonParser
 
 __all__ = ["API_CODES", "STATUS_BY_CODE", "api", "urls"]
 
-api = NinjaAPI(
+
+class LedgerApi(NinjaAPI):
+    def get_openapi_schema(self, **kwargs: Any) -> OpenAPISchema:
+        document = super().get_openapi_schema(**kwargs)
+        openapi.complete(document)
+        return document
+
+
+api = LedgerApi(
     title="ledgerdash ingest API",
     version="1",
     description=(
         "Record an agent's side effects in the ledger before they happen: record the intent, claim it for "
         "dispatch (the claim returns a fence), call the provider, report the outcome with the fence. "
-        "Every error is `{code, message}`; see the README's status table."
+        "Every error is `{code, message}` (with `attempt_id` and `state` when it is about an attempt); each error "
+        "status lists the codes it may carry."
     ),
     urls_namespace="ledger-api-v1",
     docs_url=None,

@@ -122,7 +122,11 @@ def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: D
     attempt = _attempt_for(request, attempt_id)
     recording.refuse_unless_dispatchable(attempt)
     if payload is not None and payload.fence is not None and payload.fence != attempt.fence:
-        raise ClaimLost(ClaimLost.MESSAGE.format(attempt_id=attempt.pk, state=attempt.state, current=attempt.fence))
+        raise ClaimLost(
+            ClaimLost.FENCE_MESSAGE.format(
+                attempt_id=attempt.pk, state=attempt.state, current=attempt.fence, given=payload.fence
+            )
+        )
     return recording.mark_dispatched(attempt, actor=actor_of(request))
 
 
@@ -316,5 +320,5 @@ def list_attempts(
         attempts = attempts.filter(state__in=OWNED_STATES)
     if before is not None:
         attempts = attempts.filter(pk__lt=before)
-    rows = list(attempts.order_by("-id")[: limit + 1])
+    rows = list(attempts.select_related("owner").order_by("-id")[: limit + 1])
     return {"items": rows[:limit], "next_before": rows[limit - 1].pk if len(rows) > limit else None}

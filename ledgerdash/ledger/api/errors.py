@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -24,6 +25,7 @@ from ledgerdash import errorcodes
 from ledgerdash.ledger.errors import (
     ApprovalRefused,
     AttemptBlocked,
+    AttemptInFlight,
     AuthorizationChanged,
     AwaitingApproval,
     IdempotencyConflict,
@@ -32,6 +34,7 @@ from ledgerdash.ledger.errors import (
     RetryPending,
     TokenError,
 )
+from ledgerdash.ledger.models import ApiToken, Attempt, State
 
 log = logging.getLogger("ledgerdash.api")
 
@@ -87,6 +90,22 @@ def no_endpoint(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse
     return error_response(404, "not_found", f"no API endpoint at {request.path}")
 
 
+def _seconds_until(when: datetime | None) -> int:
+    if when is None:
+        return 1
+    return max(1, math.ceil((when - timezone.now()).total_seconds()))
+
+
+def _attempt_in_path(request: HttpRequest) -> Attempt | None:
+    """The caller's tenant's attempt the request's path names, as it is now."""
+    match = getattr(request, "resolver_match", None)
+    raw = str(match.kwargs.get("attempt_id", "")) if match is not None else ""
+    token = getattr(request, "auth", None)
+    if not (raw.isascii() and raw.isdigit() and 0 < len(raw) < 19) or not isinstance(token, ApiToken):
+        return None
+    return Attempt.objects.filter(pk=int(raw), tenant_id=token.tenant_id).only("pk", "state").first()
+
+
 def _ledger_error(request: HttpRequest, exc: LedgerError) -> HttpResponse:
     status = STATUS_BY_CODE.get(exc.code)
     if status is None:
@@ -98,8 +117,7 @@ def _ledger_error(request: HttpRequest, exc: LedgerError) -> HttpResponse:
         if isinstance(exc, IdempotencyConflict):
             extra["original_id"] = exc.attempt.parent_id
         if isinstance(exc, RetryPending) and exc.attempt.next_check_at is not None:
-            seconds = max(1, math.ceil((exc.attempt.next_check_at - timezone.now()).total_seconds()))
-            extra["headers"] = {"Retry-After": str(seconds)}
+            extra["headers"] = {"Retry-After": str(_seconds_until(exc.attempt.next_check_at))}
         if isinstance(exc, AwaitingApproval):
             seconds = settings.LEDGER_APPROVAL_RETRY_AFTER_SECONDS
             extra["retry_after"] = seconds
@@ -108,8 +126,14 @@ def _ledger_error(request: HttpRequest, exc: LedgerError) -> HttpResponse:
         extra = {"attempt_id": exc.attempt.pk, "state": exc.attempt.state}
         if exc.original is not None:
             extra["original_id"] = exc.original.pk
+    if isinstance(exc, AttemptInFlight) and exc.attempt.state == State.DISPATCHED:
+        # the dispatcher's lease: after it, recovery takes the attempt over
+        extra["headers"] = {"Retry-After": str(_seconds_until(exc.attempt.next_check_at))}
     if isinstance(exc, ApprovalRefused):
         extra["changes"] = exc.changes
+    if "attempt_id" not in extra and (attempt := _attempt_in_path(request)) is not None:
+        # every error about an attempt says which, and where it stands now
+        extra.update(attempt_id=attempt.pk, state=attempt.state)
     if exc.code == "ledger_unavailable":
         extra["headers"] = {"Retry-After": "1"}
     if isinstance(exc, TokenError):
