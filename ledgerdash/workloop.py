@@ -32,6 +32,8 @@ class WorkerCommand[S: Summary](BaseCommand):
     item = "item"
     #: Its name in the default label and in messages ("reconciler", "notify").
     name = "worker"
+    #: What it does, for its log ("reconciling", "sending notifications").
+    doing = "running a pass"
     log = logging.getLogger("ledgerdash")
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -88,7 +90,7 @@ class WorkerCommand[S: Summary](BaseCommand):
             if self.failed(summary):
                 raise SystemExit(1)
             return
-        self.log.info("%s: running a pass every %.1fs until stopped", label, options["interval"])
+        self.log.info("%s: %s every %.1fs until stopped", label, self.doing, options["interval"])
         failures = 0
         while not stop.is_set():
             close_old_connections()

@@ -55,6 +55,7 @@ supervise() {
 }
 
 supervise reconciler $PY manage.py reconcile --interval 5
+supervise notify $PY manage.py notify --interval 5
 
 echo
 echo "ledgerdash: http://$HOST:$PORT/ (log in with a demo user above; Ctrl-C stops)"

@@ -27,6 +27,7 @@ class Command(WorkerCommand[PassSummary]):
     help = "Reconcile in-flight attempts against their providers (one pass with --once, else a loop)."
     item = "attempt"
     name = "reconcile"
+    doing = "reconciling"
     log = logging.getLogger("ledgerdash.reconciler")
 
     def default_label(self) -> str:

@@ -22,6 +22,7 @@ class Command(WorkerCommand[PassSummary]):
     help = "Send notifications from the outbox (one pass with --once, else a loop)."
     item = "delivery"
     name = "notify"
+    doing = "sending notifications"
     log = logging.getLogger("ledgerdash.notify")
 
     def default_label(self) -> str:
