@@ -60,6 +60,8 @@ def test_work_past_the_tenants_own_sla_is_counted_and_listed(tenant_a: Tenant, o
     listed = _follow(client, page, "late-acme")
     assert f'id="row-{late.pk}"' in listed
     assert f'id="row-{fresh.pk}"' not in listed
+    # the filter stays on when the list is filtered further
+    assert 'name="sla" value="on" checked' in listed
 
 
 def test_mine_unowned_awaiting_my_approval_and_duplicates(
