@@ -84,7 +84,13 @@ class RuleForm(forms.Form):
     channel = forms.ModelChoiceField(queryset=Channel.objects.none(), empty_label=None)
     audience = forms.ChoiceField(choices=Audience.choices, initial=Audience.CHANNEL, help_text="Email channels only.")
     enabled = forms.BooleanField(required=False, initial=True)
-    sla_minutes = forms.IntegerField(min_value=1, max_value=100_000, initial=60, label="SLA (minutes, default)")
+    sla_minutes = forms.IntegerField(
+        min_value=1,
+        max_value=100_000,
+        required=False,
+        label="SLA (minutes)",
+        help_text="Empty: the tenant's own SLA, the one the overview counts late work by.",
+    )
     tool_sla = forms.CharField(
         required=False,
         label="SLA per tool",

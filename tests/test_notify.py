@@ -243,6 +243,17 @@ def reconciler_passed(label: str, at: datetime) -> None:
     ReconcilerWorker.objects.update_or_create(label=label, defaults={"started_at": T0, "last_pass_at": at})
 
 
+def test_a_rule_without_an_sla_of_its_own_uses_the_tenants(tenant_a: Tenant, receiver: Receiver) -> None:
+    Tenant.objects.filter(pk=tenant_a.pk).update(sla_minutes=120)
+    webhook(tenant_a, receiver, RuleEvent.SLA_OVERDUE, repeat_minutes=0)
+    with clock.frozen_at(T0):
+        recording.mark_unknown(
+            recording.mark_dispatched(record(tenant_a, "slow"), actor=AGENT), reason="timeout", actor=AGENT
+        )
+    assert outbox.collect_timed(now=T0 + timedelta(minutes=119)) == 0
+    assert outbox.collect_timed(now=T0 + timedelta(minutes=120)) == 1
+
+
 def test_a_stalled_reconciler_is_reported_once_per_stall(tenant_a: Tenant, receiver: Receiver) -> None:
     webhook(tenant_a, receiver, RuleEvent.RECONCILER_STALLED, stalled_minutes=10, repeat_minutes=0)
     reconciler_passed("reconciler@a", T0)

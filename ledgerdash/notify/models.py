@@ -105,8 +105,9 @@ class Rule(models.Model):
 
     An event rule matches the tenant's events appended after the rule was
     made (``from_seq``: the chain's seq when it was made), so a new rule
-    does not replay history. ``sla_minutes`` is the tenant default for
-    ``sla_overdue``; ``tool_sla`` overrides it per tool name. A timed rule
+    does not replay history. ``sla_overdue`` fires past ``tool_sla``'s
+    minutes for the attempt's tool, else ``sla_minutes``, else the tenant's
+    own SLA (the one the overview counts late work by). A timed rule
     sends again every ``repeat_minutes`` (0: once) while the condition holds.
     """
 
@@ -115,7 +116,7 @@ class Rule(models.Model):
     channel = models.ForeignKey(Channel, on_delete=models.PROTECT, related_name="rules")
     audience = models.CharField(max_length=16, choices=Audience.choices, default=Audience.CHANNEL)
     enabled = models.BooleanField(default=True)
-    sla_minutes = models.PositiveIntegerField(default=60)
+    sla_minutes = models.PositiveIntegerField(null=True, blank=True)
     tool_sla = models.JSONField(default=dict, blank=True)
     repeat_minutes = models.PositiveIntegerField(default=60)
     stalled_minutes = models.PositiveIntegerField(default=10)
@@ -131,7 +132,10 @@ class Rule(models.Model):
         return f"{self.event} -> {self.channel_id}"
 
     def sla_for(self, tool_name: str) -> int:
+        """Minutes an attempt of ``tool_name`` may wait before this rule fires."""
         minutes = (self.tool_sla or {}).get(tool_name, self.sla_minutes)
+        if minutes is None:
+            return int(self.tenant.sla.total_seconds() // 60)
         return int(minutes)
 
 

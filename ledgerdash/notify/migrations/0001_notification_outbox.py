@@ -102,7 +102,7 @@ class Migration(migrations.Migration):
                 ('event', models.CharField(choices=[('entered_manual_review', 'an attempt entered manual review'), ('retry_awaiting_approval', 'a linked retry awaits approval'), ('duplicate_incident', 'a duplicate incident was raised'), ('sla_overdue', 'an attempt is UNKNOWN or in manual review longer than its SLA'), ('audit_break', 'verify_audit found a break in the event chain'), ('reconciler_stalled', 'the reconciler has not completed a pass for a while')], max_length=32)),
                 ('audience', models.CharField(choices=[('channel', "the channel's address"), ('owner', "the attempt's owner (else the channel's address)"), ('approvers', "the tenant's approvers and admins")], default='channel', max_length=16)),
                 ('enabled', models.BooleanField(default=True)),
-                ('sla_minutes', models.PositiveIntegerField(default=60)),
+                ('sla_minutes', models.PositiveIntegerField(blank=True, null=True)),
                 ('tool_sla', models.JSONField(blank=True, default=dict)),
                 ('repeat_minutes', models.PositiveIntegerField(default=60)),
                 ('stalled_minutes', models.PositiveIntegerField(default=10)),
