@@ -142,22 +142,22 @@ def _when(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def _hide(key: str, value: Any) -> Any:
+def masked(key: str, value: Any) -> Any:
     """A tool setting as an event may show it: header values and secret-like
     settings show only the ``${NAME}`` references they contain."""
     if isinstance(value, dict):
         hide_all = key == "headers"
-        return {k: (_references(v) if hide_all else _hide(k, v)) for k, v in value.items()}
+        return {k: (secret_names(v) if hide_all else masked(k, v)) for k, v in value.items()}
     if isinstance(value, list):
-        return [_hide(key, v) for v in value]
+        return [masked(key, v) for v in value]
     if isinstance(value, str):
         if _SECRET_LIKE.search(key):
-            return _references(value)
+            return secret_names(value)
         return re.sub(r"(?<=://)[^/@\s]+@", "(not shown)@", value)  # credentials in a URL
     return value
 
 
-def _references(value: Any) -> str:
+def secret_names(value: Any) -> str:
     names = _REFERENCE.findall(value) if isinstance(value, str) else []
     return " ".join(f"${{{n}}}" for n in names) + (" " if names else "") + NOT_SHOWN
 
@@ -208,7 +208,7 @@ def snapshot(row: Model) -> Snapshot:
             "max_request_seconds": row.max_request_seconds,
             "enabled": row.enabled,
         }
-        shown = {**values, "config": _hide("config", row.config)}
+        shown = {**values, "config": masked("config", row.config)}
         return Snapshot(EventKind.TOOL, "tool", row.name, tenants_allowing(row.name), values, shown)
     if isinstance(row, ToolCredential):
         slug = _slug(row.tenant_id)
