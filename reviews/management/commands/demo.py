@@ -21,6 +21,7 @@ import contextlib
 import logging
 import random
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -28,7 +29,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ledgerdash.ledger import clock, moves, recording
+from ledgerdash.ledger import clock, config_file, moves, recording
 from ledgerdash.ledger.authority import current_policy
 from ledgerdash.ledger.drill.runner import (
     IDEMPOTENT_TOOL,
@@ -40,7 +41,7 @@ from ledgerdash.ledger.drill.runner import (
 )
 from ledgerdash.ledger.errors import AwaitingApproval, LedgerError, NothingHappened, PermanentFailure
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, Membership, OnCallShift, State, Tenant
+from ledgerdash.ledger.models import Attempt, OnCallShift, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 
 PASSWORD = "ledgerdash-demo"  # noqa: S105 - published on purpose: demo users only, refused with DEBUG off
@@ -59,7 +60,8 @@ ROTATION = ["operator", "ana", "ben"]
 APPROVAL_CONDITION = "amount_cents > `50000`"
 #: Real agent calls through the sandbox provider, so the lists have pages.
 AGENT_CALLS = 240
-TENANTS = [("acme", "Acme Corp"), ("globex", "Globex")]
+#: The demo's tenants and who is a member of which, as configuration as code.
+DEMO_FILE = Path(__file__).resolve().parents[2] / "demo.toml"
 
 
 DEMO_CASES = "ABCDEFHIJ"
@@ -81,21 +83,20 @@ class Command(BaseCommand):
             logging.getLogger("ledgerdash.reconciler").setLevel(logging.WARNING)
         if not settings.DEBUG and not options["force"]:
             raise CommandError("refusing to create demo users with a known password while DEBUG is off (use --force)")
-        if Tenant.objects.filter(slug__in=[slug for slug, _ in TENANTS]).exists():
+        demo = config_file.parse_file(DEMO_FILE)
+        slugs = [tenant.slug for tenant in demo.tenants]
+        if Tenant.objects.filter(slug__in=slugs).exists():
             self.stdout.write("demo data already loaded")
         else:
-            self._load(options["sandbox_url"])
+            self._load(demo, slugs, options["sandbox_url"])
             self.stdout.write(self.style.SUCCESS("demo data loaded from real crash-drill runs"))
         self.stdout.write(f"demo users (password {PASSWORD!r}):")
         for username, _role, what in PEOPLE:
             self.stdout.write(f"  {username:<9} {what}")
 
-    def _load(self, sandbox_url: str | None) -> None:
+    def _load(self, demo: config_file.Desired, slugs: list[str], sandbox_url: str | None) -> None:
         users = self._people()
-        for slug, name in TENANTS:
-            tenant = Tenant.objects.create(slug=slug, name=name, default_owner=users["operator"])
-            for username, role, _ in PEOPLE:
-                Membership.objects.create(user=users[username], tenant=tenant, role=role)
+        config_file.apply(demo, actor=Actor.user(users["admin"]))
         self.stdout.write("crashing agents for the demo (the crash drill, against the sandbox provider)…")
         with Drill(tenant="acme", sandbox_url=sandbox_url) as drill:
             # The cases whose agents run in process and leave work for people;
@@ -116,7 +117,7 @@ class Command(BaseCommand):
             with contextlib.suppress(OSError):
                 drill.sandbox.faults("drill.send_email", lookup_5xx=True)
         self._operator_asks_for_a_retry(users)
-        self._the_team_shares_the_work(users)
+        self._the_team_shares_the_work(users, slugs)
 
     def _agents_at_work(self, users: dict[str, Any]) -> None:
         """Real agents at work through the sandbox provider: a few hundred
@@ -159,12 +160,12 @@ class Command(BaseCommand):
                 charge(order=order, amount_cents=amount, to="shop@example.com")
         self.stdout.write("  acme: two large charges wait for an approver")
 
-    def _the_team_shares_the_work(self, users: dict[str, Any]) -> None:
+    def _the_team_shares_the_work(self, users: dict[str, Any], slugs: list[str]) -> None:
         """An on-call rotation, and the stuck work spread over the operators
         as they would claim it (each an owner event)."""
         now = timezone.now()
         start = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=16)
-        for tenant in Tenant.objects.filter(slug__in=[slug for slug, _ in TENANTS]):
+        for tenant in Tenant.objects.filter(slug__in=slugs):
             for shift in range(6):
                 OnCallShift.objects.create(
                     tenant=tenant,
@@ -172,9 +173,9 @@ class Command(BaseCommand):
                     starts_at=start + timedelta(hours=8 * shift),
                     ends_at=start + timedelta(hours=8 * (shift + 1)),
                 )
-        stuck = Attempt.objects.filter(
-            tenant__slug__in=[slug for slug, _ in TENANTS], state__in=[State.UNKNOWN, State.MANUAL_REVIEW]
-        ).order_by("id")
+        stuck = Attempt.objects.filter(tenant__slug__in=slugs, state__in=[State.UNKNOWN, State.MANUAL_REVIEW]).order_by(
+            "id"
+        )
         for n, attempt in enumerate(stuck):
             person = users[ROTATION[n % len(ROTATION)]]
             if n % 5 == 4 or attempt.owner_id == person.pk:
