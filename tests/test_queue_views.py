@@ -71,7 +71,7 @@ def test_the_full_page_has_filters_counts_and_keys(stuck: dict[str, Attempt], op
     assert 'id="count-unknown">1<' in page
     assert 'id="count-review">1<' in page
     assert "ledgerdash/dashboard.js" in page
-    # Every column the issue asks for.
+    # Every column an operator triages by.
     for column in ["Tenant", "Tool", "Task", "Idempotency key", "Args hash", "Provider request ID", "Owner", "State"]:
         assert f">{column}</th>" in page
     assert "Age" in page
