@@ -27,8 +27,10 @@ def test_the_fixed_plan_is_every_case_for_both_kinds_of_tool_and_the_crash_point
     assert in_process == [(c, i) for c in "ABCDEFGHIJKL" for i in (True, False)]
     over_http = [(p.letter, p.idempotent) for p in plan if p.via == "http"]
     assert over_http == [(c, i) for c in "ABCD" for i in (True, False)]
+    through_the_gateway = [(p.letter, p.idempotent) for p in plan if p.via == "mcp"]
+    assert through_the_gateway == [(c, i) for c in "AC" for i in (True, False)]
     assert {p.letter: p.crash_at for p in plan} == {c.letter: c.crash_at for c in CASES.values()}
-    assert len({p.label for p in plan}) == len(plan) == 32
+    assert len({p.label for p in plan}) == len(plan) == 36
 
 
 def test_the_random_plan_reproduces_from_its_seed_and_mixes_every_case_in() -> None:
@@ -37,8 +39,9 @@ def test_the_random_plan_reproduces_from_its_seed_and_mixes_every_case_in() -> N
     plan = random_plan(300, seed=1)
     assert {p.letter for p in plan} == set("ABCDEFGHIJKL")
     assert {p.idempotent for p in plan} == {True, False}
-    assert {p.via for p in plan} == {"process", "http"}
+    assert {p.via for p in plan} == {"process", "http", "mcp"}
     assert {p.letter for p in plan if p.via == "http"} == set("ABCD")
+    assert {p.letter for p in plan if p.via == "mcp"} == set("AC")
     assert {p.crash_at for p in plan if p.letter == "F"} == {crashpoints.BEFORE_SEND, crashpoints.AFTER_SEND}
 
 
@@ -57,11 +60,11 @@ def test_the_drill_passes_on_sqlite(tmp_path: Path) -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "32 of 32 cases held every assertion" in result.stdout
+    assert "36 of 36 cases held every assertion" in result.stdout
     report = json.loads((tmp_path / "drill.json").read_text())
     assert report["ok"] is True
     assert report["database"] == "sqlite"
-    assert len(report["cases"]) == 32
+    assert len(report["cases"]) == 36
     assert report["keys"]["prefix"].startswith(f"drill:{report['run']}-")
     for case in report["cases"]:
         assert case["at_provider"]
@@ -112,11 +115,11 @@ def test_a_drill_in_a_fresh_database_is_not_fooled_by_an_earlier_runs_effects(tm
 def test_the_drill_passes_on_postgres_and_stores_its_report(tmp_path: Path, capsys: Any) -> None:
     call_command("crashdrill", "--workdir", str(tmp_path), "--json-out", str(tmp_path / "drill.json"))
     out = capsys.readouterr().out
-    assert "32 of 32 cases held every assertion" in out
+    assert "36 of 36 cases held every assertion" in out
     run = DrillRun.objects.get()
     assert run.ok is True
     assert run.database == "postgresql"
-    assert (run.cases_total, run.cases_failed) == (32, 0)
+    assert (run.cases_total, run.cases_failed) == (36, 0)
     assert json.loads((tmp_path / "drill.json").read_text())["run"] == run.pk
     assert AttemptEvent.objects.filter(kind="drill", details__drill_run=run.pk).count() == 1
 

@@ -30,7 +30,7 @@ from typing import IO, Any
 from django.db import connections, transaction
 from django.db.models import Q
 
-from ledgerdash import client
+from ledgerdash import client, errorcodes
 from ledgerdash.ledger import crashpoints, recording
 from ledgerdash.ledger.errors import AttemptBlocked, LedgerError
 from ledgerdash.ledger.models import Attempt, AttemptEvent
@@ -55,6 +55,53 @@ def _over_http(job: dict[str, Any], label: str) -> Any:
         return tool(**job["args"])
 
 
+def _over_mcp(job: dict[str, Any], label: str) -> Any:
+    """The agent's call as an MCP client's ``tools/call`` through the
+    gateway: this process is the gateway (the one the drill kills at the
+    crash point), its upstream the drill's MCP server, a process of its own
+    that sends the call to the sandbox provider."""
+    import anyio
+    import mcp_types
+
+    from ledgerdash.ledger.drill import mcp_upstream
+    from ledgerdash.ledger.gateway.config import GatewayConfig, ToolConfig, UpstreamConfig
+    from ledgerdash.ledger.gateway.keys import META_ERROR
+    from ledgerdash.ledger.gateway.server import Gateway
+
+    env = {
+        **os.environ,
+        mcp_upstream.ADAPTER_ENV: json.dumps(job["adapter"]),
+        mcp_upstream.MAX_REQUEST_ENV: str(job["max_request_seconds"]),
+    }
+    env.pop(crashpoints.ENV, None)  # the upstream is not the process the drill kills
+    upstream = UpstreamConfig(
+        name="drill",
+        command=(sys.executable, "-m", "ledgerdash.ledger.drill.mcp_upstream"),
+        env=env,
+        prefix=mcp_upstream.PREFIX,
+    )
+    tool = ToolConfig(key="{key}", request_id="structuredContent.id", timeout=10.0)
+    gateway = Gateway(
+        GatewayConfig(tenant=job["tenant"], task_id=job["task_id"], upstreams=(upstream,), tools={job["tool"]: tool}),
+        agent=label,
+    )
+    answers: list[mcp_types.CallToolResult] = []
+
+    async def call(_server: Any) -> None:
+        params = mcp_types.CallToolRequestParams(name=job["tool"], arguments=job["args"])
+        answers.append(await gateway.call_tool(None, params))  # type: ignore[arg-type]
+
+    anyio.run(gateway.serve, call)
+    (result,) = answers
+    if not result.is_error:
+        return result.structured_content
+    detail = dict((result.meta or {}).get(META_ERROR) or {})
+    if not detail:
+        raise RuntimeError(f"the tool answered with an error: {result.content}")
+    row = errorcodes.BY_CODE.get(str(detail.get("code")))
+    raise client.error_for(row.status if row else 502, detail)
+
+
 def _in_process(job: dict[str, Any], label: str) -> Any:
     tool = recording.provider_tool(job["tool"], key=lambda _args: job["key"])
     with recording.task(tenant=job["tenant"], task_id=job["task_id"], agent=label):
@@ -76,7 +123,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     key = job["key"]
     outcome: dict[str, Any]
     try:
-        (_over_http if job.get("via") == "http" else _in_process)(job, label)
+        {"http": _over_http, "mcp": _over_mcp}.get(job.get("via", ""), _in_process)(job, label)
         outcome = {"outcome": "done"}
     except (AttemptBlocked, client.AttemptBlocked) as exc:
         attempt_id = exc.attempt.pk if isinstance(exc, AttemptBlocked) else exc.attempt_id

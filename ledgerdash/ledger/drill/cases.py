@@ -1,8 +1,10 @@
 """What the crash drill runs: its cases, and the plans that pick them.
 
 Each case runs for an idempotent and a non-idempotent tool. The agent calls
-the ledger in process, or over the HTTP API with the Python client (``via``),
-which takes the same crash points through a different path.
+the ledger in process, over the HTTP API with the Python client, or (A and
+C) as an MCP client's ``tools/call`` through the MCP gateway, whose process
+is the one killed and whose upstream is an MCP server in front of the
+sandbox provider (``via``): the same crash points through other paths.
 
     A  kill after the intent commit, before dispatch
     B  kill after the request left, before its response was read
@@ -25,6 +27,7 @@ which takes the same crash points through a different path.
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from dataclasses import dataclass
 
@@ -34,6 +37,8 @@ IDEMPOTENT_TOOL = "drill.send_email"
 NON_IDEMPOTENT_TOOL = "drill.charge_card"
 PROCESS = "process"
 HTTP = "http"
+#: through the MCP gateway: the agent's process is the gateway, its tool an upstream MCP server
+MCP = "mcp"
 
 
 @dataclass(frozen=True)
@@ -50,13 +55,13 @@ class Case:
 CASES = {
     case.letter: case
     for case in (
-        Case("A", "kill after the intent commit, before dispatch", crashpoints.AFTER_INTENT, (PROCESS, HTTP)),
+        Case("A", "kill after the intent commit, before dispatch", crashpoints.AFTER_INTENT, (PROCESS, HTTP, MCP)),
         Case("B", "kill after the request left, before its response was read", crashpoints.AFTER_SEND, (PROCESS, HTTP)),
         Case(
             "C",
             "kill after the provider responded, before the outcome commit",
             crashpoints.AFTER_RESPONSE,
-            (PROCESS, HTTP),
+            (PROCESS, HTTP, MCP),
         ),
         Case("D", "the same task delivered to two workers at once", None, (PROCESS, HTTP)),
         Case("E", "the authority changes while the attempt is UNKNOWN", crashpoints.BEFORE_SEND),
@@ -99,11 +104,17 @@ class Planned:
         return f"{self.letter}-{kind}" if self.via == PROCESS else f"{self.letter}-{self.via}-{kind}"
 
 
+def ways_in() -> tuple[str, ...]:
+    """The ways in this installation can drill: MCP needs the ``mcp`` extra
+    (``pip install 'ledgerdash[mcp]'``)."""
+    return (PROCESS, HTTP, MCP) if importlib.util.find_spec("mcp") is not None else (PROCESS, HTTP)
+
+
 def fixed_plan() -> list[Planned]:
     """Every case, for both kinds of tool, over every way in it runs over."""
     return [
         Planned(case.letter, idempotent, case.crash_at, via)
-        for via in (PROCESS, HTTP)
+        for via in ways_in()
         for case in CASES.values()
         if via in case.vias
         for idempotent in (True, False)
@@ -117,7 +128,7 @@ def random_plan(iterations: int, seed: int) -> list[Planned]:
     for _ in range(iterations):
         case = CASES[rng.choice(sorted(CASES))]
         idempotent = rng.choice((True, False))
-        via = rng.choice(case.vias)
+        via = rng.choice([v for v in case.vias if v in ways_in()])
         crash_at = case.crash_at
         if case.letter in ("E", "F"):
             # Whether the request reached the provider before the crash.

@@ -48,6 +48,7 @@ from ledgerdash.ledger.drill.cases import (
     CASES,
     HTTP,
     IDEMPOTENT_TOOL,
+    MCP,
     NON_IDEMPOTENT_TOOL,
     Planned,
     fixed_plan,
@@ -293,12 +294,9 @@ class Drill:
             "via": planned.via,
         }
         if planned.via == HTTP:
-            job.update(
-                url=self.web_url,
-                token=self.web_token,
-                adapter=self.adapter_config,
-                max_request_seconds=MAX_REQUEST_SECONDS,
-            )
+            job.update(url=self.web_url, token=self.web_token)
+        if planned.via in (HTTP, MCP):
+            job.update(adapter=self.adapter_config, max_request_seconds=MAX_REQUEST_SECONDS)
         return job
 
     def _job(self, worker: int, job: dict[str, Any], name: str, **extra: Any) -> dict[str, Any]:

@@ -47,6 +47,8 @@ META_REPEAT = "io.ledgerdash/repeat"
 META_REPLAYED = "io.ledgerdash/replayed"
 META_ATTEMPT = "io.ledgerdash/attempt"
 META_ERROR = "io.ledgerdash/error"
+#: On a replay: the result is what the provider said when recovery looked the call up (its own answer was lost).
+META_RECOVERED = "io.ledgerdash/recovered"
 
 
 @dataclass(frozen=True)

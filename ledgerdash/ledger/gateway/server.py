@@ -25,6 +25,7 @@ each committing on its own, never inside a transaction of the caller.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -44,7 +45,7 @@ from ledgerdash.ledger.errors import AttemptBlocked, AttemptInFlight, ClaimLost,
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.gateway import keys
 from ledgerdash.ledger.gateway.config import GatewayConfig, ToolConfig, UpstreamConfig
-from ledgerdash.ledger.models import Attempt, State
+from ledgerdash.ledger.models import Attempt, ResultSource, State
 
 log = logging.getLogger("ledgerdash.gateway")
 
@@ -249,6 +250,20 @@ class Gateway:
         except LedgerError as exc:
             return _refusal(exc)
         except ValueError:
+            if attempt.result_source == ResultSource.LOOKUP:
+                # Recovery confirmed it by asking the provider: what the provider
+                # said is the result (the tool's own answer was never recorded).
+                log.info(
+                    "replaying attempt %s (key %s) from the provider's lookup", attempt.pk, attempt.idempotency_key
+                )
+                text = json.dumps(stored, ensure_ascii=False, sort_keys=True)
+                recovered = types.CallToolResult(
+                    content=[types.TextContent(type="text", text=text)],
+                    structured_content=stored if isinstance(stored, dict) else None,
+                )
+                return _with_meta(
+                    recovered, {keys.META_REPLAYED: True, keys.META_ATTEMPT: attempt.pk, keys.META_RECOVERED: True}
+                )
             return _error(
                 f"attempt {attempt.pk} was confirmed, but its recorded result is not an MCP tool result",
                 code="result_unavailable",
