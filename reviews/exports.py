@@ -88,8 +88,10 @@ EVENT_COLUMNS = (
     "prev_hash",
     "hash",
 )
+#: Columns added later, each at the end.
+LATER_COLUMNS = ("approval_required",)
 #: The stable column set, in order. New columns are only ever appended.
-COLUMNS = ("record", "tenant", "tenant_id", *ATTEMPT_COLUMNS, *EVENT_COLUMNS)
+COLUMNS = ("record", "tenant", "tenant_id", *ATTEMPT_COLUMNS, *EVENT_COLUMNS, *LATER_COLUMNS)
 
 #: A spreadsheet treats a cell starting with one of these as a formula
 #: (OWASP "CSV injection"). Such cells get a leading single quote; so does a
@@ -117,6 +119,7 @@ _EVENT_FIELDS = (
     "hash",
 )
 _ATTEMPT_FIELDS = (
+    "attempt__approval_required",
     "attempt__task_id",
     "attempt__tool_name",
     "attempt__idempotency_key",
@@ -248,6 +251,7 @@ def _event_record(row: dict[str, Any], tenant: Tenant) -> dict[str, Any]:
         record["args"] = RawJSON(row["args_text"])
         record["owner"] = row["attempt__owner__username"]
         record["attempt_created_at"] = chain.timestamp(row["attempt__created_at"])
+        record["approval_required"] = row["attempt__approval_required"]
     return record
 
 
@@ -336,6 +340,7 @@ _FORMATTED_CELLS = {
     "content_hash": "e.content_hash",
     "prev_hash": "e.prev_hash",
     "hash": "e.hash",
+    "approval_required": _cell("a.approval_required"),
 }
 assert tuple(_FORMATTED_CELLS) == COLUMNS, "the server's cells must follow COLUMNS"
 

@@ -243,6 +243,25 @@ def test_ndjson_keeps_values_as_they_are(tenant_a: Tenant, tmp_path: Path) -> No
     assert {r["task_id"] for r in rows if r["attempt_id"] is not None} == {"=1+1"}
 
 
+def test_a_call_held_for_approval_says_why_in_the_export(tenant_a: Tenant, tmp_path: Path) -> None:
+    from ledgerdash.ledger import recording
+    from ledgerdash.ledger.errors import AwaitingApproval
+    from ledgerdash.ledger.policies import policy_publish
+    from tests.conftest import TOOLS_V1
+
+    policy_publish(tenant=tenant_a, tools=TOOLS_V1, approvals={"send_email": ""}, actor=Actor.system("t"))
+    held = record(tenant_a, "held", args={"to": "ceo@example.com"})
+    with pytest.raises(AwaitingApproval):
+        recording.refuse_unless_dispatchable(held)
+    free = record(tenant_a, "free", tool_name="open_ticket", args={"title": "t"})
+    for fmt in ("csv", "ndjson"):
+        (tmp_path / fmt).mkdir()
+        rows = rows_of(export_cli(tmp_path / fmt, "--tenant", "acme", fmt=fmt))
+        why = {int(r["attempt_id"]): r["approval_required"] for r in rows if r["attempt_id"] not in (None, "")}
+        assert why[held.pk] == held.approval_required != ""
+        assert why[free.pk] == ""
+
+
 # --- the export is an audit event -------------------------------------------------------------
 
 
