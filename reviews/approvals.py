@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
@@ -19,6 +18,7 @@ from django.views.decorators.http import require_safe
 
 from ledgerdash.ledger import rules, tenancy
 from ledgerdash.ledger.models import Attempt, Role, State
+from ledgerdash.ledger.tenancy import Person
 from reviews import queries
 from reviews.forms import ListForm
 from reviews.shortcuts import HtmxHttpRequest, render_region, tenants_or_403
@@ -31,7 +31,7 @@ class ApprovalRow:
     verdict: rules.ApprovalVerdict
 
 
-def approval_rows(user: Any, rows: list[Attempt]) -> list[ApprovalRow]:
+def approval_rows(user: Person, rows: list[Attempt]) -> list[ApprovalRow]:
     """Each item with its original (read in one query) and the ledger's verdict for ``user`` now."""
     originals = Attempt.objects.in_bulk([a.parent_id for a in rows if a.parent_id is not None])
     result = []

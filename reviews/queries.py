@@ -26,7 +26,7 @@ from ledgerdash.ledger.models import (
     State,
     Tenant,
 )
-from ledgerdash.ledger.tenancy import tenant_ids_for, tenants_for
+from ledgerdash.ledger.tenancy import Person, tenant_ids_for, tenants_for
 
 #: The queues people work, by the slug in their URL.
 QUEUES: dict[str, State] = {"unknown": State.UNKNOWN, "review": State.MANUAL_REVIEW}
@@ -39,7 +39,7 @@ PAGE_SIZE = 50
 COUNT_CAP = 999
 
 
-def queue_counts(user: Any, *, tenant_ids: Iterable[int] | None = None) -> dict[str, int]:
+def queue_counts(user: Person, *, tenant_ids: Iterable[int] | None = None) -> dict[str, int]:
     """How much is waiting in each queue, up to ``COUNT_CAP + 1`` (shown as "999+"),
     how many items await an approver (``APPROVALS``), how much UNKNOWN and
     MANUAL_REVIEW work the user owns (``MINE``) and how many incidents are
@@ -71,7 +71,7 @@ def queue_counts(user: Any, *, tenant_ids: Iterable[int] | None = None) -> dict[
     return counts
 
 
-def incidents_for(user: Any) -> QuerySet[Incident]:
+def incidents_for(user: Person) -> QuerySet[Incident]:
     """The incidents of the user's tenants: open first, newest first."""
     return (
         Incident.objects.filter(tenant__in=tenants_for(user))
@@ -174,7 +174,7 @@ def _search_filter(text: str) -> Q:
     return q
 
 
-def attempt_filter(query: ListQuery, user: Any, now: datetime, *, prefix: str = "") -> Q:
+def attempt_filter(query: ListQuery, user: Person, now: datetime, *, prefix: str = "") -> Q:
     """The list's filters as one condition on attempts: the queues, the
     search and the exports (which filter events by their attempt, with
     ``prefix="attempt__"``) all select the same attempts for the same query."""
@@ -221,7 +221,7 @@ def past_sla_filter(tenant_ids: Iterable[int], now: datetime, *, prefix: str = "
     return condition
 
 
-def _filtered(query: ListQuery, user: Any, now: datetime) -> QuerySet[Attempt]:
+def _filtered(query: ListQuery, user: Person, now: datetime) -> QuerySet[Attempt]:
     return Attempt.objects.filter(attempt_filter(query, user, now))
 
 
@@ -239,7 +239,7 @@ def _beyond(qs: QuerySet[Attempt], cursor: Cursor, *, ascending: bool) -> QueryS
 
 
 def list_page(
-    user: Any, query: ListQuery, *, now: datetime | None = None, allowed: Iterable[int] | None = None
+    user: Person, query: ListQuery, *, now: datetime | None = None, allowed: Iterable[int] | None = None
 ) -> Page:
     """One page of attempts, by keyset on (created_at, id).
 
@@ -326,7 +326,7 @@ def chain_of(attempt: Attempt) -> list[Attempt]:
     )
 
 
-def drill_runs_for(user: Any, *, tenant_ids: Iterable[int] | None = None) -> QuerySet[DrillRun]:
+def drill_runs_for(user: Person, *, tenant_ids: Iterable[int] | None = None) -> QuerySet[DrillRun]:
     """Crash-drill runs of the user's tenants (``tenant_ids``, when the caller
     has read them already), newest first."""
     return (
@@ -365,7 +365,7 @@ class ChainStatus:
         return max(0, self.head_seq - self.check.verified_seq) if self.check is not None else self.head_seq
 
 
-def chain_status(user: Any, *, tenants: list[Tenant] | None = None) -> list[ChainStatus]:
+def chain_status(user: Person, *, tenants: list[Tenant] | None = None) -> list[ChainStatus]:
     """The user's tenants' chains (``tenants``, by slug, when the caller has read them already)."""
     if tenants is None:
         tenants = list(Tenant.objects.filter(pk__in=tenant_ids_for(user)).order_by("slug"))
@@ -413,7 +413,7 @@ def _capped(qs: QuerySet[Any]) -> int:
 
 
 def first_things(
-    user: Any, tenants: list[Tenant], approver_of: Iterable[int] | None = None, *, now: datetime | None = None
+    user: Person, tenants: list[Tenant], approver_of: Iterable[int] | None = None, *, now: datetime | None = None
 ) -> FirstThings:
     """What an operator should look at first, in the user's tenants: the
     oldest item of each queue, work past each tenant's SLA, their own work,
@@ -464,13 +464,14 @@ def first_things(
         if count:
             late.append(Late(tenant, count, tenant.sla))
     approver_of = list(approver_of) if approver_of is not None else tenant_ids_for(user, Role.APPROVER)
+    user_id = user.pk if user is not None else None
     awaiting_mine = Attempt.objects.filter(rules.awaiting_approval_filter(), tenant_id__in=approver_of).exclude(
-        requested_by_id=user.pk
+        requested_by_id=user_id
     )
     return FirstThings(
         oldest=oldest,
         late=late,
-        mine=_capped(waiting.filter(owner_id=user.pk)),
+        mine=_capped(waiting.filter(owner_id=user_id)),
         my_approvals=_capped(awaiting_mine),
         unowned=_capped(waiting.filter(owner__isnull=True)),
         duplicates=_capped(incidents.filter(kind=Incident.Kind.DUPLICATE)),
