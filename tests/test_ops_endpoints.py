@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,10 +18,15 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 from pythonjsonlogger.json import JsonFormatter
 
+from ledgerdash.ledger import clock, moves, recording
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, ReconcilerWorker
 from ledgerdash.ledger.reconciler import PassSummary
 from ledgerdash.ledger.workers import WorkerTotals
+from ledgerdash.notify import services, worker
+from ledgerdash.notify.models import Delivery, DeliveryStatus, RuleEvent
 from ledgerdash.ops import health
+from tests.conftest import AGENT, RECONCILER, record
 from tests.live import ROOT
 
 TOKEN = "metrics-token-for-tests-0123456789"
@@ -123,6 +129,30 @@ def test_metrics_show_the_reconciler_workers_passes_and_decisions(client: Client
     assert after[("ledgerdash_reconciler_decisions_total", (("decision", "backed off"),))] == 4
     assert after[("ledgerdash_reconciler_workers_active", ())] == 2
     assert after[("ledgerdash_reconciler_last_pass_timestamp_seconds", ())] > 0
+
+
+@pytest.mark.usefixtures("metrics_on")
+def test_metrics_show_lapsed_dispatch_leases_and_the_outbox(client: Client, tenant_a: Any) -> None:
+    # A dispatcher that died: its lease runs out before any reconciler takes over.
+    with clock.frozen_at(clock.now() - timedelta(minutes=10)):
+        recording.mark_dispatched(record(tenant_a, "lost-worker"), actor=AGENT)
+    # A rule whose channel nobody listens on: its delivery fails and waits in the outbox.
+    channel = services.channel_create(
+        tenant=tenant_a, name="hook", kind="webhook", target="http://127.0.0.1:9/hook", actor=Actor.system("t")
+    )
+    services.rule_create(
+        tenant=tenant_a, actor=Actor.system("t"), event=RuleEvent.ENTERED_MANUAL_REVIEW, channel_id=channel.pk
+    )
+    recording.mark_unknown(recording.mark_dispatched(record(tenant_a, "stuck"), actor=AGENT), reason="t", actor=AGENT)
+    stuck = Attempt.objects.get(idempotency_key="stuck")
+    moves.attempt_escalate(attempt=stuck, actor=RECONCILER, fence=stuck.fence, reason="checks exhausted")
+    worker.run_pass(worker="metrics-test")
+    assert Delivery.objects.get().status == DeliveryStatus.PENDING
+    Delivery.objects.update(next_try_at=clock.now() - timedelta(seconds=90))
+    samples = scrape(client)
+    assert samples[("ledgerdash_dispatch_leases_expired", (("tenant", "acme"),))] == 1
+    assert samples[("ledgerdash_notify_deliveries", (("status", "pending"), ("tenant", "acme")))] == 1
+    assert samples[("ledgerdash_notify_oldest_due_seconds", ())] >= 90
 
 
 @pytest.mark.django_db

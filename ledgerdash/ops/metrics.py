@@ -4,8 +4,10 @@ Two kinds:
 
 - the ledger's state, read from the database at scrape time (queues by
   tenant and state, the oldest UNKNOWN and MANUAL_REVIEW, attempts due for
-  recovery, open incidents, the reconciler workers' passes and decisions,
-  the last verification of each tenant's chain): every web process answers
+  recovery and dispatch leases run out, open incidents, the reconciler
+  workers' passes and decisions, the last verification of each tenant's
+  chain, notification deliveries by result and how long the outbox's
+  oldest has been due): every web process answers
   the same, so any one may be scraped;
 - the HTTP requests this deployment served (count and latency by route,
   method and status), kept by prometheus-client. Under gunicorn, with
@@ -22,7 +24,7 @@ import hmac
 import logging
 import os
 from collections.abc import Iterable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -42,7 +44,9 @@ from ledgerdash.ledger.models import (
     ChainCheck,
     Incident,
     ReconcilerWorker,
+    State,
 )
+from ledgerdash.notify.models import Delivery, DeliveryStatus
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +119,21 @@ class LedgerCollector(Collector):
         yield due
         yield overdue
 
+        expired = GaugeMetricFamily(
+            "ledgerdash_dispatch_leases_expired",
+            "DISPATCHED attempts whose dispatcher's lease ran out and that recovery has not taken over yet, by tenant.",
+            labels=["tenant"],
+        )
+        lapsed = (
+            Attempt.objects.filter(state=State.DISPATCHED, next_check_at__lt=now)
+            .order_by()
+            .values("tenant__slug")
+            .annotate(n=Count("id"))
+        )
+        for lease in lapsed:
+            expired.add_metric([lease["tenant__slug"]], lease["n"])
+        yield expired
+
         incidents = GaugeMetricFamily(
             "ledgerdash_incidents_open",
             "Open incidents (duplicates and others), by tenant and kind.",
@@ -132,6 +151,26 @@ class LedgerCollector(Collector):
 
         yield from self._reconciler()
         yield from self._chains()
+        yield from self._notifications(now)
+
+    def _notifications(self, now: datetime) -> Iterable[Metric]:
+        deliveries = GaugeMetricFamily(
+            "ledgerdash_notify_deliveries",
+            "Notification deliveries by tenant and result: pending (the outbox), sent, dead (an admin may resend).",
+            labels=["tenant", "status"],
+        )
+        for counted in Delivery.objects.order_by().values("tenant__slug", "status").annotate(n=Count("id")):
+            deliveries.add_metric([counted["tenant__slug"], counted["status"]], counted["n"])
+        yield deliveries
+        waiting = GaugeMetricFamily(
+            "ledgerdash_notify_oldest_due_seconds",
+            "How long the longest-waiting pending delivery has been due (a stalled notifier shows here).",
+        )
+        first = Delivery.objects.filter(status=DeliveryStatus.PENDING, next_try_at__lte=now).aggregate(
+            first=Min("next_try_at")
+        )["first"]
+        waiting.add_metric([], (now - first).total_seconds() if first else 0)
+        yield waiting
 
     def _reconciler(self) -> Iterable[Metric]:
         totals = ReconcilerWorker.objects.aggregate(
