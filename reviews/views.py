@@ -65,7 +65,8 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
     tenant_ids = [t.pk for t in tenants]
     counts = queries.queue_counts(request.user, tenant_ids=tenant_ids)
     roles = tenancy.roles_by_tenant(request.user)
-    approves = [pk for pk, role in roles.items() if role in roles_at_least(Role.APPROVER)]
+    approving = roles_at_least(Role.APPROVER)
+    approves = [pk for pk, role in roles.items() if role in approving]
     context: dict[str, Any] = {"counts": counts, "first": queries.first_things(request.user, tenants, approves)}
     if not is_partial(request):
         context["latest_drills"] = list(queries.drill_runs_for(request.user, tenant_ids=tenant_ids)[:3])

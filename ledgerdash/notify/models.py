@@ -222,15 +222,11 @@ class Cursor(models.Model):
 
 
 class Heartbeat(models.Model):
-    """The last pass a background worker completed (``reconcile``, ``notify``):
-    the reconciler-stalled rule reads the newest reconciler beat."""
+    """The last pass each ``manage.py notify`` worker completed (the
+    reconcilers keep their own: :class:`ledgerdash.ledger.models.ReconcilerWorker`)."""
 
     worker = models.CharField(max_length=255, primary_key=True)
-    kind = models.CharField(max_length=32)
     last_pass_at = models.DateTimeField()
-
-    class Meta:
-        indexes = [models.Index(fields=["kind", "-last_pass_at"], name="notify_heartbeat_kind")]
 
     def __str__(self) -> str:
         return f"{self.worker}: {self.last_pass_at:%Y-%m-%d %H:%M:%S}"

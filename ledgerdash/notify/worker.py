@@ -149,7 +149,7 @@ def run_pass(*, worker: str, batch_size: int = 50, stop: threading.Event | None 
                 summary.failed += 1
         if len(batch) < batch_size:
             break
-    heartbeat.beat(worker=worker, kind=heartbeat.NOTIFIER)
+    heartbeat.beat(worker=worker)
     return summary
 
 

@@ -88,12 +88,8 @@ class Migration(migrations.Migration):
             name='Heartbeat',
             fields=[
                 ('worker', models.CharField(max_length=255, primary_key=True, serialize=False)),
-                ('kind', models.CharField(max_length=32)),
                 ('last_pass_at', models.DateTimeField()),
             ],
-            options={
-                'indexes': [models.Index(fields=['kind', '-last_pass_at'], name='notify_heartbeat_kind')],
-            },
         ),
         migrations.CreateModel(
             name='Rule',
