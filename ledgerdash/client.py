@@ -233,6 +233,12 @@ class Recorded:
     #: False when the key was already recorded with these arguments.
     created: bool
 
+    @property
+    def claimed(self) -> bool:
+        """The dispatch was claimed with the intent (``claim=True``, granted by
+        the tool's setting): the attempt is this call's to send, with its fence."""
+        return self.created and self.attempt.state == "DISPATCHED"
+
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
     # urllib would turn a redirected POST into a GET without its body.
@@ -372,8 +378,13 @@ class LedgerClient:
         idempotency_key: str,
         args: dict[str, Any],
         credential_scope: str | Iterable[str] | None = None,
+        claim: bool = False,
     ) -> Recorded:
         """Record the intent; safe to repeat (the same key and arguments answer with the same attempt).
+
+        ``claim``: also claim the dispatch in the same commit where the tool
+        allows it; :attr:`Recorded.claimed` says whether it was (then skip
+        :meth:`dispatch`: the attempt is DISPATCHED with its fence).
 
         Raises :class:`IdempotencyConflict` (naming the linked attempt) when
         the key was used with other arguments: do not call the tool.
@@ -385,6 +396,8 @@ class LedgerClient:
             "idempotency_key": idempotency_key,
             "args": args,
         }
+        if claim:
+            body["claim"] = True
         if credential_scope is not None:
             body["credential_scope"] = (
                 credential_scope.split() if isinstance(credential_scope, str) else list(credential_scope)
@@ -536,14 +549,16 @@ class _OverHttp:
 
     def record_intent(
         self, *, tool_name: str, idempotency_key: str, args: dict[str, Any], credential_scope: Any
-    ) -> Attempt:
-        return self.client.record_intent(
+    ) -> tuple[Attempt, bool]:
+        recorded = self.client.record_intent(
             task_id=self.task_id,
             tool_name=tool_name,
             idempotency_key=idempotency_key,
             args=args,
             credential_scope=credential_scope,
-        ).attempt
+            claim=True,
+        )
+        return recorded.attempt, recorded.claimed
 
     def refuse_unless_dispatchable(self, attempt: Attempt) -> None:
         return None

@@ -8,7 +8,9 @@ steps, in order, are the safe order of a side effect:
 1. bind the call's arguments and name the side effect (the key);
 2. record the intent (a confirmed key replays its stored result; one that
    is unknown, under review or in flight elsewhere refuses);
-3. claim the dispatch, committed before the request leaves;
+3. claim the dispatch, committed before the request leaves (for a tool
+   whose intent and claim commit together, ``Tool.claim_with_intent``,
+   steps 2 and 3 are one commit);
 4. run the tool with a :class:`ToolCall` (its key, its arguments, and a way
    to persist the provider's request id at once), beating the attempt's
    heartbeat while it runs, so work longer than the lease never looks lost;
@@ -69,9 +71,13 @@ class Session[A: AttemptView](Protocol):
     """One task's way to the ledger: what a wrapped call needs from it. ``A``
     is that side's attempt (a model row in process, a JSON view over HTTP)."""
 
-    def record_intent(self, *, tool_name: str, idempotency_key: str, args: dict[str, Any], credential_scope: Any) -> A:
+    def record_intent(
+        self, *, tool_name: str, idempotency_key: str, args: dict[str, Any], credential_scope: Any
+    ) -> tuple[A, bool]:
         """Record the intent or find the key's attempt; raises when the key
-        was used with other arguments."""
+        was used with other arguments. Asks for the dispatch claim in the same
+        commit, which the ledger grants where the tool allows it: the second
+        value says whether it did (the attempt is then this call's, DISPATCHED)."""
 
     def refuse_unless_dispatchable(self, attempt: A) -> None:
         """Raise the error that tells the agent why it must not call the tool now."""
@@ -217,15 +223,19 @@ def wrap[T](
         bound.apply_defaults()
         arguments = call_arguments(signature, bound)
         idempotency_key = key(arguments) if callable(key) else key.format(**arguments)
-        attempt = ledger.record_intent(
+        attempt, claimed = ledger.record_intent(
             tool_name=name, idempotency_key=idempotency_key, args=arguments, credential_scope=scope
         )
-        if attempt.state == CONFIRMED:
-            log.info("replaying confirmed attempt %s for key %s", attempt.pk, idempotency_key)
-            return ledger.replay(attempt)
-        ledger.refuse_unless_dispatchable(attempt)
-        crashpoints.reached(crashpoints.AFTER_INTENT)
-        call = ToolCall(ledger, ledger.dispatch(attempt))
+        if claimed:
+            crashpoints.reached(crashpoints.AFTER_INTENT)  # the intent, and with it the claim, committed
+            call = ToolCall(ledger, attempt)
+        else:
+            if attempt.state == CONFIRMED:
+                log.info("replaying confirmed attempt %s for key %s", attempt.pk, idempotency_key)
+                return ledger.replay(attempt)
+            ledger.refuse_unless_dispatchable(attempt)
+            crashpoints.reached(crashpoints.AFTER_INTENT)
+            call = ToolCall(ledger, ledger.dispatch(attempt))
         bound.arguments[next(iter(bound.arguments))] = call
         return _run(fn, call, bound)
 

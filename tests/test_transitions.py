@@ -599,23 +599,3 @@ def test_the_suite_runs_the_moves_as_production_runs_them(tenant_a: Any) -> None
     with transaction.atomic(), CaptureQueriesContext(connection) as inside:
         moves.attempt_comment(attempt=attempt, actor=AGENT, text="seen")
     assert not any(q["sql"].lstrip().startswith("WITH changed AS") for q in inside.captured_queries)
-
-
-@pytest.mark.postgres
-def test_an_intent_is_two_statements_its_id_taken_with_the_authority_read(tenant_a: Any) -> None:
-    """The intent's id comes from the sequence in the authority read's round
-    trip, not a ``nextval`` of its own; ids still follow recording order."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
-    first = record(tenant_a, "k-ids-1")
-    with CaptureQueriesContext(connection) as captured:
-        second = record(tenant_a, "k-ids-2")
-    # (The test case's savepoints stand in for production's autocommit.)
-    sqls = [q["sql"] for q in captured.captured_queries if "SAVEPOINT" not in q["sql"]]
-    assert len(sqls) == 2
-    assert "nextval" in sqls[0]
-    assert sqls[1].lstrip().startswith("WITH changed AS")
-    assert first.pk < second.pk
-    assert Attempt.objects.get(pk=second.pk).events.get().details["idempotency_key"] == "k-ids-2"
-    _assert_chain_intact(tenant_a)

@@ -52,6 +52,12 @@ class IntentIn(StrictIn):
         max_length=100,
         description="Scopes this call will use; must be allowed for the tool. Omitted: all the policy allows.",
     )
+    claim: bool = Field(
+        False,
+        description="You send the call at once: also claim its dispatch in the same commit where the tool "
+        "allows it (its claim_with_intent setting; never for a call held for approval). Granted, the answer is "
+        "201 with state DISPATCHED and the fence to report with: do not call /dispatch.",
+    )
 
 
 class DispatchIn(StrictIn):

@@ -8,12 +8,14 @@ must not apply yesterday's authority to today's task.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
 
 from ledgerdash.ledger.errors import LedgerError, NoPolicy, ScopeNotAllowed, TenantInactive, ToolNotAllowed
+from ledgerdash.ledger.events import one_statement
 from ledgerdash.ledger.models import Attempt, Policy, Tenant, Tool
 
 
@@ -53,7 +55,7 @@ def standing_of(attempt: Attempt, *, original: Attempt | None = None) -> Standin
     With ``original`` (the attempt a linked retry re-tries), also refuse a
     scope wider than the original's and a tenant other than the original's.
     """
-    return dispatch_standing(attempt, original=original)[0]
+    return standing_under(attempt, authority_of(attempt.tenant_id, attempt.tool_name), original=original)
 
 
 @dataclass(frozen=True)
@@ -82,43 +84,59 @@ class Authority:
     tenant: Tenant | None
     policy: Policy | None
     timing: Timing
-    #: An id for the attempt about to be recorded, when asked for (PostgreSQL only).
-    attempt_id: int | None = None
+    #: The tool row's lease, request time and claim_with_intent as stored (all None: no row).
+    tool_row: tuple[float | None, float | None, bool | None] = (None, None, None)
+    #: Read by this process earlier (:func:`authority_for_change`): a change
+    #: made under it must carry :meth:`guard`, and only a fresh read may refuse.
+    remembered: bool = False
+
+    @property
+    def claims_with_intent(self) -> bool:
+        """Whether the tool's intent and dispatch claim commit together (``Tool.claim_with_intent``)."""
+        return bool(self.tool_row[2])
+
+    def guard(self, tool_name: str) -> tuple[str, list[Any]]:
+        """A SQL condition, with its parameters, that holds exactly while
+        this is still the tenant's current authority for ``tool_name``: the
+        tenant active, the same newest policy row (versions are final, so the
+        same row says the same), the tool's timing and claim setting as read."""
+        assert self.tenant is not None
+        assert self.policy is not None
+        sql = _GUARD_SQL.format(tenant=Tenant._meta.db_table, policy=Policy._meta.db_table, tool=Tool._meta.db_table)
+        return sql, [tool_name, self.tenant.pk, self.policy.pk, *self.tool_row]
 
 
 #: One round trip for the questions every intent and every dispatch asks.
 #: Plain SQL (SQLite and PostgreSQL alike): on the hot path, compiling the
 #: equivalent ORM query cost more than running it.
 _AUTHORITY_SQL = """
-SELECT t.slug, t.is_active, p.id, p.version, p.tools, p.approvals, l.dispatch_lease_seconds, l.max_request_seconds
+SELECT t.slug, t.is_active, p.id, p.version, p.tools, p.approvals, l.dispatch_lease_seconds, l.max_request_seconds,
+       l.claim_with_intent
 FROM {tenant} t
 LEFT JOIN {tool} l ON l.name = %s
 LEFT JOIN {policy} p ON p.tenant_id = t.id AND p.version = (SELECT max(version) FROM {policy} WHERE tenant_id = t.id)
 WHERE t.id = %s
 """
-#: The intent's id, taken from the attempts' sequence in the same round trip
-#: (the event that records the intent names its attempt, so the id is needed
-#: before the insert; asking for it on its own cost a round trip per intent).
-_RESERVE_ID = ", nextval(pg_get_serial_sequence('{attempt}', 'id'))\nFROM"
+
+_GUARD_SQL = """EXISTS (
+    SELECT FROM {tenant} t LEFT JOIN {tool} l ON l.name = %s
+    WHERE t.id = %s AND t.is_active
+      AND (SELECT p.id FROM {policy} p WHERE p.tenant_id = t.id ORDER BY p.version DESC LIMIT 1) = %s
+      AND l.dispatch_lease_seconds IS NOT DISTINCT FROM %s::double precision
+      AND l.max_request_seconds IS NOT DISTINCT FROM %s::double precision
+      AND l.claim_with_intent IS NOT DISTINCT FROM %s::boolean
+)"""
 
 
-def authority_of(tenant_id: int, tool_name: str, *, reserve_attempt_id: bool = False) -> Authority:
-    """The tenant, its current policy and ``tool_name``'s timing, read now, in one query.
-
-    ``reserve_attempt_id``: on PostgreSQL, also take the next attempt id
-    (an intent refused or found recorded already leaves a gap in the ids,
-    as any rolled-back insert does)."""
+def authority_of(tenant_id: int, tool_name: str) -> Authority:
+    """The tenant, its current policy and ``tool_name``'s timing, read now, in one query."""
     sql = _AUTHORITY_SQL.format(tenant=Tenant._meta.db_table, policy=Policy._meta.db_table, tool=Tool._meta.db_table)
-    reserve = reserve_attempt_id and connection.vendor == "postgresql"
-    if reserve:
-        sql = sql.replace("\nFROM", _RESERVE_ID.format(attempt=Attempt._meta.db_table), 1)
     with connection.cursor() as cursor:
         cursor.execute(sql, [tool_name, tenant_id])
         row = cursor.fetchone()
     if row is None:
         return Authority(None, None, timing(None, None))
-    attempt_id = row[8] if reserve else None
-    slug, is_active, policy_id, version, tools, approvals, lease, max_request = row[:8]
+    slug, is_active, policy_id, version, tools, approvals, lease, max_request, claim = row
     tenant = Tenant(pk=tenant_id, slug=slug, is_active=bool(is_active))
     policy = None
     if policy_id is not None:
@@ -126,15 +144,50 @@ def authority_of(tenant_id: int, tool_name: str, *, reserve_attempt_id: bool = F
         policy.tools = json.loads(tools) if isinstance(tools, str | bytes) else tools
         policy.approvals = json.loads(approvals) if isinstance(approvals, str | bytes) else approvals
         policy._state.adding = False
-    return Authority(tenant, policy, timing(lease, max_request), attempt_id)
+    claim = None if claim is None else bool(claim)
+    return Authority(tenant, policy, timing(lease, max_request), (lease, max_request, claim))
 
 
-def dispatch_standing(attempt: Attempt, *, original: Attempt | None = None) -> tuple[Standing, Timing]:
-    """:func:`standing_of`, plus the tool's timing, read in one query (it runs before every dispatch)."""
-    now = authority_of(attempt.tenant_id, attempt.tool_name)
-    if now.tenant is None:
+#: (database, tenant id, tool name) -> the authority this process read last.
+_remembered: dict[tuple[str, int, str], Authority] = {}
+
+
+def _remembered_key(tenant_id: int, tool_name: str) -> tuple[str, int, str]:
+    return (str(connection.settings_dict["NAME"]), tenant_id, tool_name)
+
+
+def authority_for_change(tenant_id: int, tool_name: str, *, fresh: bool = False) -> Authority:
+    """The authority an agent's intent or dispatch is checked against.
+
+    Where the change is one autocommitted statement (PostgreSQL, no
+    transaction open), the authority this process read last for the tenant
+    and tool, without a round trip; the change then carries
+    :meth:`Authority.guard`, so the server makes it only if that authority
+    is still the current one at that very moment (a stricter check than a
+    read before the write, which a policy change could follow). When the
+    guard fails, or the remembered authority would refuse, the caller asks
+    again with ``fresh=True``: a refusal always rests on a read made now.
+    Elsewhere (SQLite, inside a transaction), read now.
+    """
+    key = _remembered_key(tenant_id, tool_name)
+    use_memory = one_statement()
+    if use_memory and not fresh:
+        found = _remembered.get(key)
+        if found is not None:
+            return found
+    read = authority_of(tenant_id, tool_name)
+    if use_memory and read.tenant is not None and read.policy is not None:
+        _remembered[key] = replace(read, remembered=True)
+    else:
+        _remembered.pop(key, None)
+    return read
+
+
+def standing_under(attempt: Attempt, authority: Authority, *, original: Attempt | None = None) -> Standing:
+    """:func:`standing_of` against ``authority`` (read now, or remembered)."""
+    if authority.tenant is None:
         raise Tenant.DoesNotExist(f"tenant {attempt.tenant_id} of attempt #{attempt.pk} does not exist")
-    return _compare(attempt, now.tenant, now.policy, original), now.timing
+    return _compare(attempt, authority.tenant, authority.policy, original)
 
 
 def authorize(

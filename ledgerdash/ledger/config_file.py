@@ -191,6 +191,7 @@ TOOL_FIELDS = {
     "max_checks": "int",
     "max_dispatches": "int",
     "enabled": "bool",
+    "claim_with_intent": "bool",
 }
 TENANT_FIELDS = {"name": "str", "is_active": "bool", "sla_minutes": "int?", "default_owner": "str?"}
 TENANT_PARTS = ("policy", "members", "credentials", "on_call", "channels", "rules")

@@ -6,13 +6,16 @@ event it is, :class:`EventDraft` an event about to be appended.
 :func:`append_events` links drafts into their tenants' chains (under each
 chain head's row lock, taken after any attempt locks). On PostgreSQL, a
 change to an attempt and its event are one statement
-(:func:`cas_with_event`, :func:`insert_with_event`): the server links the
+(:func:`cas_with_event`, :func:`insert_with_events`): the server links the
 event while it holds the chain head's lock, so the lock is held only while
 the server executes and commits, never across a round trip.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,7 +23,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import models, transaction
-from django.db.models import Field
+from django.db.models import NOT_PROVIDED, Field
 
 from ledgerdash.ledger import chain, clock
 from ledgerdash.ledger.models import (
@@ -146,6 +149,24 @@ def append_events(events: list[EventDraft], *, now: datetime | None = None) -> l
     return rows
 
 
+class _Linked:
+    """An event on its way into one statement, without a model instance: the
+    fields its content hash covers, then where in the chain it landed."""
+
+    __slots__ = (*chain.HASHED_FIELDS, "content_hash", "pk", "seq", "prev_hash", "hash")
+    pk: int
+    seq: int
+    prev_hash: str
+    hash: str
+
+    def __init__(self, event: EventDraft, now: datetime) -> None:
+        self.tenant_id, self.attempt_id, self.kind = event.tenant_id, event.attempt_id, str(event.kind)
+        self.actor_kind, self.actor_user_id, self.actor_label = event.actor.kind, event.actor.user_id, event.actor.label
+        self.from_state, self.to_state, self.fence = event.from_state, event.to_state, event.fence
+        self.reason, self.details, self.created_at = clean_text(event.reason), event.details, now
+        self.content_hash = chain.content_hash(chain.event_content(self))
+
+
 def _event_row(event: EventDraft, now: datetime) -> AttemptEvent:
     row = AttemptEvent(
         tenant_id=event.tenant_id,
@@ -165,85 +186,103 @@ def _event_row(event: EventDraft, now: datetime) -> AttemptEvent:
     return row
 
 
-#: Lock the tenant's chain head (FOR UPDATE waits for, then reads, the latest
-#: committed head), link the event to it, move the head, insert the event.
-#: ``{guard}`` makes all of it conditional on the change having happened.
-_APPEND_TAIL = """
-head AS (
+#: The parts of the append statement (see :func:`_append_sql`). Table names
+#: come from the models; every value is a parameter.
+_HEAD = """head AS (
     SELECT seq, hash FROM {head} WHERE tenant_id = %s{guard} FOR UPDATE
-), link AS (
+)"""
+_LINK = """link{n} AS (
     SELECT seq + 1 AS seq, hash AS prev_hash,
            encode(sha256(decode(hash, 'hex') || decode(%s, 'hex')), 'hex') AS hash
-    FROM head
-), head_moved AS (
-    UPDATE {head} SET seq = link.seq, hash = link.hash FROM link WHERE {head}.tenant_id = %s
-)
+    FROM {previous}
+)"""
+_MOVE_HEAD = """head_moved AS (
+    UPDATE {head} SET seq = {last}.seq, hash = {last}.hash FROM {last} WHERE {head}.tenant_id = %s
+)"""
+_EVENT_ROW = """SELECT %s::bigint, link{n}.seq, %s::bigint, %s::varchar, %s::varchar, %s::integer, %s::varchar,
+       %s::varchar, %s::varchar, %s::bigint, %s::text, %s::jsonb, %s::timestamptz, %s::varchar,
+       link{n}.prev_hash, link{n}.hash
+FROM {source}"""
+_INSERT_EVENTS = """
 INSERT INTO {event} (
     tenant_id, seq, attempt_id, kind, actor_kind, actor_user_id, actor_label, from_state, to_state,
     fence, reason, details, created_at, content_hash, prev_hash, hash
 )
-SELECT %s::bigint, link.seq, %s::bigint, %s::varchar, %s::varchar, %s::integer, %s::varchar, %s::varchar,
-       %s::varchar, %s::bigint, %s::text, %s::jsonb, %s::timestamptz, %s::varchar, link.prev_hash, link.hash
-FROM {source}
+{rows}
 RETURNING id, seq, prev_hash, hash
 """
 
 
-def _append_sql(change: str = "") -> str:
-    """The append statement; with ``change`` (a data-modifying statement that
-    RETURNS the attempt's id), that change first, and the event only if it
-    changed a row. If it did and the tenant has no chain head, the event's
-    seq is NULL and the whole statement fails: never a change without its event."""
-    tables = {"head": ChainHead._meta.db_table, "event": AttemptEvent._meta.db_table}
-    if not change:
-        return "WITH " + _APPEND_TAIL.format(guard="", source="link", **tables)
-    tail = _APPEND_TAIL.format(
-        guard=" AND EXISTS (SELECT FROM changed)", source="changed LEFT JOIN link ON true", **tables
+@functools.lru_cache(maxsize=256)
+def _append_sql(change: str = "", count: int = 1) -> str:
+    """The append statement for ``count`` events of one tenant: lock the
+    tenant's chain head (FOR UPDATE waits for, then reads, the latest
+    committed head), link each event to the one before, move the head past
+    the last, insert the events.
+
+    With ``change`` (a data-modifying statement that RETURNS the attempt's
+    id), that change first, and the events only if it changed a row. If it
+    did and the tenant has no chain head, the events' seq is NULL and the
+    whole statement fails: never a change without its events."""
+    head, event = ChainHead._meta.db_table, AttemptEvent._meta.db_table
+    ctes = [_HEAD.format(head=head, guard=" AND EXISTS (SELECT FROM changed)" if change else "")]
+    ctes += [_LINK.format(n=n, previous=f"link{n - 1}" if n > 1 else "head") for n in range(1, count + 1)]
+    ctes.append(_MOVE_HEAD.format(head=head, last=f"link{count}"))
+    rows = "\nUNION ALL\n".join(
+        _EVENT_ROW.format(n=n, source=f"changed LEFT JOIN link{n} ON true" if change else f"link{n}")
+        for n in range(1, count + 1)
     )
-    return f"WITH changed AS (\n{change}\n), {tail}"
+    changed = [f"changed AS (\n{change}\n)"] if change else []
+    return "WITH " + ", ".join(changed + ctes) + _INSERT_EVENTS.format(event=event, rows=rows)
 
 
-def _append_params(row: AttemptEvent, connection: Any) -> list[Any]:
-    details = AttemptEvent._meta.get_field("details").get_db_prep_value(row.details, connection)
-    return [
-        row.tenant_id,
-        row.content_hash,
-        row.tenant_id,
-        row.tenant_id,
-        row.attempt_id,
-        row.kind,
-        row.actor_kind,
-        row.actor_user_id,
-        row.actor_label,
-        row.from_state,
-        row.to_state,
-        row.fence,
-        row.reason,
-        details,
-        row.created_at,
-        row.content_hash,
-    ]
+def _append_params(rows: list[Any], connection: Any) -> list[Any]:
+    details = AttemptEvent._meta.get_field("details")
+    tenant_id = rows[0].tenant_id
+    assert all(row.tenant_id == tenant_id for row in rows), "one statement appends to one tenant's chain"
+    params: list[Any] = [tenant_id, *(row.content_hash for row in rows), tenant_id]
+    for row in rows:
+        params += [
+            row.tenant_id,
+            row.attempt_id,
+            row.kind,
+            row.actor_kind,
+            row.actor_user_id,
+            row.actor_label,
+            row.from_state,
+            row.to_state,
+            row.fence,
+            row.reason,
+            details.get_db_prep_value(row.details, connection),
+            row.created_at,
+            row.content_hash,
+        ]
+    return params
 
 
-def _execute_append(sql: str, params: list[Any], row: AttemptEvent) -> AttemptEvent | None:
-    """Run an append statement; the event row as written, or None if none was."""
+def _execute_append[R: (AttemptEvent, _Linked)](sql: str, params: list[Any], rows: list[R]) -> list[R] | None:
+    """Run an append statement; the event rows as written (in chain order), or None if none were."""
     connection = transaction.get_connection()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        returned = cursor.fetchone()
-    if returned is None:
+        returned = sorted(cursor.fetchall(), key=lambda written: written[1])
+    if not returned:
         return None
-    row.pk, row.seq, row.prev_hash, row.hash = returned
-    row._state.adding = False
-    row._state.db = connection.alias
-    return row
+    assert len(returned) == len(rows)
+    for row, (pk, seq, prev_hash, this_hash) in zip(rows, returned, strict=True):
+        row.pk, row.seq, row.prev_hash, row.hash = pk, seq, prev_hash, this_hash
+        if isinstance(row, AttemptEvent):
+            row._state.adding = False
+            row._state.db = connection.alias
+    return rows
 
 
 def _append_one_postgres(event: EventDraft, now: datetime) -> AttemptEvent | None:
     """Append one event in one statement; None if the tenant has no chain
     head yet (nothing was written: the general path creates it)."""
-    row = _event_row(event, now)
-    return _execute_append(_append_sql(), _append_params(row, transaction.get_connection()), row)
+    rows = [_event_row(event, now)]
+    written = _execute_append(_append_sql(), _append_params(rows, transaction.get_connection()), rows)
+    return written[0] if written else None
 
 
 def outside_any_transaction() -> bool:
@@ -282,53 +321,132 @@ def on_its_own() -> Iterator[None]:
         yield
 
 
-def _prepared(name: str, value: Any, connection: Any) -> tuple[str, Any]:
-    """The quoted column of an Attempt field and ``value`` as the ORM would send it."""
+@functools.cache
+def _attempt_field(name: str) -> Field[Any, Any]:
     model_field = Attempt._meta.get_field(name)
     assert isinstance(model_field, Field)
+    return model_field
+
+
+def _prepared(name: str, value: Any, connection: Any) -> tuple[str, Any]:
+    """The quoted column of an Attempt field and ``value`` as the ORM would send it."""
+    model_field = _attempt_field(name)
     return connection.ops.quote_name(model_field.column), model_field.get_db_prep_save(value, connection)
 
 
-def cas_with_event(attempt: Attempt, values: dict[str, Any], event: EventDraft, now: datetime) -> bool:
+#: A guard (SQL and its parameters) a one-statement change must satisfy.
+Guard = tuple[str, list[Any]]
+
+
+def cas_with_event(
+    attempt: Attempt, values: dict[str, Any], event: EventDraft, now: datetime, *, guard: Guard | None = None
+) -> bool:
     """Compare-and-set ``attempt`` on (id, state, fence), bump its fence, write
     ``values`` and append ``event``, in one statement. False if the row had
-    moved on (nothing was written)."""
+    moved on, or ``guard`` did not hold (nothing was written)."""
     connection = transaction.get_connection()
     assignments = [_prepared(name, value, connection) for name, value in values.items()]
     sets = ", ".join(f"{column} = %s" for column, _ in assignments)
+    guard_sql, guard_params = guard or ("", [])
     # Table and column names come from the model; every value is a parameter.
     table = Attempt._meta.db_table
-    change = f"UPDATE {table} SET fence = fence + 1, {sets} WHERE id = %s AND state = %s AND fence = %s RETURNING id"  # noqa: S608
-    row = _event_row(event, now)
-    params = [value for _, value in assignments] + [attempt.pk, attempt.state, attempt.fence]
-    return _execute_append(_append_sql(change), params + _append_params(row, connection), row) is not None
-
-
-def insert_with_event(attempt: Attempt, event: EventDraft, now: datetime) -> bool:
-    """Insert a root attempt and append its event in one statement. False when
-    the key already has a root (ON CONFLICT on the partial unique index:
-    nothing was written)."""
-    connection = transaction.get_connection()
-    if attempt.pk is None:  # not taken with the authority read
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id'))", [Attempt._meta.db_table])
-            (attempt.pk,) = cursor.fetchone()  # the event's content names the attempt
-    assignments = [_prepared(f.name, f.pre_save(attempt, True), connection) for f in Attempt._meta.concrete_fields]
-    columns, placeholders = ", ".join(column for column, _ in assignments), ", ".join(["%s"] * len(assignments))
-    # Table and column names come from the model; every value is a parameter.
     change = (
-        f"INSERT INTO {Attempt._meta.db_table} ({columns}) VALUES ({placeholders}) "  # noqa: S608
-        "ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING RETURNING id"
+        f"UPDATE {table} SET fence = fence + 1, {sets} WHERE id = %s AND state = %s AND fence = %s"  # noqa: S608
+        f"{' AND ' + guard_sql if guard else ''} RETURNING id"
     )
-    event.attempt_id = attempt.pk
-    row = _event_row(event, now)
-    params = [value for _, value in assignments]
-    if _execute_append(_append_sql(change), params + _append_params(row, connection), row) is None:
+    rows = [_Linked(event, now)]
+    params = [value for _, value in assignments] + [attempt.pk, attempt.state, attempt.fence, *guard_params]
+    return _execute_append(_append_sql(change), params + _append_params(rows, connection), rows) is not None
+
+
+#: How many attempt ids a process takes from the sequence at once.
+ID_BLOCK = 32
+_ids: dict[str, deque[int]] = {}
+_ids_lock = threading.Lock()
+
+
+def next_attempt_id() -> int:
+    """An id for a new attempt, from a block this process reserved (on
+    PostgreSQL; the event recording an intent names its attempt, so the id
+    is needed before the insert, and a round trip per intent for it cost as
+    much as a statement). As with any sequence cache, ids are unique but
+    their order across processes is not the order attempts were recorded
+    in; what needs that order uses ``created_at``. Unused ids leave gaps,
+    as a rolled-back insert does."""
+    connection = transaction.get_connection()
+    name = str(connection.settings_dict["NAME"])
+    with _ids_lock:
+        block = _ids.setdefault(name, deque())
+        if not block:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+                    [Attempt._meta.db_table, ID_BLOCK],
+                )
+                block.extend(sorted(value for (value,) in cursor.fetchall()))
+        return block.popleft()
+
+
+def reserved_id_taken(error: Exception) -> bool:
+    """Whether ``error`` says an id of this process's block was in use
+    already; if so the block is dropped, and the next id comes from a new one."""
+    cause = error.__cause__
+    diag = getattr(cause, "diag", None)
+    if getattr(diag, "constraint_name", None) != f"{Attempt._meta.db_table}_pkey":
+        return False
+    with _ids_lock:
+        _ids.pop(str(transaction.get_connection().settings_dict["NAME"]), None)
+    return True
+
+
+def insert_with_events(
+    attempt: Attempt, events: list[EventDraft], now: datetime, *, guard: Guard | None = None
+) -> bool:
+    """Insert a root attempt and append its events (in order, naming it) in
+    one statement. False when the key already has a root (ON CONFLICT on the
+    partial unique index) or ``guard`` did not hold: nothing was written."""
+    connection = transaction.get_connection()
+    if attempt.pk is None:
+        attempt.pk = next_attempt_id()  # the events' content names the attempt
+    # Columns left NULL are left out (their default is NULL): fewer parameters,
+    # and psycopg keeps a statement's parsed form only up to 50 of them.
+    names, values = [], []
+    for f in Attempt._meta.concrete_fields:
+        value = f.pre_save(attempt, True)
+        if value is None and f.db_default is NOT_PROVIDED:
+            continue
+        names.append(f.name)
+        values.append(f.get_db_prep_save(value, connection))
+    guard_sql, guard_params = guard or ("", [])
+    for event in events:
+        event.attempt_id = attempt.pk
+    rows = [_Linked(event, now) for event in events]
+    sql = _insert_sql(tuple(names), guard_sql, len(rows))
+    if _execute_append(sql, values + guard_params + _append_params(rows, connection), rows) is None:
         attempt.pk = None
         return False
     attempt._state.adding = False
     attempt._state.db = connection.alias
     return True
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(names: tuple[str, ...], guard_sql: str, count: int) -> str:
+    """The statement :func:`insert_with_events` sends (built once per shape)."""
+    connection = transaction.get_connection()
+    fields = [_attempt_field(name) for name in names]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    if guard_sql:
+        # A SELECT rather than VALUES, to be conditional; typed, as VALUES would be by the columns.
+        values = "SELECT " + ", ".join(f"%s::{f.cast_db_type(connection)}" for f in fields) + f" WHERE {guard_sql}"
+    else:
+        values = "VALUES (" + ", ".join(["%s"] * len(fields)) + ")"
+    # Table and column names come from the model; every value is a parameter.
+    change = (
+        f"INSERT INTO {Attempt._meta.db_table} ({columns}) {values} "
+        "ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING RETURNING id"
+    )
+    return _append_sql(change, count)
 
 
 def event_record(

@@ -434,6 +434,16 @@ class Tool(AuditedModel):
         help_text="the adapter's timeout; a request cannot land later than this after it was sent",
     )
     enabled = models.BooleanField(default=True)
+    #: An agent's intent and its dispatch claim commit together (two commits
+    #: per call, not three). Only for a tool whose lookup can say a call did
+    #: not land: a crash after that commit, before the request left, is then
+    #: recovered by a lookup once the request could no longer land, where a
+    #: separate intent commit would have proven "nothing was sent" at once.
+    claim_with_intent = models.BooleanField(
+        default=False,
+        help_text="record the intent and claim its dispatch in one commit; needs a lookup that can say "
+        "a call did not land",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -469,6 +479,13 @@ class Tool(AuditedModel):
             build_adapter(self)
         except (ValueError, TypeError, ImportError) as exc:
             raise ValidationError({"config": str(exc)}) from exc
+        if self.claim_with_intent and self.adapter == self.Adapter.HTTP and not (self.config or {}).get("lookup_url"):
+            raise ValidationError(
+                {
+                    "claim_with_intent": "claiming the dispatch with the intent needs a lookup (config.lookup_url): "
+                    "without one, a crash after that commit could only be settled by a person"
+                }
+            )
 
 
 #: How a secret is named: the ``${NAME}`` placeholders of a tool's header

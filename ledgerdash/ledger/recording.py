@@ -47,7 +47,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 
 from ledgerdash import toolcalls
 from ledgerdash.ledger import keys, moves, rules
-from ledgerdash.ledger.authority import authority_of, authorize
+from ledgerdash.ledger.authority import authority_for_change, authorize
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
     ApprovalRejected,
@@ -194,6 +194,12 @@ class Recorded:
     #: that attempt, nothing new was written.
     created: bool
 
+    @property
+    def claimed(self) -> bool:
+        """The dispatch was claimed with the intent (``claim=True``, granted):
+        the attempt is this caller's to send, DISPATCHED, with its fence."""
+        return self.created and self.attempt.state == State.DISPATCHED
+
 
 @reconnecting
 def record_intent(
@@ -206,8 +212,14 @@ def record_intent(
     credential_scope: str | Iterable[str] | None = None,
     actor: Actor | None = None,
     requested_by_id: int | None = None,
+    claim: bool = False,
 ) -> Recorded:
     """Record the intent to call ``tool_name`` with ``args`` under ``idempotency_key``.
+
+    ``claim``: the caller sends the call at once, so claim its dispatch in
+    the same commit where the tool allows it (``Tool.claim_with_intent``; never
+    for a call that waits for approval): :attr:`Recorded.claimed` says whether
+    it was, and the attempt is then DISPATCHED (skip :func:`mark_dispatched`).
 
     When the tenant's policy requires approval for this call (see
     :func:`ledgerdash.ledger.rules.approval_needed`), the new attempt waits
@@ -232,32 +244,47 @@ def record_intent(
     requested = parse_scope(credential_scope)
     normalized, args_hash = normalize_args(args)
     found = resolve_tenant(tenant)
-    authority = authority_of(found.pk, tool_name, reserve_attempt_id=True)
-    policy = authority.policy
-    scopes = authorize(found, policy, tool_name, requested)
-    assert policy is not None  # authorize refuses a tenant without one
-    new = NewAttempt(
-        tenant_id=found.pk,
-        task_id=task_id,
-        tool_name=tool_name,
-        idempotency_key=key,
-        args=normalized,
-        args_hash=args_hash,
-        policy_version=policy.version,
-        scopes=scopes,
-        attempt_id=authority.attempt_id,
-    )
-    # Most keys are new: try to record the intent first, and only when the
-    # key already has an attempt (recorded earlier, or a moment ago by a
-    # concurrent caller) read its chain to match against it.
-    created = moves.attempt_create_intent(
-        new=new,
-        actor=actor,
-        approval_required=rules.approval_needed(policy, tool_name, normalized),
-        requested_by_id=requested_by_id,
-    )
-    if created is not None:
-        return Recorded(created, True)
+    # The authority this process read last for the tenant and tool, with the
+    # insert guarded by it; a fresh read when that would refuse, or when the
+    # insert wrote nothing (the key is recorded already, or the authority
+    # changed): a refusal, and a match against an earlier attempt, always
+    # rest on the authority read now.
+    for fresh in (False, True):
+        authority = authority_for_change(found.pk, tool_name, fresh=fresh)
+        policy = authority.policy
+        try:
+            # The tenant as read with the policy: a task's copy may predate its deactivation.
+            scopes = authorize(authority.tenant or found, policy, tool_name, requested)
+        except LedgerError:
+            if authority.remembered:
+                continue
+            raise
+        assert policy is not None  # authorize refuses a tenant without one
+        new = NewAttempt(
+            tenant_id=found.pk,
+            task_id=task_id,
+            tool_name=tool_name,
+            idempotency_key=key,
+            args=normalized,
+            args_hash=args_hash,
+            policy_version=policy.version,
+            scopes=scopes,
+        )
+        # Most keys are new: try to record the intent first, and only when the
+        # key already has an attempt (recorded earlier, or a moment ago by a
+        # concurrent caller) read its chain to match against it.
+        created = moves.attempt_create_intent(
+            new=new,
+            actor=actor,
+            approval_required=rules.approval_needed(policy, tool_name, normalized),
+            requested_by_id=requested_by_id,
+            guard=authority.guard(tool_name) if authority.remembered else None,
+            claim=authority.timing if claim and authority.claims_with_intent else None,
+        )
+        if created is not None:
+            return Recorded(created, True)
+        if not authority.remembered:
+            break
     existing = _match(found.pk, key, args_hash, tool_name)
     if existing is not None and existing.args_hash == args_hash and existing.tool_name == tool_name:
         return Recorded(existing, False)
@@ -514,8 +541,8 @@ class _InProcess:
 
     def record_intent(
         self, *, tool_name: str, idempotency_key: str, args: dict[str, Any], credential_scope: Any
-    ) -> Attempt:
-        return record_intent(
+    ) -> tuple[Attempt, bool]:
+        recorded = record_intent(
             tenant=self.context.tenant,
             task_id=self.context.task_id,
             tool_name=tool_name,
@@ -523,7 +550,9 @@ class _InProcess:
             args=args,
             credential_scope=credential_scope,
             actor=self.context.actor,
-        ).attempt
+            claim=True,
+        )
+        return recorded.attempt, recorded.claimed
 
     def refuse_unless_dispatchable(self, attempt: Attempt) -> None:
         refuse_unless_dispatchable(attempt)

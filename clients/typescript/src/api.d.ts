@@ -67,6 +67,8 @@ export interface IntentIn {
   args: Record<string, unknown>;
   /** Scopes this call will use; must be allowed for the tool. Omitted: all the policy allows. */
   credential_scope?: Array<string> | null;
+  /** You send the call at once: also claim its dispatch in the same commit where the tool allows it (its claim_with_intent setting; never for a call held for approval). Granted, the answer is 201 with state DISPATCHED and the fence to report with: do not call /dispatch. */
+  claim?: boolean;
 }
 
 export interface AttemptListOut {

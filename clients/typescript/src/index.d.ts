@@ -30,6 +30,8 @@ export interface Recorded {
   attempt: AttemptOut;
   /** false when the key was already recorded with these arguments. */
   created: boolean;
+  /** the dispatch was claimed with the intent (`claim: true`, allowed by the tool): DISPATCHED, yours to send. */
+  claimed: boolean;
 }
 
 export type Key<A> = string | ((args: A) => string);
@@ -44,6 +46,7 @@ export declare class LedgerClient {
     idempotencyKey: string;
     args: Record<string, unknown>;
     credentialScope?: string | Iterable<string> | null;
+    claim?: boolean;
   }): Promise<Recorded>;
   dispatch(attemptId: number, options?: { fence?: number | null }): Promise<AttemptOut>;
   heartbeat(attemptId: number, options: { fence: number }): Promise<AttemptOut>;

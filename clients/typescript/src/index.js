@@ -220,15 +220,21 @@ export class LedgerClient {
 
   // --- the steps ------------------------------------------------------------------
 
-  /** Record the intent; safe to repeat. Resolves to `{ attempt, created }`. */
-  async recordIntent({ taskId, toolName, idempotencyKey, args, credentialScope }) {
+  /**
+   * Record the intent; safe to repeat. Resolves to `{ attempt, created, claimed }`. With `claim`,
+   * the dispatch is claimed in the same commit where the tool allows it (`claimed`: the attempt is
+   * DISPATCHED and yours to send, with its fence; skip `dispatch`).
+   */
+  async recordIntent({ taskId, toolName, idempotencyKey, args, credentialScope, claim = false }) {
     checkKey(idempotencyKey);
     const body = { task_id: taskId, tool_name: toolName, idempotency_key: idempotencyKey, args };
+    if (claim) body.claim = true;
     if (credentialScope !== undefined && credentialScope !== null) {
       body.credential_scope = typeof credentialScope === "string" ? credentialScope.split(/\s+/) : [...credentialScope];
     }
     const { status, data } = await this._request("POST", "/attempts", body, { retryIfSent: true });
-    return { attempt: data, created: status === 201 };
+    const created = status === 201;
+    return { attempt: data, created, claimed: created && data.state === "DISPATCHED" };
   }
 
   /** Claim the attempt for dispatch; call the provider only after this resolves. Never re-sent once it may have left. */
@@ -423,13 +429,19 @@ export class Task {
     const taskId = this.taskId;
     const wrapped = async (args = {}) => {
       const idempotencyKey = typeof key === "function" ? key(args) : formatKey(key, args);
-      const { attempt } = await client.recordIntent({
+      const recorded = await client.recordIntent({
         taskId,
         toolName: name,
         idempotencyKey,
         args,
         credentialScope: scope,
+        claim: true,
       });
+      const attempt = recorded.attempt;
+      if (recorded.claimed) {
+        crashPoint("after_intent"); // the intent, and with it the claim, committed
+        return run(fn, new ToolCall(client, attempt), args);
+      }
       if (attempt.state === CONFIRMED) return replay(attempt);
       crashPoint("after_intent");
       let claimed;

@@ -165,6 +165,33 @@ describe("the tool wrapper", () => {
     });
   });
 
+  test("a call claimed with its intent is sent without a second claim", async () => {
+    script["POST /attempts"] = [[201, attempt({ state: "DISPATCHED", fence: 1 })]];
+    script["POST /attempts/7/outcome"] = [[200, attempt({ state: "OUTCOME_CONFIRMED", fence: 2 })]];
+    const send = client()
+      .task({ taskId: "t" })
+      .tool("x", { key: () => "k" }, async (call) => {
+        await call.recordRequestId("eff_2");
+        return { ok: true };
+      });
+    script["POST /attempts/7/request-id"] = [[200, attempt({ state: "DISPATCHED", fence: 1 })]];
+    assert.deepEqual(await send({}), { ok: true });
+    assert.equal(seen[0].body.claim, true);
+    assert.equal(count("POST", "/attempts/7/dispatch"), 0);
+    assert.equal(seen.find((r) => r.path === "/attempts/7/outcome").body.fence, 1);
+  });
+
+  test("a key recorded before and in flight is not taken for this call's claim", async () => {
+    script["POST /attempts"] = [[200, attempt({ state: "DISPATCHED", fence: 1 })]];
+    script["POST /attempts/7/dispatch"] = [[409, { code: "attempt_in_flight", message: "in flight" }]];
+    let called = 0;
+    const send = client()
+      .task({ taskId: "t" })
+      .tool("x", { key: () => "k" }, () => called++);
+    await assert.rejects(send({}), AttemptInFlight);
+    assert.equal(called, 0);
+  });
+
   test("a confirmed key replays its result without calling the tool", async () => {
     script["POST /attempts"] = [[200, attempt({ state: "OUTCOME_CONFIRMED", result: { id: 1 }, result_source: "tool" })]];
     let called = 0;

@@ -78,7 +78,8 @@ def _only_params(request: HttpRequest, allowed: frozenset[str] = frozenset()) ->
     description=(
         "201: recorded. 200: this key was already recorded with these arguments; that attempt is returned "
         "(header Idempotent-Replayed: true) whatever its state: OUTCOME_CONFIRMED carries the stored "
-        "result, do not call the tool again. 409 idempotency_key_reused: the key was used with other "
+        "result, do not call the tool again. With claim: true, a 201 in state DISPATCHED is yours to send "
+        "(the claim committed with the intent). 409 idempotency_key_reused: the key was used with other "
         "arguments; a linked attempt (attempt_id) was recorded for review and the tool must not be called. "
         "409 awaiting_approval: the tenant's policy holds this call for an approver; send the same request "
         "again after Retry-After (once approved it answers 200, once rejected 409 approval_rejected)."
@@ -96,6 +97,7 @@ def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentI
         actor=actor_of(request),
         # the person who issued the token is behind the agent: they may not approve its calls
         requested_by_id=token_of(request).created_by_id,
+        claim=payload.claim,
     )
     # a call the policy holds for an approver: 409 awaiting_approval (Retry-After) or approval_rejected
     recording.refuse_while_approval_pending(recorded.attempt)

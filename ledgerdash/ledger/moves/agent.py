@@ -13,7 +13,7 @@ from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 
 from ledgerdash.ledger import clock
-from ledgerdash.ledger.authority import authority_of, dispatch_standing
+from ledgerdash.ledger.authority import Authority, Standing, Timing, authority_for_change, authority_of, standing_under
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
     ClaimLost,
@@ -43,7 +43,9 @@ from ledgerdash.ledger.moves.evidence import OUTCOME_STATE, Evidence, Outcome, R
 from ledgerdash.ledger.moves.reconciler import attempt_escalate_for_retry
 
 
-def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None, reason: str = "") -> Attempt:
+def attempt_dispatch(
+    *, attempt: Attempt, actor: Actor, fence: int | None = None, reason: str = "", fresh: bool = False
+) -> Attempt:
     """Claim the attempt for dispatch, committed BEFORE the request leaves.
 
     Re-checks the tenant's current authority first. When it no longer holds,
@@ -54,6 +56,11 @@ def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None
     sends it when its claim finds it due). The returned attempt's ``fence``
     is the token the dispatcher must present with the outcome; a concurrent
     claimer loses with :class:`ClaimLost`.
+
+    The authority may be the one this process read last, with the claim
+    guarded by it (:func:`~ledgerdash.ledger.authority.authority_for_change`);
+    when it would refuse, or the guarded claim fails, the dispatch is tried
+    once more with the authority read now (``fresh``), which decides.
     """
     if actor.kind == ActorKind.AGENT:
         refuse_open_transaction("claiming a dispatch")
@@ -66,9 +73,31 @@ def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None
         and attempt.next_check_at > now
     ):
         raise RetryPending(RetryPending.MESSAGE.format(attempt_id=attempt.pk, due=attempt.next_check_at), attempt)
-    standing, timing = dispatch_standing(attempt)
+    authority = authority_for_change(attempt.tenant_id, attempt.tool_name, fresh=fresh)
+    standing, timing = standing_under(attempt, authority), authority.timing
     if not standing.holds:
+        if authority.remembered:
+            return attempt_dispatch(attempt=attempt, actor=actor, fence=fence, reason=reason, fresh=True)
         _refuse_changed_authority(attempt, actor=actor, fence=fence, changes=standing.changes)
+    try:
+        return _claim(attempt, actor, fence, reason, now, standing, timing, authority)
+    except ClaimLost:
+        if not authority.remembered:
+            raise
+        # The claim was lost, or the authority changed since this process read it: a fresh read tells which.
+        return attempt_dispatch(attempt=attempt, actor=actor, fence=fence, reason=reason, fresh=True)
+
+
+def _claim(
+    attempt: Attempt,
+    actor: Actor,
+    fence: int | None,
+    reason: str,
+    now: datetime,
+    standing: Standing,
+    timing: Timing,
+    authority: Authority,
+) -> Attempt:
     return move(
         attempt,
         to_state=S.DISPATCHED,
@@ -92,6 +121,7 @@ def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None
         },
         now=now,
         stale_error=ClaimLost,
+        guard=authority.guard(attempt.tool_name) if authority.remembered else None,
     )
 
 

@@ -26,6 +26,7 @@ from ledgerdash.ledger.events import (
     Actor,
     EventDraft,
     EventKind,
+    Guard,
     append_events,
     cas_with_event,
     clean_text,
@@ -155,11 +156,15 @@ def move(
     now: datetime | None = None,
     stale_error: type[StaleFence] = StaleFence,
     extra_events: list[EventDraft] | None = None,
+    guard: Guard | None = None,
 ) -> Attempt:
     """Compare-and-set ``attempt`` (as the caller read it) to ``to_state``.
 
     ``fence`` is the fence the caller holds; None means "the one I just read"
-    (callers that lock the row first, or that act on a fresh read).
+    (callers that lock the row first, or that act on a fresh read). ``guard``:
+    a condition the one-statement change must also satisfy (it is only
+    given where the move is one statement); when it does not hold, the move
+    fails as a stale one would.
     """
     check_move(attempt, to_state, actor)
     check_fence(attempt, fence)
@@ -187,7 +192,7 @@ def move(
     if one_statement() and not extra_events:
         try:
             with on_its_own():
-                written = cas_with_event(attempt, values, event, now)
+                written = cas_with_event(attempt, values, event, now, guard=guard)
             if not written:
                 raise_stale(attempt, stale_error)
             return moved(attempt, values)
@@ -195,6 +200,8 @@ def move(
             if ChainHead.objects.filter(tenant_id=attempt.tenant_id).exists():
                 raise
             # The tenant's first event: the path below creates its chain head.
+    if guard is not None:
+        raise_stale(attempt, stale_error)  # a guard is kept by one statement only: the caller reads afresh
     with transaction.atomic():
         changed = Attempt.objects.filter(pk=attempt.pk, state=attempt.state, fence=attempt.fence).update(
             fence=F("fence") + 1, **values

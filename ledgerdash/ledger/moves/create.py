@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from ledgerdash.ledger import clock
-from ledgerdash.ledger.authority import scope_string
+from ledgerdash.ledger.authority import Timing, scope_string
 from ledgerdash.ledger.errors import (
     IllegalTransition,
 )
@@ -19,18 +19,20 @@ from ledgerdash.ledger.events import (
     Actor,
     EventDraft,
     EventKind,
+    Guard,
     append_events,
     clean_text,
-    insert_with_event,
+    insert_with_events,
     on_its_own,
     one_statement,
+    reserved_id_taken,
 )
 from ledgerdash.ledger.models import (
     Attempt,
     ChainHead,
     Policy,
 )
-from ledgerdash.ledger.moves.base import CREATE_MOVES, S, pick_owner, refuse_open_transaction
+from ledgerdash.ledger.moves.base import CREATE_MOVES, S, check_move, pick_owner, refuse_open_transaction
 
 
 def _lease(seconds: int, now: datetime) -> datetime:
@@ -49,12 +51,16 @@ class NewAttempt:
     args_hash: str
     policy_version: int
     scopes: frozenset[str]
-    #: An id already taken from the sequence (with the authority read), or None.
-    attempt_id: int | None = None
 
 
 def attempt_create_intent(
-    *, new: NewAttempt, actor: Actor, approval_required: str = "", requested_by_id: int | None = None
+    *,
+    new: NewAttempt,
+    actor: Actor,
+    approval_required: str = "",
+    requested_by_id: int | None = None,
+    guard: Guard | None = None,
+    claim: Timing | None = None,
 ) -> Attempt | None:
     """Record the root attempt for a key in INTENT_RECORDED, or, when its
     policy requires approval for this call (``approval_required`` says why),
@@ -65,6 +71,14 @@ def attempt_create_intent(
 
     Returns None when the key already has a root (perhaps one committed a
     moment ago by a concurrent caller): the caller then matches against it.
+    With ``guard`` (the authority the intent was checked against, still
+    current: see :func:`ledgerdash.ledger.authority.authority_for_change`),
+    also None when it no longer holds.
+
+    With ``claim`` (the tool's timing, for a tool whose intent and dispatch
+    claim commit together: ``Tool.claim_with_intent``), a call that needs
+    no approval is recorded already DISPATCHED, with both events (the
+    intent, then its claim) in the one commit: the caller sends it next.
     """
     refuse_open_transaction("recording an intent")
     state = S.MANUAL_REVIEW if approval_required else S.INTENT_RECORDED
@@ -79,7 +93,6 @@ def attempt_create_intent(
         owner_id, source = pick_owner(new.tenant_id, now)
         waits = {"approval_required": approval_required, "owner_assigned": {"user_id": owner_id, "by": source}}
     attempt = Attempt(
-        pk=new.attempt_id,
         tenant_id=new.tenant_id,
         task_id=new.task_id,
         tool_name=new.tool_name,
@@ -116,23 +129,39 @@ def attempt_create_intent(
             "credential_scope": attempt.credential_scope,
         },
     )
+    events = [event]
+    if claim is not None and not approval_required:
+        events.append(_claim_with_intent(attempt, actor, claim, now))
     if one_statement():
         try:
-            with on_its_own():
-                inserted = insert_with_event(attempt, event, now)
+            try:
+                with on_its_own():
+                    inserted = insert_with_events(attempt, events, now, guard=guard)
+            except IntegrityError as exc:
+                if not reserved_id_taken(exc):
+                    raise
+                # The ids this process reserved were handed out again (the
+                # sequence was reset, by a restore say): reserve afresh, once.
+                attempt.pk = None
+                with on_its_own():
+                    inserted = insert_with_events(attempt, events, now, guard=guard)
             return attempt if inserted else None
         except IntegrityError:
             if ChainHead.objects.filter(tenant_id=new.tenant_id).exists():
                 raise
-            # The tenant's first event: the path below creates its chain head.
+            # The tenant's first event: the path below creates its chain head
+            # (unguarded: the caller asks again with the authority read now).
+            if guard is not None:
+                return None
             attempt.pk, attempt._state.adding = None, True
     # The insert is the transaction's first statement, so a duplicate key
     # rolls back the whole (still empty) transaction: no savepoint needed.
     try:
         with transaction.atomic():
             attempt.save(force_insert=True)
-            event.attempt_id = attempt.pk
-            append_events([event], now=now)
+            for each in events:
+                each.attempt_id = attempt.pk
+            append_events(events, now=now)
     except IntegrityError:
         if Attempt.objects.filter(
             tenant_id=new.tenant_id, idempotency_key=new.idempotency_key, parent__isnull=True
@@ -140,6 +169,36 @@ def attempt_create_intent(
             return None
         raise
     return attempt
+
+
+def _claim_with_intent(attempt: Attempt, actor: Actor, timing: Timing, now: datetime) -> EventDraft:
+    """Make the new ``attempt`` DISPATCHED, as :func:`~ledgerdash.ledger.moves.attempt_dispatch`
+    would right after its intent, and return the claim's event."""
+    check_move(attempt, S.DISPATCHED, actor)
+    reason = "dispatched (claimed with its intent)"
+    attempt.state, attempt.fence, attempt.last_note = S.DISPATCHED, 1, reason
+    attempt.dispatch_fence, attempt.dispatch_count, attempt.check_count = 1, 1, 0
+    attempt.next_check_at = now + timedelta(seconds=timing.lease_seconds)
+    attempt.lands_by = now + timedelta(seconds=timing.max_request_seconds)
+    attempt.first_dispatched_at = now
+    return EventDraft(
+        attempt.tenant_id,
+        None,
+        EventKind.TRANSITION,
+        actor,
+        from_state=S.INTENT_RECORDED,
+        to_state=S.DISPATCHED,
+        fence=1,
+        reason=reason,
+        details={
+            "provider_key": attempt.provider_key,
+            "dispatch": 1,
+            "policy_version": attempt.policy_version,
+            "lease_seconds": timing.lease_seconds,
+            "max_request_seconds": timing.max_request_seconds,
+            "claimed_with_intent": True,
+        },
+    )
 
 
 def linked_provider_key(root: Attempt, args_hash: str) -> str:
