@@ -32,6 +32,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 TOOL = "send_email"
+#: The same tool, set to claim its dispatch with the intent (``Tool.claim_with_intent``): two commits per call.
+TOOL_CLAIMED = "send_email_claimed"
 SCOPES = ["email:send"]
 
 Call = Callable[[int, bool], None]
@@ -83,7 +85,7 @@ def _tenants(cfg: dict[str, Any], peer: str, index: int) -> tuple[str, str]:
 # --- ledgerdash, in process and over HTTP ---------------------------------------------
 
 
-def ledgerdash_agent(cfg: dict[str, Any], index: int) -> Agent:
+def ledgerdash_agent(cfg: dict[str, Any], index: int, *, peer: str = "ledgerdash", claim: bool = False) -> Agent:
     os.environ.update(cfg["env"])
     import django
 
@@ -92,7 +94,7 @@ def ledgerdash_agent(cfg: dict[str, Any], index: int) -> Agent:
     from ledgerdash.ledger.events import Actor
     from ledgerdash.ledger.models import Tenant
 
-    shared_slug, own_slug = _tenants(cfg, "ledgerdash", index)
+    shared_slug, own_slug = _tenants(cfg, peer, index)
     shared, own = Tenant.objects.get(slug=shared_slug), Tenant.objects.get(slug=own_slug)
     actor = Actor.agent(f"bench-agent-{index}@{os.getpid()}")
     prefix = f"{cfg['run']}-{os.getpid()}"
@@ -101,12 +103,17 @@ def ledgerdash_agent(cfg: dict[str, Any], index: int) -> Agent:
         recorded = recording.record_intent(
             tenant=own if spread else shared,
             task_id=f"task-{prefix}",
-            tool_name=TOOL,
+            tool_name=TOOL_CLAIMED if claim else TOOL,
             idempotency_key=f"{prefix}:{i}",
             args=tool_args(i),
             actor=actor,
+            claim=claim,
         )
-        attempt = recording.mark_dispatched(recorded.attempt, actor=actor)
+        if claim:
+            assert recorded.claimed, "the tool is set to claim its dispatch with the intent"
+            attempt = recorded.attempt
+        else:
+            attempt = recording.mark_dispatched(recorded.attempt, actor=actor)
         recording.confirm(attempt, provider_request_id=f"req-{prefix}-{i}", actor=actor)
 
     from django.db import connection
@@ -114,10 +121,15 @@ def ledgerdash_agent(cfg: dict[str, Any], index: int) -> Agent:
     return Agent(call, release=connection.close)
 
 
-def http_agent(cfg: dict[str, Any], index: int) -> Agent:
+def ledgerdash_two_commit_agent(cfg: dict[str, Any], index: int) -> Agent:
+    """The recording API in process for a tool whose intent and claim commit together."""
+    return ledgerdash_agent(cfg, index, peer="ledgerdash 2-commit", claim=True)
+
+
+def http_agent(cfg: dict[str, Any], index: int, *, peer: str = "ledgerdash HTTP", claim: bool = False) -> Agent:
     from ledgerdash.client import LedgerClient
 
-    shared_slug, own_slug = _tenants(cfg, "ledgerdash HTTP", index)
+    shared_slug, own_slug = _tenants(cfg, peer, index)
     label = f"bench-http-{index}@{os.getpid()}"
     clients = {
         slug: LedgerClient(cfg["base_url"], cfg["tokens"][slug], agent=label) for slug in (shared_slug, own_slug)
@@ -127,12 +139,25 @@ def http_agent(cfg: dict[str, Any], index: int) -> Agent:
     def call(i: int, spread: bool) -> None:
         client = clients[own_slug if spread else shared_slug]
         recorded = client.record_intent(
-            task_id=f"task-{prefix}", tool_name=TOOL, idempotency_key=f"{prefix}:{i}", args=tool_args(i)
+            task_id=f"task-{prefix}",
+            tool_name=TOOL_CLAIMED if claim else TOOL,
+            idempotency_key=f"{prefix}:{i}",
+            args=tool_args(i),
+            claim=claim,
         )
-        attempt = client.dispatch(recorded.attempt.id, fence=recorded.attempt.fence)
+        if claim:
+            assert recorded.claimed, "the tool is set to claim its dispatch with the intent"
+            attempt = recorded.attempt
+        else:
+            attempt = client.dispatch(recorded.attempt.id, fence=recorded.attempt.fence)
         client.confirm(attempt.id, fence=attempt.fence, provider_request_id=f"req-{prefix}-{i}")
 
     return Agent(call)  # it holds no database connection: gunicorn's workers do
+
+
+def http_two_commit_agent(cfg: dict[str, Any], index: int) -> Agent:
+    """The ingest API with the record-and-claim request: two requests per call."""
+    return http_agent(cfg, index, peer="ledgerdash HTTP 2-commit", claim=True)
 
 
 # --- the floor: three statements per call ------------------------------------------------
@@ -215,6 +240,56 @@ WITH changed AS (
     RETURNING id
 ), {_APPEND}"""
 
+#: Two events in one statement: the intent's, then its dispatch claim's, each
+#: linked to the one before under the one chain-head lock.
+_APPEND_TWO = """
+head AS (
+    SELECT seq, hash FROM ledger_chainhead
+    WHERE tenant_id = %(tenant)s AND EXISTS (SELECT FROM changed) FOR UPDATE
+), link AS (
+    SELECT seq + 1 AS seq, hash AS prev_hash,
+           encode(sha256(decode(hash, 'hex') || decode(%(content_hash)s, 'hex')), 'hex') AS hash
+    FROM head
+), link2 AS (
+    SELECT seq + 1 AS seq, hash AS prev_hash,
+           encode(sha256(decode(hash, 'hex') || decode(%(content_hash2)s, 'hex')), 'hex') AS hash
+    FROM link
+), head_moved AS (
+    UPDATE ledger_chainhead SET seq = link2.seq, hash = link2.hash FROM link2
+    WHERE ledger_chainhead.tenant_id = %(tenant)s
+)
+INSERT INTO ledger_attemptevent (
+    tenant_id, seq, attempt_id, kind, actor_kind, actor_user_id, actor_label, from_state, to_state,
+    fence, reason, details, created_at, content_hash, prev_hash, hash
+)
+SELECT %(tenant)s, link.seq, changed.id, 'transition', 'agent', NULL::integer, %(label)s, %(from_state)s,
+       %(to_state)s, %(fence)s, %(reason)s, %(details)s, %(now)s, %(content_hash)s, link.prev_hash, link.hash
+FROM changed LEFT JOIN link ON true
+UNION ALL
+SELECT %(tenant)s, link2.seq, changed.id, 'transition', 'agent', NULL::integer, %(label)s, %(from_state2)s,
+       %(to_state2)s, %(fence2)s, %(reason2)s, %(details2)s, %(now)s, %(content_hash2)s, link2.prev_hash, link2.hash
+FROM changed LEFT JOIN link2 ON true
+RETURNING seq
+"""
+
+#: The intent recorded already DISPATCHED, with both events: the two-commit path.
+MINIMAL_INTENT_CLAIMED = f"""
+WITH changed AS (
+    INSERT INTO ledger_attempt (
+        id, tenant_id, task_id, tool_name, idempotency_key, provider_key, args, args_hash, state, policy_version,
+        credential_scope, parent_id, owner_id, requested_by_id, approved_by_id, approved_at, fence, dispatch_fence,
+        dispatch_count, first_dispatched_at, provider_request_id, result_ref, result, next_check_at, lands_by,
+        check_count, last_error, last_lookup, last_note, created_at, updated_at
+    )
+    SELECT %(id)s, %(tenant)s, %(task)s, %(tool)s, %(key)s, %(key)s, %(args)s, %(args_hash)s, 'DISPATCHED',
+           %(version)s, %(scope)s, NULL, NULL, NULL, NULL, NULL, 1, 1, 1, %(now)s, '', '', NULL,
+           %(now)s + make_interval(secs => %(lease_seconds)s), %(now)s + make_interval(secs => %(max_request)s),
+           0, '', '', %(reason2)s, %(now)s, %(now)s
+    WHERE EXISTS ({_AUTHORITY})
+    ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING
+    RETURNING id
+), {_APPEND_TWO}"""
+
 #: Every parameter's type, written into the statements: a parameter used in
 #: several places must have one type for the server to prepare the statement.
 _TYPES = {
@@ -223,6 +298,8 @@ _TYPES = {
     "scopes": "jsonb", "label": "varchar", "from_state": "varchar", "to_state": "varchar", "reason": "text",
     "details": "jsonb", "content_hash": "varchar", "request_id": "varchar", "now": "timestamptz",
     "lease": "timestamptz", "lease_seconds": "float8", "max_request": "float8",
+    "from_state2": "varchar", "to_state2": "varchar", "fence2": "bigint", "reason2": "text", "details2": "jsonb",
+    "content_hash2": "varchar",
 }  # fmt: skip
 
 
@@ -230,8 +307,8 @@ def _typed(sql: str) -> str:
     return re.sub(r"%\((\w+)\)s(?!::)", lambda m: f"%({m[1]})s::{_TYPES[m[1]]}", sql)
 
 
-MINIMAL_INTENT, MINIMAL_DISPATCH, MINIMAL_CONFIRM = (
-    _typed(sql) for sql in (MINIMAL_INTENT, MINIMAL_DISPATCH, MINIMAL_CONFIRM)
+MINIMAL_INTENT, MINIMAL_DISPATCH, MINIMAL_CONFIRM, MINIMAL_INTENT_CLAIMED = (
+    _typed(sql) for sql in (MINIMAL_INTENT, MINIMAL_DISPATCH, MINIMAL_CONFIRM, MINIMAL_INTENT_CLAIMED)
 )
 
 #: Attempt ids are taken from the table's sequence in blocks, one round trip per block.
@@ -296,6 +373,16 @@ class MinimalPeer:
 
         now = datetime.now(UTC)
         content_hash = _content_hash(params["tenant"], params["id"], self.label, step, now)
+        then = params.pop("then", None)  # a second event in the same statement
+        if then is not None:
+            params.update(
+                from_state2=then["from_state"],
+                to_state2=then["to_state"],
+                fence2=then["fence"],
+                reason2=then["reason"],
+                details2=Jsonb(then["details"]),
+                content_hash2=_content_hash(params["tenant"], params["id"], self.label, then, now),
+            )
         params.update(step, details=Jsonb(step["details"]), now=now, content_hash=content_hash, label=self.label)
         if self.conn.execute(sql, params).fetchone() is None:
             raise RuntimeError(f"attempt {params['id']}: {refused}; nothing was written")
@@ -306,19 +393,23 @@ class MinimalPeer:
         return {
             "tenant": attempt["tenant_id"],
             "id": attempt["id"],
-            "tool": TOOL,
+            "tool": attempt.get("tool", TOOL),
             "version": attempt["policy_version"],
             "scopes": Jsonb(sorted(SCOPES)),
         }
 
-    def record_intent(self, *, tenant_id: int, task_id: str, key: str, args: dict[str, Any]) -> dict[str, Any]:
-        """INSERT the attempt in INTENT_RECORDED with its event; returns the attempt as the next steps need it."""
+    def record_intent(
+        self, *, tenant_id: int, task_id: str, key: str, args: dict[str, Any], claim: bool = False
+    ) -> dict[str, Any]:
+        """INSERT the attempt in INTENT_RECORDED with its event; returns the attempt as the next steps need it.
+        With ``claim``, INSERT it DISPATCHED with both events (the intent's, then the claim's) instead."""
         import rfc8785
         from psycopg.types.json import Jsonb
 
         if tenant_id not in self._versions:
             self._versions[tenant_id] = _policy_version(self.conn, tenant_id)
         attempt = {"id": self._next_id(), "tenant_id": tenant_id, "policy_version": self._versions[tenant_id]}
+        tool = TOOL_CLAIMED if claim else TOOL
         args_hash = hashlib.sha256(rfc8785.dumps(args)).hexdigest()
         scope = " ".join(sorted(SCOPES))
         step = {
@@ -328,7 +419,7 @@ class MinimalPeer:
             "reason": "intent recorded",
             "details": {
                 "task_id": task_id,
-                "tool_name": TOOL,
+                "tool_name": tool,
                 "idempotency_key": key,
                 "args_hash": args_hash,
                 "policy_version": attempt["policy_version"],
@@ -337,6 +428,7 @@ class MinimalPeer:
         }
         params = {
             **self._base(attempt),
+            "tool": tool,
             "task": task_id,
             "key": key,
             "args": Jsonb(args),
@@ -344,28 +436,37 @@ class MinimalPeer:
             "scope": scope,
             "lease": datetime.now(UTC) + self.intent_lease,
         }
+        sql = MINIMAL_INTENT
+        if claim:
+            sql = MINIMAL_INTENT_CLAIMED
+            claimed = self._claim_step(attempt, key, reason="dispatched (claimed with its intent)")
+            claimed["details"]["claimed_with_intent"] = True
+            params.update(lease_seconds=self.dispatch_lease, max_request=self.max_request, then=claimed)
         try:
-            self._step(MINIMAL_INTENT, params, step, "the key is recorded already, or the authority does not allow it")
+            self._step(sql, params, step, "the key is recorded already, or the authority does not allow it")
         except RuntimeError:
             self._versions.pop(tenant_id, None)  # read the policy again next time
             raise
-        return {**attempt, "key": key}
+        return {**attempt, "key": key, "tool": tool}
 
-    def dispatch(self, attempt: dict[str, Any]) -> None:
-        """Claim the attempt (INTENT_RECORDED, fence 0) for dispatch, re-checking the authority."""
-        step = {
+    def _claim_step(self, attempt: dict[str, Any], key: str, *, reason: str) -> dict[str, Any]:
+        return {
             "from_state": "INTENT_RECORDED",
             "to_state": "DISPATCHED",
             "fence": 1,
-            "reason": "dispatched",
+            "reason": reason,
             "details": {
-                "provider_key": attempt["key"],
+                "provider_key": key,
                 "dispatch": 1,
                 "policy_version": attempt["policy_version"],
                 "lease_seconds": self.dispatch_lease,
                 "max_request_seconds": self.max_request,
             },
         }
+
+    def dispatch(self, attempt: dict[str, Any]) -> None:
+        """Claim the attempt (INTENT_RECORDED, fence 0) for dispatch, re-checking the authority."""
+        step = self._claim_step(attempt, attempt["key"], reason="dispatched")
         params = {**self._base(attempt), "lease_seconds": self.dispatch_lease, "max_request": self.max_request}
         self._step(MINIMAL_DISPATCH, params, step, "lost the claim, or the authority changed")
 
@@ -378,12 +479,17 @@ class MinimalPeer:
             "reason": "outcome confirmed",
             "details": {"provider_request_id": request_id, "result_ref": ""},
         }
-        self._step(MINIMAL_CONFIRM, {**self._base(attempt), "request_id": request_id}, step, "stale fence")
+        params = {**self._base(attempt), "request_id": request_id}
+        self._step(MINIMAL_CONFIRM, params, step, "stale fence")
 
-    def call(self, *, tenant_id: int, task_id: str, key: str, args: dict[str, Any], request_id: str) -> int:
-        """One tool call: intent, dispatch, confirm; returns the attempt's id."""
-        attempt = self.record_intent(tenant_id=tenant_id, task_id=task_id, key=key, args=args)
-        self.dispatch(attempt)
+    def call(
+        self, *, tenant_id: int, task_id: str, key: str, args: dict[str, Any], request_id: str, claim: bool = False
+    ) -> int:
+        """One tool call: intent, dispatch, confirm (with ``claim``: intent and
+        dispatch in one statement, then confirm); returns the attempt's id."""
+        attempt = self.record_intent(tenant_id=tenant_id, task_id=task_id, key=key, args=args, claim=claim)
+        if not claim:
+            self.dispatch(attempt)
         self.confirm(attempt, request_id=request_id)
         return int(attempt["id"])
 
@@ -400,10 +506,10 @@ def _tenant_ids(conn: Any, slugs: tuple[str, str]) -> tuple[int, int]:
     return int(ids[slugs[0]]), int(ids[slugs[1]])
 
 
-def minimal_agent(cfg: dict[str, Any], index: int) -> Agent:
+def minimal_agent(cfg: dict[str, Any], index: int, *, peer: str = "minimal psycopg", claim: bool = False) -> Agent:
     conn = _Connection(cfg["database_url"])
-    shared, own = _tenant_ids(conn.get(), _tenants(cfg, "minimal psycopg", index))
-    peer = MinimalPeer(
+    shared, own = _tenant_ids(conn.get(), _tenants(cfg, peer, index))
+    floor = MinimalPeer(
         None,
         f"bench-minimal-{index}@{os.getpid()}",
         dispatch_lease=float(cfg["dispatch_lease_seconds"]),
@@ -414,16 +520,22 @@ def minimal_agent(cfg: dict[str, Any], index: int) -> Agent:
 
     def call(i: int, spread: bool) -> None:
         key = f"{prefix}:{i}"
-        peer.conn = conn.get()
-        peer.call(
+        floor.conn = conn.get()
+        floor.call(
             tenant_id=own if spread else shared,
             task_id=f"task-{prefix}",
             key=key,
             args=tool_args(i),
             request_id=f"req-{key}",
+            claim=claim,
         )
 
     return Agent(call, release=conn.release)
+
+
+def minimal_two_commit_agent(cfg: dict[str, Any], index: int) -> Agent:
+    """The floor of the two-commit path: the intent and its claim in one statement, then the outcome."""
+    return minimal_agent(cfg, index, peer="minimal psycopg 2-commit", claim=True)
 
 
 # --- raw psycopg, naive transactions ----------------------------------------------------
@@ -577,6 +689,9 @@ AGENTS: dict[str, Callable[[dict[str, Any], int], Agent]] = {
     "ledgerdash": ledgerdash_agent,
     "ledgerdash HTTP": http_agent,
     "minimal psycopg": minimal_agent,
+    "ledgerdash 2-commit": ledgerdash_two_commit_agent,
+    "ledgerdash HTTP 2-commit": http_two_commit_agent,
+    "minimal psycopg 2-commit": minimal_two_commit_agent,
     "naive psycopg": naive_agent,
     "DBOS": dbos_agent,
 }

@@ -14,11 +14,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from bench.peers import SCOPES, TOOL, MinimalPeer, tool_args
+from bench.peers import SCOPES, TOOL, TOOL_CLAIMED, MinimalPeer, tool_args
 from ledgerdash.ledger import audit, recording
 from ledgerdash.ledger.drill.runner import database_url
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
+from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant, Tool
 from ledgerdash.ledger.policies import policy_publish
 from tests.conftest import together
 
@@ -37,7 +37,7 @@ def conn() -> Iterator[psycopg.Connection[Any]]:
 
 def _tenant(slug: str) -> Tenant:
     tenant = Tenant.objects.create(slug=slug, name=slug)
-    policy_publish(tenant=tenant, tools={TOOL: SCOPES}, actor=Actor.system("test"))
+    policy_publish(tenant=tenant, tools={TOOL: SCOPES, TOOL_CLAIMED: SCOPES}, actor=Actor.system("test"))
     return tenant
 
 
@@ -103,6 +103,36 @@ def test_the_minimal_peer_writes_the_rows_the_ledger_writes(conn: psycopg.Connec
     result = audit.verify_tenant(tenant)
     assert result.ok, result.describe()
     assert result.events == 2 + 3 + 3  # the tenant's creation and its policy, then each call's three
+
+
+def test_the_minimal_peers_two_commit_path_writes_the_rows_the_ledger_writes(conn: psycopg.Connection[Any]) -> None:
+    from ledgerdash.sandbox import http_adapter_config
+
+    Tool.objects.create(name=TOOL_CLAIMED, config=http_adapter_config("http://127.0.0.1:9"), claim_with_intent=True)
+    tenant = _tenant("floor-two")
+    actor = Actor.agent(LABEL)
+    recorded = recording.record_intent(
+        tenant=tenant,
+        task_id="task-1",
+        tool_name=TOOL_CLAIMED,
+        idempotency_key="k-ledger",
+        args=tool_args(7),
+        actor=actor,
+        claim=True,
+    )
+    assert recorded.claimed
+    recording.confirm(recorded.attempt, provider_request_id="req-ledger", actor=actor)
+
+    peer = MinimalPeer(conn, LABEL)
+    floor_id = peer.call(
+        tenant_id=tenant.pk, task_id="task-1", key="k-floor", args=tool_args(7), request_id="req-floor", claim=True
+    )
+
+    assert _attempt_row(floor_id) == _attempt_row(recorded.attempt.pk)
+    assert _event_rows(floor_id, "k-floor", "req-floor") == _event_rows(recorded.attempt.pk, "k-ledger", "req-ledger")
+    result = audit.verify_tenant(tenant)
+    assert result.ok, result.describe()
+    assert result.events == 2 + 3 + 3
 
 
 def test_concurrent_minimal_agents_keep_one_tenants_chain_intact() -> None:
