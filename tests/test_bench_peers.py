@@ -108,7 +108,9 @@ def test_the_minimal_peer_writes_the_rows_the_ledger_writes(conn: psycopg.Connec
 def test_the_minimal_peers_two_commit_path_writes_the_rows_the_ledger_writes(conn: psycopg.Connection[Any]) -> None:
     from ledgerdash.sandbox import http_adapter_config
 
-    Tool.objects.create(name=TOOL_CLAIMED, config=http_adapter_config("http://127.0.0.1:9"), claim_with_intent=True)
+    Tool.objects.create(
+        name=TOOL_CLAIMED, config=http_adapter_config("http://127.0.0.1:9"), idempotent=True, claim_with_intent=True
+    )
     tenant = _tenant("floor-two")
     actor = Actor.agent(LABEL)
     recorded = recording.record_intent(

@@ -139,7 +139,20 @@ def test_a_crash_after_the_pair_committed_is_recovered_by_lookup(tenant_a: Any, 
 
 
 def test_the_setting_needs_a_lookup(sandbox_tools: Sandbox) -> None:
-    tool = Tool(name="no_lookup", config={"dispatch_url": "https://api.example.com/send"}, claim_with_intent=True)
+    tool = Tool(
+        name="no_lookup",
+        config={"dispatch_url": "https://api.example.com/send"},
+        idempotent=True,
+        claim_with_intent=True,
+    )
     with pytest.raises(ValidationError) as caught:
         tool.full_clean()
     assert "needs a lookup" in str(caught.value)
+
+
+def test_the_setting_needs_an_idempotent_tool(sandbox_tools: Sandbox) -> None:
+    tool = Tool.objects.get(name="charge_card")  # not idempotent; it has a lookup
+    tool.claim_with_intent = True
+    with pytest.raises(ValidationError) as caught:
+        tool.full_clean()
+    assert "needs an idempotent tool" in str(caught.value)

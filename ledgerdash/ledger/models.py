@@ -435,14 +435,15 @@ class Tool(AuditedModel):
     )
     enabled = models.BooleanField(default=True)
     #: An agent's intent and its dispatch claim commit together (two commits
-    #: per call, not three). Only for a tool whose lookup can say a call did
-    #: not land: a crash after that commit, before the request left, is then
-    #: recovered by a lookup once the request could no longer land, where a
-    #: separate intent commit would have proven "nothing was sent" at once.
+    #: per call, not three). Only for an idempotent tool whose lookup can say
+    #: a call did not land: a crash after that commit, before the request
+    #: left, is then recovered by a lookup once the request could no longer
+    #: land (and sent again with the same key), where a separate intent
+    #: commit would have proven "nothing was sent" at once.
     claim_with_intent = models.BooleanField(
         default=False,
-        help_text="record the intent and claim its dispatch in one commit; needs a lookup that can say "
-        "a call did not land",
+        help_text="record the intent and claim its dispatch in one commit; needs an idempotent tool with a "
+        "lookup that can say a call did not land",
     )
 
     class Meta:
@@ -460,6 +461,9 @@ class Tool(AuditedModel):
                 condition=Q(dispatch_lease_seconds__isnull=True)
                 | Q(dispatch_lease_seconds__gt=models.F("max_request_seconds")),
                 name="ledger_tool_lease_exceeds_request_time",
+            ),
+            models.CheckConstraint(
+                condition=Q(claim_with_intent=False) | Q(idempotent=True), name="ledger_tool_claim_needs_idempotent"
             ),
         ]
 
@@ -479,6 +483,14 @@ class Tool(AuditedModel):
             build_adapter(self)
         except (ValueError, TypeError, ImportError) as exc:
             raise ValidationError({"config": str(exc)}) from exc
+        if self.claim_with_intent and not self.idempotent:
+            raise ValidationError(
+                {
+                    "claim_with_intent": "claiming the dispatch with the intent needs an idempotent tool: recovery "
+                    "sends a call that did not land again only with the same key, and a non-idempotent one would go "
+                    "to a person after every crash in that window"
+                }
+            )
         if self.claim_with_intent and self.adapter == self.Adapter.HTTP and not (self.config or {}).get("lookup_url"):
             raise ValidationError(
                 {

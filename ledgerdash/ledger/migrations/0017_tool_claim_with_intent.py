@@ -13,6 +13,10 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='tool',
             name='claim_with_intent',
-            field=models.BooleanField(default=False, help_text='record the intent and claim its dispatch in one commit; needs a lookup that can say a call did not land'),
+            field=models.BooleanField(default=False, help_text='record the intent and claim its dispatch in one commit; needs an idempotent tool with a lookup that can say a call did not land'),
+        ),
+        migrations.AddConstraint(
+            model_name='tool',
+            constraint=models.CheckConstraint(condition=models.Q(('claim_with_intent', False), ('idempotent', True), _connector='OR'), name='ledger_tool_claim_needs_idempotent'),
         ),
     ]
