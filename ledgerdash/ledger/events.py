@@ -187,20 +187,24 @@ def _event_row(event: EventDraft, now: datetime) -> AttemptEvent:
 
 
 #: The parts of the append statement (see :func:`_append_sql`). Table names
-#: come from the models; every value is a parameter.
+#: come from the models; every value is a parameter. With a change, the
+#: tenant and the attempt come from the row it changed (``changed``), so the
+#: statement sends each only once: psycopg keeps a statement's parsed form
+#: only up to 50 parameters, and a parse costs more than a round trip's worth
+#: of the rest of the Python.
 _HEAD = """head AS (
-    SELECT seq, hash FROM {head} WHERE tenant_id = %s{guard} FOR UPDATE
+    SELECT seq, hash FROM {head} WHERE tenant_id = {tenant} FOR UPDATE
 )"""
 _LINK = """link{n} AS (
-    SELECT seq + 1 AS seq, hash AS prev_hash,
-           encode(sha256(decode(hash, 'hex') || decode(%s, 'hex')), 'hex') AS hash
-    FROM {previous}
+    SELECT seq + 1 AS seq, hash AS prev_hash, c.content_hash,
+           encode(sha256(decode(hash, 'hex') || decode(c.content_hash, 'hex')), 'hex') AS hash
+    FROM {previous}, (SELECT %s::varchar AS content_hash) c
 )"""
 _MOVE_HEAD = """head_moved AS (
-    UPDATE {head} SET seq = {last}.seq, hash = {last}.hash FROM {last} WHERE {head}.tenant_id = %s
+    UPDATE {head} SET seq = {last}.seq, hash = {last}.hash FROM {last} WHERE {head}.tenant_id = {tenant}
 )"""
-_EVENT_ROW = """SELECT %s::bigint, link{n}.seq, %s::bigint, %s::varchar, %s::varchar, %s::integer, %s::varchar,
-       %s::varchar, %s::varchar, %s::bigint, %s::text, %s::jsonb, %s::timestamptz, %s::varchar,
+_EVENT_ROW = """SELECT {tenant_id}, link{n}.seq, {attempt_id}, %s::varchar, %s::varchar, %s::integer, %s::varchar,
+       %s::varchar, %s::varchar, %s::bigint, %s::text, %s::jsonb, %s::timestamptz, link{n}.content_hash,
        link{n}.prev_hash, link{n}.hash
 FROM {source}"""
 _INSERT_EVENTS = """
@@ -221,30 +225,41 @@ def _append_sql(change: str = "", count: int = 1) -> str:
     the last, insert the events.
 
     With ``change`` (a data-modifying statement that RETURNS the attempt's
-    id), that change first, and the events only if it changed a row. If it
-    did and the tenant has no chain head, the events' seq is NULL and the
-    whole statement fails: never a change without its events."""
+    ``id, tenant_id``), that change first, and the events, of that attempt,
+    only if it changed a row. If it did and the tenant has no chain head,
+    the events' seq is NULL and the whole statement fails: never a change
+    without its events."""
     head, event = ChainHead._meta.db_table, AttemptEvent._meta.db_table
-    ctes = [_HEAD.format(head=head, guard=" AND EXISTS (SELECT FROM changed)" if change else "")]
+    tenant = "(SELECT tenant_id FROM changed)" if change else "%s"
+    ctes = [_HEAD.format(head=head, tenant=tenant)]
     ctes += [_LINK.format(n=n, previous=f"link{n - 1}" if n > 1 else "head") for n in range(1, count + 1)]
-    ctes.append(_MOVE_HEAD.format(head=head, last=f"link{count}"))
+    ctes.append(_MOVE_HEAD.format(head=head, last=f"link{count}", tenant=tenant))
     rows = "\nUNION ALL\n".join(
-        _EVENT_ROW.format(n=n, source=f"changed LEFT JOIN link{n} ON true" if change else f"link{n}")
+        _EVENT_ROW.format(
+            n=n,
+            tenant_id="changed.tenant_id" if change else "%s::bigint",
+            attempt_id="changed.id" if change else "%s::bigint",
+            source=f"changed LEFT JOIN link{n} ON true" if change else f"link{n}",
+        )
         for n in range(1, count + 1)
     )
     changed = [f"changed AS (\n{change}\n)"] if change else []
     return "WITH " + ", ".join(changed + ctes) + _INSERT_EVENTS.format(event=event, rows=rows)
 
 
-def _append_params(rows: list[Any], connection: Any) -> list[Any]:
+def _append_params(rows: list[Any], connection: Any, *, change: bool = True) -> list[Any]:
+    """The parameters of :func:`_append_sql`'s statement, after the change's own."""
     details = AttemptEvent._meta.get_field("details")
     tenant_id = rows[0].tenant_id
     assert all(row.tenant_id == tenant_id for row in rows), "one statement appends to one tenant's chain"
-    params: list[Any] = [tenant_id, *(row.content_hash for row in rows), tenant_id]
+    params: list[Any] = [] if change else [tenant_id]
+    params += [row.content_hash for row in rows]
+    if not change:
+        params.append(tenant_id)
     for row in rows:
+        if not change:
+            params += [row.tenant_id, row.attempt_id]
         params += [
-            row.tenant_id,
-            row.attempt_id,
             row.kind,
             row.actor_kind,
             row.actor_user_id,
@@ -255,7 +270,6 @@ def _append_params(rows: list[Any], connection: Any) -> list[Any]:
             row.reason,
             details.get_db_prep_value(row.details, connection),
             row.created_at,
-            row.content_hash,
         ]
     return params
 
@@ -281,7 +295,7 @@ def _append_one_postgres(event: EventDraft, now: datetime) -> AttemptEvent | Non
     """Append one event in one statement; None if the tenant has no chain
     head yet (nothing was written: the general path creates it)."""
     rows = [_event_row(event, now)]
-    written = _execute_append(_append_sql(), _append_params(rows, transaction.get_connection()), rows)
+    written = _execute_append(_append_sql(), _append_params(rows, transaction.get_connection(), change=False), rows)
     return written[0] if written else None
 
 
@@ -352,7 +366,7 @@ def cas_with_event(
     table = Attempt._meta.db_table
     change = (
         f"UPDATE {table} SET fence = fence + 1, {sets} WHERE id = %s AND state = %s AND fence = %s"  # noqa: S608
-        f"{' AND ' + guard_sql if guard else ''} RETURNING id"
+        f"{' AND ' + guard_sql if guard else ''} RETURNING id, tenant_id"
     )
     rows = [_Linked(event, now)]
     params = [value for _, value in assignments] + [attempt.pk, attempt.state, attempt.fence, *guard_params]
@@ -408,13 +422,13 @@ def insert_with_events(
     connection = transaction.get_connection()
     if attempt.pk is None:
         attempt.pk = next_attempt_id()  # the events' content names the attempt
-    # Columns left NULL are left out (their default is NULL): fewer parameters,
-    # and psycopg keeps a statement's parsed form only up to 50 of them.
+    # Columns at their database default (NULL, or a db_default) are left out:
+    # fewer parameters, and psycopg keeps a parsed statement only up to 50.
     names, values = [], []
     for f in Attempt._meta.concrete_fields:
         value = f.pre_save(attempt, True)
-        if value is None and f.db_default is NOT_PROVIDED:
-            continue
+        if (value is None and f.db_default is NOT_PROVIDED) or (value == f.db_default and value is not None):
+            continue  # the column's default writes the same
         names.append(f.name)
         values.append(f.get_db_prep_save(value, connection))
     guard_sql, guard_params = guard or ("", [])
@@ -444,7 +458,7 @@ def _insert_sql(names: tuple[str, ...], guard_sql: str, count: int) -> str:
     # Table and column names come from the model; every value is a parameter.
     change = (
         f"INSERT INTO {Attempt._meta.db_table} ({columns}) {values} "
-        "ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING RETURNING id"
+        "ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING RETURNING id, tenant_id"
     )
     return _append_sql(change, count)
 

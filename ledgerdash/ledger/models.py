@@ -278,18 +278,18 @@ class Attempt(models.Model):
     dispatch_count = models.PositiveIntegerField(default=0)
     #: When the provider first saw this key: its key retention counts from here.
     first_dispatched_at = models.DateTimeField(null=True, blank=True)
-    provider_request_id = models.CharField(max_length=255, blank=True)
-    result_ref = models.CharField(max_length=1000, blank=True)
+    provider_request_id = models.CharField(max_length=255, blank=True, default="", db_default="")
+    result_ref = models.CharField(max_length=1000, blank=True, default="", db_default="")
     #: The tool's return value, replayed to an agent that re-runs the call.
     result = models.JSONField(null=True, blank=True)
     #: When the reconciler should next look at this attempt (a lease for
     #: INTENT_RECORDED and DISPATCHED, a back-off for UNKNOWN and
     #: FAILED_RETRYABLE); empty when it waits on people or is settled.
     next_check_at = models.DateTimeField(null=True, blank=True)
-    check_count = models.PositiveIntegerField(default=0)
-    last_error = models.TextField(blank=True)
+    check_count = models.PositiveIntegerField(default=0, db_default=0)
+    last_error = models.TextField(blank=True, default="", db_default="")
     #: The answer of the last provider lookup: found, not_found, mismatch, unavailable.
-    last_lookup = models.CharField(max_length=16, blank=True)
+    last_lookup = models.CharField(max_length=16, blank=True, default="", db_default="")
     #: When the last lookup was made. A "not found" is evidence that the
     #: effect did not happen only when it was observed at or after ``lands_by``.
     last_lookup_at = models.DateTimeField(null=True, blank=True)
