@@ -5,6 +5,8 @@ stops, rest on a read made now (PostgreSQL: elsewhere every step reads)."""
 
 from __future__ import annotations
 
+import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -125,3 +127,27 @@ def test_ids_reserved_before_a_sequence_reset_are_replaced(tenant_a: Any) -> Non
     assert second.pk not in (first.pk, first.pk + 1)
     assert Attempt.objects.get(pk=second.pk).idempotency_key == "k-block-2"
     assert Attempt.objects.get(pk=first.pk + 1).idempotency_key == "k-elsewhere"
+
+
+def test_a_policy_row_handed_out_again_is_not_taken_for_the_remembered_one(tenant_a: Any) -> None:
+    """After a restore or a flush that resets the sequences, another policy
+    may carry the id of the one this process remembers: its creation time
+    tells them apart, and the new one decides."""
+    from ledgerdash.ledger.models import Policy
+
+    record(tenant_a, "k-before")
+    current = Policy.objects.filter(tenant=tenant_a).order_by("-version").first()
+    assert current is not None
+    # The same id, another row: written behind the application's back.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE ledger_policy SET tools = %s::jsonb, created_at = %s WHERE id = %s",
+            [
+                json.dumps({"charge_card": TOOLS_V1["charge_card"]}),
+                current.created_at + timedelta(seconds=1),
+                current.pk,
+            ],
+        )
+    with pytest.raises(ToolNotAllowed):
+        record(tenant_a, "k-after")
+    assert not Attempt.objects.filter(idempotency_key="k-after").exists()

@@ -99,11 +99,13 @@ class Authority:
         """A SQL condition, with its parameters, that holds exactly while
         this is still the tenant's current authority for ``tool_name``: the
         tenant active, the same newest policy row (versions are final, so the
-        same row says the same), the tool's timing and claim setting as read."""
+        same row says the same; its id and creation time name it, even across
+        a restore that hands ids out again), the tool's timing and claim
+        setting as read."""
         assert self.tenant is not None
         assert self.policy is not None
         sql = _GUARD_SQL.format(tenant=Tenant._meta.db_table, policy=Policy._meta.db_table, tool=Tool._meta.db_table)
-        return sql, [tool_name, self.tenant.pk, self.policy.pk, *self.tool_row]
+        return sql, [tool_name, self.tenant.pk, self.policy.pk, self.policy.created_at, *self.tool_row]
 
 
 #: One round trip for the questions every intent and every dispatch asks.
@@ -111,7 +113,7 @@ class Authority:
 #: equivalent ORM query cost more than running it.
 _AUTHORITY_SQL = """
 SELECT t.slug, t.is_active, p.id, p.version, p.tools, p.approvals, l.dispatch_lease_seconds, l.max_request_seconds,
-       l.claim_with_intent
+       l.claim_with_intent, p.created_at
 FROM {tenant} t
 LEFT JOIN {tool} l ON l.name = %s
 LEFT JOIN {policy} p ON p.tenant_id = t.id AND p.version = (SELECT max(version) FROM {policy} WHERE tenant_id = t.id)
@@ -121,7 +123,8 @@ WHERE t.id = %s
 _GUARD_SQL = """EXISTS (
     SELECT FROM {tenant} t LEFT JOIN {tool} l ON l.name = %s
     WHERE t.id = %s AND t.is_active
-      AND (SELECT p.id FROM {policy} p WHERE p.tenant_id = t.id ORDER BY p.version DESC LIMIT 1) = %s
+      AND (SELECT (p.id, p.created_at) FROM {policy} p WHERE p.tenant_id = t.id ORDER BY p.version DESC LIMIT 1)
+          = (%s::bigint, %s::timestamptz)
       AND l.dispatch_lease_seconds IS NOT DISTINCT FROM %s::double precision
       AND l.max_request_seconds IS NOT DISTINCT FROM %s::double precision
       AND l.claim_with_intent IS NOT DISTINCT FROM %s::boolean
@@ -136,11 +139,11 @@ def authority_of(tenant_id: int, tool_name: str) -> Authority:
         row = cursor.fetchone()
     if row is None:
         return Authority(None, None, timing(None, None))
-    slug, is_active, policy_id, version, tools, approvals, lease, max_request, claim = row
+    slug, is_active, policy_id, version, tools, approvals, lease, max_request, claim, policy_created = row
     tenant = Tenant(pk=tenant_id, slug=slug, is_active=bool(is_active))
     policy = None
     if policy_id is not None:
-        policy = Policy(pk=policy_id, tenant_id=tenant_id, version=version)
+        policy = Policy(pk=policy_id, tenant_id=tenant_id, version=version, created_at=policy_created)
         policy.tools = json.loads(tools) if isinstance(tools, str | bytes) else tools
         policy.approvals = json.loads(approvals) if isinstance(approvals, str | bytes) else approvals
         policy._state.adding = False
