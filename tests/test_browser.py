@@ -209,15 +209,15 @@ def test_bulk_assignment_previews_then_assigns(people: Any, tenant_a: Tenant, op
     operator = people("operator-a")
     page = operator.page
     page.goto(operator.base_url + "/queues/unknown/")
-    page.get_by_label(f"Select #{first.pk}").check()
-    page.get_by_label(f"Select #{second.pk}").check()
+    page.get_by_label(f"Select #{first.pk}", exact=True).check()
+    page.get_by_label(f"Select #{second.pk}", exact=True).check()
     # The list refreshes itself (every 10 s; here, now): new work appears,
     # and the ticked boxes and the selected row stay as they were.
     arrived = attempt_in(S.UNKNOWN, tenant_a, key="bulk-3")
     page.evaluate("htmx.ajax('GET', location.pathname + location.search, {target: '#results', swap: 'outerHTML'})")
     expect(page.locator(f"#row-{arrived.pk}")).to_be_visible()
-    expect(page.get_by_label(f"Select #{first.pk}")).to_be_checked()
-    expect(page.get_by_label(f"Select #{second.pk}")).to_be_checked()
+    expect(page.get_by_label(f"Select #{first.pk}", exact=True)).to_be_checked()
+    expect(page.get_by_label(f"Select #{second.pk}", exact=True)).to_be_checked()
     expect(page.locator(f"#row-{second.pk}")).to_have_class("selected")  # the row last clicked
     expect(page.locator("#count-unknown")).to_have_text("3")
     page.get_by_label("Assign selected to").select_option(label="operator-a")

@@ -291,7 +291,7 @@ def test_hostile_strings_keep_every_page_in_shape(people: Any, hostile: Hostile)
     # Bulk assignment's preview of the hostile rows.
     page.goto(operator.base_url + "/queues/unknown/")
     for attempt in (hostile.rlo, hostile.lookalike_zw, hostile.long_task):
-        page.get_by_label(f"Select #{attempt.pk}").check()
+        page.get_by_label(f"Select #{attempt.pk}", exact=True).check()
     page.get_by_role("button", name="Preview assignment").click()
     expect(page.locator("#preview")).to_contain_text("Preview: what this assignment will touch")
     measured = page.evaluate(MEASURE)
@@ -305,7 +305,7 @@ def test_hostile_strings_keep_every_page_in_shape(people: Any, hostile: Hostile)
     look(operator, "/", "overview", markers=False)
     page.goto(operator.base_url + "/queues/unknown/")
     for attempt in (hostile.rlo, hostile.lookalike_zw, hostile.long_task):
-        page.get_by_label(f"Select #{attempt.pk}").check()
+        page.get_by_label(f"Select #{attempt.pk}", exact=True).check()
     page.get_by_role("button", name="Preview re-check").click()
     expect(page.locator("#preview")).to_contain_text("will touch")
     measured = page.evaluate(MEASURE)
