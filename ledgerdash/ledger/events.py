@@ -168,22 +168,11 @@ class _Linked:
 
 
 def _event_row(event: EventDraft, now: datetime) -> AttemptEvent:
-    row = AttemptEvent(
-        tenant_id=event.tenant_id,
-        attempt_id=event.attempt_id,
-        kind=event.kind,
-        actor_kind=event.actor.kind,
-        actor_user_id=event.actor.user_id,
-        actor_label=event.actor.label,
-        from_state=event.from_state,
-        to_state=event.to_state,
-        fence=event.fence,
-        reason=clean_text(event.reason),
-        details=event.details,
-        created_at=now,
+    """The event as a model instance (for the paths that save or return one)."""
+    linked = _Linked(event, now)
+    return AttemptEvent(
+        **{name: getattr(linked, name) for name in chain.HASHED_FIELDS}, content_hash=linked.content_hash
     )
-    row.content_hash = chain.content_hash(chain.event_content(row))
-    return row
 
 
 #: The parts of the append statement (see :func:`_append_sql`). Table names
