@@ -13,7 +13,7 @@ from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 
 from ledgerdash.ledger import clock
-from ledgerdash.ledger.authority import Authority, Standing, Timing, authority_for_change, authority_of, standing_under
+from ledgerdash.ledger.authority import authority_for_change, authority_of, standing_under
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
     ClaimLost,
@@ -80,49 +80,36 @@ def attempt_dispatch(
             return attempt_dispatch(attempt=attempt, actor=actor, fence=fence, reason=reason, fresh=True)
         _refuse_changed_authority(attempt, actor=actor, fence=fence, changes=standing.changes)
     try:
-        return _claim(attempt, actor, fence, reason, now, standing, timing, authority)
+        return move(
+            attempt,
+            to_state=S.DISPATCHED,
+            actor=actor,
+            fence=fence,
+            reason=reason or ("dispatched" if attempt.dispatch_count == 0 else "dispatched again with the same key"),
+            updates={
+                "dispatch_fence": attempt.fence + 1,
+                "dispatch_count": attempt.dispatch_count + 1,
+                "check_count": 0,
+                "next_check_at": now + timedelta(seconds=timing.lease_seconds),
+                "lands_by": now + timedelta(seconds=timing.max_request_seconds),
+                "first_dispatched_at": attempt.first_dispatched_at or now,
+            },
+            details={
+                "provider_key": attempt.provider_key,
+                "dispatch": attempt.dispatch_count + 1,
+                "policy_version": standing.policy.version if standing.policy else None,
+                "lease_seconds": timing.lease_seconds,
+                "max_request_seconds": timing.max_request_seconds,
+            },
+            now=now,
+            stale_error=ClaimLost,
+            guard=authority.guard(attempt.tool_name) if authority.remembered else None,
+        )
     except ClaimLost:
         if not authority.remembered:
             raise
         # The claim was lost, or the authority changed since this process read it: a fresh read tells which.
         return attempt_dispatch(attempt=attempt, actor=actor, fence=fence, reason=reason, fresh=True)
-
-
-def _claim(
-    attempt: Attempt,
-    actor: Actor,
-    fence: int | None,
-    reason: str,
-    now: datetime,
-    standing: Standing,
-    timing: Timing,
-    authority: Authority,
-) -> Attempt:
-    return move(
-        attempt,
-        to_state=S.DISPATCHED,
-        actor=actor,
-        fence=fence,
-        reason=reason or ("dispatched" if attempt.dispatch_count == 0 else "dispatched again with the same key"),
-        updates={
-            "dispatch_fence": attempt.fence + 1,
-            "dispatch_count": attempt.dispatch_count + 1,
-            "check_count": 0,
-            "next_check_at": now + timedelta(seconds=timing.lease_seconds),
-            "lands_by": now + timedelta(seconds=timing.max_request_seconds),
-            "first_dispatched_at": attempt.first_dispatched_at or now,
-        },
-        details={
-            "provider_key": attempt.provider_key,
-            "dispatch": attempt.dispatch_count + 1,
-            "policy_version": standing.policy.version if standing.policy else None,
-            "lease_seconds": timing.lease_seconds,
-            "max_request_seconds": timing.max_request_seconds,
-        },
-        now=now,
-        stale_error=ClaimLost,
-        guard=authority.guard(attempt.tool_name) if authority.remembered else None,
-    )
 
 
 def _refuse_changed_authority(attempt: Attempt, *, actor: Actor, fence: int | None, changes: Sequence[str]) -> None:
