@@ -226,16 +226,13 @@ def wrap[T](
         attempt, claimed = ledger.record_intent(
             tool_name=name, idempotency_key=idempotency_key, args=arguments, credential_scope=scope
         )
-        if claimed:
-            crashpoints.reached(crashpoints.AFTER_INTENT)  # the intent, and with it the claim, committed
-            call = ToolCall(ledger, attempt)
-        else:
+        if not claimed:
             if attempt.state == CONFIRMED:
                 log.info("replaying confirmed attempt %s for key %s", attempt.pk, idempotency_key)
                 return ledger.replay(attempt)
             ledger.refuse_unless_dispatchable(attempt)
-            crashpoints.reached(crashpoints.AFTER_INTENT)
-            call = ToolCall(ledger, ledger.dispatch(attempt))
+        crashpoints.reached(crashpoints.AFTER_INTENT)  # claimed: the claim committed with the intent
+        call = ToolCall(ledger, attempt if claimed else ledger.dispatch(attempt))
         bound.arguments[next(iter(bound.arguments))] = call
         return _run(fn, call, bound)
 

@@ -437,23 +437,21 @@ export class Task {
         credentialScope: scope,
         claim: true,
       });
-      const attempt = recorded.attempt;
-      if (recorded.claimed) {
-        crashPoint("after_intent"); // the intent, and with it the claim, committed
-        return run(fn, new ToolCall(client, attempt), args);
-      }
-      if (attempt.state === CONFIRMED) return replay(attempt);
-      crashPoint("after_intent");
-      let claimed;
-      try {
-        claimed = await client.dispatch(attempt.id, { fence: attempt.fence });
-      } catch (error) {
-        if (error instanceof ClaimLost) {
-          throw new AttemptInFlight(error.message, { status: error.status, body: error.body });
+      const { attempt, claimed } = recorded;
+      if (!claimed && attempt.state === CONFIRMED) return replay(attempt);
+      crashPoint("after_intent"); // claimed: the claim committed with the intent
+      let dispatched = attempt;
+      if (!claimed) {
+        try {
+          dispatched = await client.dispatch(attempt.id, { fence: attempt.fence });
+        } catch (error) {
+          if (error instanceof ClaimLost) {
+            throw new AttemptInFlight(error.message, { status: error.status, body: error.body });
+          }
+          throw error;
         }
-        throw error;
       }
-      return run(fn, new ToolCall(client, claimed), args);
+      return run(fn, new ToolCall(client, dispatched), args);
     };
     Object.defineProperty(wrapped, "ledgerTool", { value: name });
     return wrapped;
