@@ -35,7 +35,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from ledgerdash.ledger.configuration import acting_as, masked, secret_names
@@ -761,27 +761,44 @@ def _credential_steps(tenant: TenantSpec, tools: dict[str, Tool]) -> list[Step]:
         current = ToolCredential.objects.filter(
             tenant__slug=tenant.slug, tool__name=spec.tool, placeholder=spec.placeholder
         ).first()
-        if current is None:
 
-            def create(_actor: Actor, spec: CredentialSpec = spec) -> None:
-                ToolCredential.objects.create(
-                    tenant=Tenant.objects.get(slug=tenant.slug),
-                    tool=Tool.objects.get(name=spec.tool),
-                    placeholder=spec.placeholder,
-                    secret_name=spec.secret_name,
-                )
+        def create(_actor: Actor, spec: CredentialSpec = spec) -> None:
+            ToolCredential.objects.create(
+                tenant=Tenant.objects.get(slug=tenant.slug),
+                tool=Tool.objects.get(name=spec.tool),
+                placeholder=spec.placeholder,
+                secret_name=spec.secret_name,
+            )
 
-            steps.append(Step(CREATE, what, [f"secret_name {_show(spec.secret_name)}"], create))
-        elif current.secret_name == spec.secret_name:
-            steps.append(Step(UNCHANGED, what))
-        else:
-
-            def change(_actor: Actor, row: ToolCredential = current, secret_name: str = spec.secret_name) -> None:
-                row.secret_name = secret_name
-                row.save()
-
-            steps.append(Step(CHANGE, what, [_moved("secret_name", current.secret_name, spec.secret_name)], change))
+        steps.append(
+            _setting_step(
+                what, current, "secret_name", spec.secret_name, create, f"secret_name {_show(spec.secret_name)}"
+            )
+        )
     return steps
+
+
+def _setting_step(
+    what: str,
+    row: models.Model | None,
+    name: str,
+    wanted: Any,
+    create: Callable[[Actor], None],
+    created: str,
+    show: Callable[[Any], Any] = lambda value: value,
+) -> Step:
+    """The step for a row that the file settles by one setting: create it
+    (``created`` says with what), leave it, or change that setting."""
+    if row is None:
+        return Step(CREATE, what, [created], create)
+    if getattr(row, name) == wanted:
+        return Step(UNCHANGED, what)
+
+    def change(_actor: Actor) -> None:
+        setattr(row, name, wanted)
+        row.save()
+
+    return Step(CHANGE, what, [_moved(name, show(getattr(row, name)), show(wanted))], change)
 
 
 def _member_steps(tenant: TenantSpec) -> list[Step]:
@@ -795,21 +812,11 @@ def _member_steps(tenant: TenantSpec) -> list[Step]:
     for username, role in tenant.members.items():
         what = f"membership {username} in {tenant.slug}"
         row = current.get(username)
-        if row is None:
 
-            def create(_actor: Actor, username: str = username, role: str = role) -> None:
-                Membership.objects.create(user=_user(username), tenant=Tenant.objects.get(slug=tenant.slug), role=role)
+        def create(_actor: Actor, username: str = username, role: str = role) -> None:
+            Membership.objects.create(user=_user(username), tenant=Tenant.objects.get(slug=tenant.slug), role=role)
 
-            steps.append(Step(CREATE, what, [f"role {role}"], create))
-        elif row.role == role:
-            steps.append(Step(UNCHANGED, what))
-        else:
-
-            def change(_actor: Actor, row: Membership = row, role: str = role) -> None:
-                row.role = role
-                row.save()
-
-            steps.append(Step(CHANGE, what, [_moved("role", row.role, role)], change))
+        steps.append(_setting_step(what, row, "role", role, create, f"role {role}"))
     return steps
 
 
@@ -820,26 +827,18 @@ def _shift_steps(tenant: TenantSpec) -> list[Step]:
         row = OnCallShift.objects.filter(
             tenant__slug=tenant.slug, user__username=spec.user, starts_at=spec.starts_at
         ).first()
-        if row is None:
 
-            def create(_actor: Actor, spec: ShiftSpec = spec) -> None:
-                OnCallShift.objects.create(
-                    tenant=Tenant.objects.get(slug=tenant.slug),
-                    user=_user(spec.user),
-                    starts_at=spec.starts_at,
-                    ends_at=spec.ends_at,
-                )
+        def create(_actor: Actor, spec: ShiftSpec = spec) -> None:
+            OnCallShift.objects.create(
+                tenant=Tenant.objects.get(slug=tenant.slug),
+                user=_user(spec.user),
+                starts_at=spec.starts_at,
+                ends_at=spec.ends_at,
+            )
 
-            steps.append(Step(CREATE, what, [f"ends_at {_when(spec.ends_at)}"], create))
-        elif row.ends_at == spec.ends_at:
-            steps.append(Step(UNCHANGED, what))
-        else:
-
-            def change(_actor: Actor, row: OnCallShift = row, ends_at: datetime = spec.ends_at) -> None:
-                row.ends_at = ends_at
-                row.save()
-
-            steps.append(Step(CHANGE, what, [_moved("ends_at", _when(row.ends_at), _when(spec.ends_at))], change))
+        steps.append(
+            _setting_step(what, row, "ends_at", spec.ends_at, create, f"ends_at {_when(spec.ends_at)}", show=_when)
+        )
     return steps
 
 
