@@ -182,27 +182,49 @@ _AUTHORITY = """
       AND (p.tools -> %(tool)s) @> %(scopes)s::jsonb
 """
 
-_APPEND = """
+
+def _append(events: int = 1) -> str:
+    """The part of the floor's statements that appends ``events`` events of
+    the changed attempt: the tenant's chain head locked, each event linked
+    to the one before, the head moved past the last, the events inserted.
+    The first event's values are the parameters ``%(from_state)s`` and so
+    on, the second's ``%(from_state2)s``."""
+    suffixes = ["", *(str(n) for n in range(2, events + 1))]
+    links = [
+        f"""link{n} AS (
+    SELECT seq + 1 AS seq, hash AS prev_hash,
+           encode(sha256(decode(hash, 'hex') || decode(%(content_hash{n})s, 'hex')), 'hex') AS hash
+    FROM {previous}
+)"""
+        for previous, n in zip(["head", *(f"link{n}" for n in suffixes[:-1])], suffixes, strict=True)
+    ]
+    rows = [
+        f"""SELECT %(tenant)s, link{n}.seq, changed.id, 'transition', 'agent', NULL::integer, %(label)s,
+       %(from_state{n})s, %(to_state{n})s, %(fence{n})s, %(reason{n})s, %(details{n})s, %(now)s,
+       %(content_hash{n})s, link{n}.prev_hash, link{n}.hash
+FROM changed LEFT JOIN link{n} ON true"""
+        for n in suffixes
+    ]
+    last = f"link{suffixes[-1]}"
+    union = "\nUNION ALL\n".join(rows)
+    return f"""
 head AS (
     SELECT seq, hash FROM ledger_chainhead
     WHERE tenant_id = %(tenant)s AND EXISTS (SELECT FROM changed) FOR UPDATE
-), link AS (
-    SELECT seq + 1 AS seq, hash AS prev_hash,
-           encode(sha256(decode(hash, 'hex') || decode(%(content_hash)s, 'hex')), 'hex') AS hash
-    FROM head
-), head_moved AS (
-    UPDATE ledger_chainhead SET seq = link.seq, hash = link.hash FROM link
+), {", ".join(links)}, head_moved AS (
+    UPDATE ledger_chainhead SET seq = {last}.seq, hash = {last}.hash FROM {last}
     WHERE ledger_chainhead.tenant_id = %(tenant)s
 )
 INSERT INTO ledger_attemptevent (
     tenant_id, seq, attempt_id, kind, actor_kind, actor_user_id, actor_label, from_state, to_state,
     fence, reason, details, created_at, content_hash, prev_hash, hash
 )
-SELECT %(tenant)s, link.seq, changed.id, 'transition', 'agent', NULL, %(label)s, %(from_state)s, %(to_state)s,
-       %(fence)s, %(reason)s, %(details)s, %(now)s, %(content_hash)s, link.prev_hash, link.hash
-FROM changed LEFT JOIN link ON true
+{union}
 RETURNING seq
 """
+
+
+_APPEND = _append()
 
 MINIMAL_INTENT = f"""
 WITH changed AS (
@@ -240,38 +262,6 @@ WITH changed AS (
     RETURNING id
 ), {_APPEND}"""
 
-#: Two events in one statement: the intent's, then its dispatch claim's, each
-#: linked to the one before under the one chain-head lock.
-_APPEND_TWO = """
-head AS (
-    SELECT seq, hash FROM ledger_chainhead
-    WHERE tenant_id = %(tenant)s AND EXISTS (SELECT FROM changed) FOR UPDATE
-), link AS (
-    SELECT seq + 1 AS seq, hash AS prev_hash,
-           encode(sha256(decode(hash, 'hex') || decode(%(content_hash)s, 'hex')), 'hex') AS hash
-    FROM head
-), link2 AS (
-    SELECT seq + 1 AS seq, hash AS prev_hash,
-           encode(sha256(decode(hash, 'hex') || decode(%(content_hash2)s, 'hex')), 'hex') AS hash
-    FROM link
-), head_moved AS (
-    UPDATE ledger_chainhead SET seq = link2.seq, hash = link2.hash FROM link2
-    WHERE ledger_chainhead.tenant_id = %(tenant)s
-)
-INSERT INTO ledger_attemptevent (
-    tenant_id, seq, attempt_id, kind, actor_kind, actor_user_id, actor_label, from_state, to_state,
-    fence, reason, details, created_at, content_hash, prev_hash, hash
-)
-SELECT %(tenant)s, link.seq, changed.id, 'transition', 'agent', NULL::integer, %(label)s, %(from_state)s,
-       %(to_state)s, %(fence)s, %(reason)s, %(details)s, %(now)s, %(content_hash)s, link.prev_hash, link.hash
-FROM changed LEFT JOIN link ON true
-UNION ALL
-SELECT %(tenant)s, link2.seq, changed.id, 'transition', 'agent', NULL::integer, %(label)s, %(from_state2)s,
-       %(to_state2)s, %(fence2)s, %(reason2)s, %(details2)s, %(now)s, %(content_hash2)s, link2.prev_hash, link2.hash
-FROM changed LEFT JOIN link2 ON true
-RETURNING seq
-"""
-
 #: The intent recorded already DISPATCHED, with both events: the two-commit path.
 MINIMAL_INTENT_CLAIMED = f"""
 WITH changed AS (
@@ -288,7 +278,7 @@ WITH changed AS (
     WHERE EXISTS ({_AUTHORITY})
     ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING
     RETURNING id
-), {_APPEND_TWO}"""
+), {_append(2)}"""
 
 #: Every parameter's type, written into the statements: a parameter used in
 #: several places must have one type for the server to prepare the statement.
