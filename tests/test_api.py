@@ -453,6 +453,23 @@ def test_a_revoked_token_and_an_expired_token_answer_401(tenant_a: Tenant) -> No
     assert ledger_snapshot() == snapshot
 
 
+def test_a_worker_checks_a_token_once_per_cache_period_and_a_revocation_here_at_once(
+    tenant_a: Tenant, settings: Any, django_assert_num_queries: Any
+) -> None:
+    from ledgerdash.ledger import tokens
+
+    settings.LEDGER_TOKEN_CACHE_SECONDS = 5
+    tokens.token_forget_all()
+    raw = issue_token(tenant_a, READ)
+    api = Api(raw)
+    api.get("/attempts")  # the first request looks the token up and notes its use
+    with django_assert_num_queries(1):  # the page of attempts, and nothing about the token
+        assert api.get("/attempts").status_code == 200
+    tokens.token_revoke(token=ApiToken.objects.get(prefix=raw.split("_")[1]), actor=Actor.system("tests"))
+    assert api.get("/attempts").json()["code"] == "token_revoked"
+    tokens.token_forget_all()
+
+
 def test_a_token_of_an_inactive_tenant_is_refused(tenant_a: Tenant, api_a: Api) -> None:
     Tenant.objects.filter(pk=tenant_a.pk).update(is_active=False)
     response = api_a.get("/attempts")

@@ -10,7 +10,7 @@ from ledgerdash.ledger.api.errors import MISSING_TOKEN, ApiError
 from ledgerdash.ledger.errors import InsufficientScope
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import ApiToken, TokenScope
-from ledgerdash.ledger.tokens import token_authenticate, token_touch
+from ledgerdash.ledger.tokens import token_authenticate_cached, token_touch
 
 READ = TokenScope.READ.value
 WRITE = TokenScope.WRITE.value
@@ -32,7 +32,7 @@ class BearerToken(HttpBearer):
         return self.authenticate(request, credentials.strip())
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken:
-        found = token_authenticate(token)
+        found = token_authenticate_cached(token)
         if self.scope not in found.scope_set:
             raise InsufficientScope(
                 InsufficientScope.MESSAGE.format(prefix=found.prefix, scope=self.scope, scopes=found.scopes)
