@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router
 from ninja.responses import Status
 
-from ledgerdash.ledger import recording
+from ledgerdash.ledger import moves, recording
 from ledgerdash.ledger.api.auth import READ, WRITE, BearerToken, actor_of, token_of
 from ledgerdash.ledger.api.errors import ApiError
 from ledgerdash.ledger.api_schemas import (
@@ -30,7 +30,7 @@ from ledgerdash.ledger.api_schemas import (
     RequestIdIn,
 )
 from ledgerdash.ledger.canonical import normalize_args
-from ledgerdash.ledger.errors import AttemptNotFound, ClaimLost, InvalidArgs, InvalidField
+from ledgerdash.ledger.errors import ClaimLost, InvalidArgs, InvalidField
 from ledgerdash.ledger.models import OWNED_STATES, Attempt
 
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -53,10 +53,7 @@ router = Router()
 
 def _attempt_for(request: HttpRequest, attempt_id: int) -> Attempt:
     """The caller's tenant's attempt, or 404: another tenant's looks like none at all."""
-    try:
-        return Attempt.objects.get(pk=attempt_id, tenant_id=token_of(request).tenant_id)
-    except Attempt.DoesNotExist:
-        raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=attempt_id)) from None
+    return moves.get_attempt(attempt_id, tenant_id=token_of(request).tenant_id)
 
 
 def _only_params(request: HttpRequest, allowed: frozenset[str] = frozenset()) -> None:

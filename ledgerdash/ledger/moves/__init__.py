@@ -33,6 +33,7 @@ from ledgerdash.ledger.moves.base import (
     CREATE_MOVES,
     LEGAL_MOVES,
     backoff,
+    get_attempt,
     refuse_open_transaction,
 )
 from ledgerdash.ledger.moves.create import (
@@ -111,6 +112,7 @@ __all__ = [
     "attempts_decide",
     "backoff",
     "claim_lease",
+    "get_attempt",
     "incident_assign",
     "incident_resolve",
     "intent_abandon",
