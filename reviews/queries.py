@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connection
 from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
@@ -39,35 +40,50 @@ PAGE_SIZE = 50
 COUNT_CAP = 999
 
 
+def count_queries(user: Person, tenant_ids: list[int]) -> dict[str, QuerySet[Any]]:
+    """The reads behind :func:`queue_counts`, each capped at ``COUNT_CAP + 1`` rows.
+
+    The tenant ids as constants and a LIMIT: each reads at most
+    COUNT_CAP + 1 entries of an index range. The user's own work is read a
+    state at a time, like the queues."""
+    attempts = Attempt.objects.filter(tenant_id__in=tenant_ids).order_by()
+    owner_id = getattr(user, "pk", None)
+    reads: dict[str, QuerySet[Any]] = {
+        State.UNKNOWN.value: attempts.filter(state=State.UNKNOWN),
+        State.MANUAL_REVIEW.value: attempts.filter(state=State.MANUAL_REVIEW),
+        "APPROVALS": attempts.filter(rules.awaiting_approval_filter()),
+        "MINE UNKNOWN": attempts.filter(owner_id=owner_id, state=State.UNKNOWN),
+        "MINE MANUAL_REVIEW": attempts.filter(owner_id=owner_id, state=State.MANUAL_REVIEW),
+        "INCIDENTS": Incident.objects.filter(tenant_id__in=tenant_ids, status=Incident.Status.OPEN).order_by(),
+    }
+    return {name: qs.values("id")[: COUNT_CAP + 1] for name, qs in reads.items()}
+
+
 def queue_counts(user: Person, *, tenant_ids: Iterable[int] | None = None) -> dict[str, int]:
     """How much is waiting in each queue, up to ``COUNT_CAP + 1`` (shown as "999+"),
     how many items await an approver (``APPROVALS``), how much UNKNOWN and
     MANUAL_REVIEW work the user owns (``MINE``) and how many incidents are
     open (``INCIDENTS``).
-    ``tenant_ids``: the user's tenants, when the caller has read them already."""
-    tenant_ids = list(tenant_ids) if tenant_ids is not None else tenant_ids_for(user)
-    counts = {}
-    for state in (State.UNKNOWN, State.MANUAL_REVIEW):
-        # The tenant ids as constants and a LIMIT: at most COUNT_CAP + 1
-        # entries of the (tenant, state, ...) index are read.
-        waiting = Attempt.objects.filter(tenant_id__in=tenant_ids, state=state).order_by().values("id")[: COUNT_CAP + 1]
-        counts[state.value] = waiting.count()
-    awaiting = Attempt.objects.filter(rules.awaiting_approval_filter(), tenant_id__in=tenant_ids).order_by()
-    counts["APPROVALS"] = awaiting.values("id")[: COUNT_CAP + 1].count()
-    # One state at a time, like the queues: each an index range that stops at the cap.
-    owner_id = getattr(user, "pk", None)
-    counts["MINE"] = min(
-        COUNT_CAP + 1,
-        sum(
-            Attempt.objects.filter(tenant_id__in=tenant_ids, owner_id=owner_id, state=state)
-            .order_by()
-            .values("id")[: COUNT_CAP + 1]
-            .count()
-            for state in (State.UNKNOWN, State.MANUAL_REVIEW)
-        ),
-    )
-    open_incidents = Incident.objects.filter(tenant_id__in=tenant_ids, status=Incident.Status.OPEN).order_by()
-    counts["INCIDENTS"] = open_incidents.values("id")[: COUNT_CAP + 1].count()
+    ``tenant_ids``: the user's tenants, when the caller has read them already.
+
+    The counts are subqueries of one statement: sent one query each, the
+    six cost three times what the server spends on them (a round trip and
+    the ORM's count() around each), on every page that shows the tabs."""
+    reads = count_queries(user, list(tenant_ids) if tenant_ids is not None else tenant_ids_for(user))
+    selects: list[str] = []
+    params: list[Any] = []
+    for qs in reads.values():
+        try:
+            sql, qs_params = qs.query.sql_with_params()
+        except EmptyResultSet:  # no tenants: nothing to count
+            selects.append("0")
+            continue
+        selects.append(f"(SELECT count(*) FROM ({sql}) capped)")  # noqa: S608 (compiled by the ORM)
+        params.extend(qs_params)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(selects), params)  # every value is a parameter
+        counts = dict(zip(reads, cursor.fetchone(), strict=True))
+    counts["MINE"] = min(COUNT_CAP + 1, counts.pop("MINE UNKNOWN") + counts.pop("MINE MANUAL_REVIEW"))
     return counts
 
 
