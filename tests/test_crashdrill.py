@@ -14,6 +14,7 @@ import pytest
 from django.core.management import call_command
 
 from ledgerdash.ledger import crashpoints
+from ledgerdash.ledger.drill.cases import CLAIMED_TOOL
 from ledgerdash.ledger.drill.runner import CASES, Drill, Planned, fixed_plan, random_plan
 from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun
 from ledgerdash.ledger.providers.registry import ToolProfile
@@ -23,14 +24,24 @@ from tests.live import PYTHON, ROOT
 
 def test_the_fixed_plan_is_every_case_for_both_kinds_of_tool_and_the_crash_points_over_http() -> None:
     plan = fixed_plan()
-    in_process = [(p.letter, p.idempotent) for p in plan if p.via == "process"]
+    in_process = [(p.letter, p.idempotent) for p in plan if p.via == "process" and not p.claimed]
     assert in_process == [(c, i) for c in "ABCDEFGHIJKL" for i in (True, False)]
-    over_http = [(p.letter, p.idempotent) for p in plan if p.via == "http"]
+    over_http = [(p.letter, p.idempotent) for p in plan if p.via == "http" and not p.claimed]
     assert over_http == [(c, i) for c in "ABCD" for i in (True, False)]
     through_the_gateway = [(p.letter, p.idempotent) for p in plan if p.via == "mcp"]
     assert through_the_gateway == [(c, i) for c in "AC" for i in (True, False)]
+    # A tool that claims its dispatch with the intent: the crashes around the send, in process and over HTTP.
+    claimed = [(p.letter, p.via, p.tool) for p in plan if p.claimed]
+    assert claimed == [(c, via, CLAIMED_TOOL) for via in ("process", "http") for c in "ABC"]
+    assert all(p.idempotent for p in plan if p.claimed)
     assert {p.letter: p.crash_at for p in plan} == {c.letter: c.crash_at for c in CASES.values()}
-    assert len({p.label for p in plan}) == len(plan) == 36
+    assert len({p.label for p in plan}) == len(plan) == 42
+
+
+def test_only_an_idempotent_tool_outside_the_gateway_is_planned_as_claiming_with_the_intent() -> None:
+    for letter, idempotent, via in (("A", False, "process"), ("A", True, "mcp"), ("D", True, "process")):
+        with pytest.raises(ValueError, match="claims with the intent"):
+            Planned(letter, idempotent, crashpoints.AFTER_INTENT, via, claimed=True)
 
 
 def test_the_random_plan_reproduces_from_its_seed_and_mixes_every_case_in() -> None:
@@ -42,6 +53,7 @@ def test_the_random_plan_reproduces_from_its_seed_and_mixes_every_case_in() -> N
     assert {p.via for p in plan} == {"process", "http", "mcp"}
     assert {p.letter for p in plan if p.via == "http"} == set("ABCD")
     assert {p.letter for p in plan if p.via == "mcp"} == set("AC")
+    assert {(p.letter, p.via) for p in plan if p.claimed} == {(c, v) for c in "ABC" for v in ("process", "http")}
     assert {p.crash_at for p in plan if p.letter == "F"} == {crashpoints.BEFORE_SEND, crashpoints.AFTER_SEND}
 
 
@@ -60,11 +72,11 @@ def test_the_drill_passes_on_sqlite(tmp_path: Path) -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "36 of 36 cases held every assertion" in result.stdout
+    assert "42 of 42 cases held every assertion" in result.stdout
     report = json.loads((tmp_path / "drill.json").read_text())
     assert report["ok"] is True
     assert report["database"] == "sqlite"
-    assert len(report["cases"]) == 36
+    assert len(report["cases"]) == 42
     assert report["keys"]["prefix"].startswith(f"drill:{report['run']}-")
     for case in report["cases"]:
         assert case["at_provider"]
@@ -115,11 +127,11 @@ def test_a_drill_in_a_fresh_database_is_not_fooled_by_an_earlier_runs_effects(tm
 def test_the_drill_passes_on_postgres_and_stores_its_report(tmp_path: Path, capsys: Any) -> None:
     call_command("crashdrill", "--workdir", str(tmp_path), "--json-out", str(tmp_path / "drill.json"))
     out = capsys.readouterr().out
-    assert "36 of 36 cases held every assertion" in out
+    assert "42 of 42 cases held every assertion" in out
     run = DrillRun.objects.get()
     assert run.ok is True
     assert run.database == "postgresql"
-    assert (run.cases_total, run.cases_failed) == (36, 0)
+    assert (run.cases_total, run.cases_failed) == (42, 0)
     assert json.loads((tmp_path / "drill.json").read_text())["run"] == run.pk
     assert AttemptEvent.objects.filter(kind="drill", details__drill_run=run.pk).count() == 1
 

@@ -1,6 +1,9 @@
 """What the crash drill runs: its cases, and the plans that pick them.
 
-Each case runs for an idempotent and a non-idempotent tool. The agent calls
+Each case runs for an idempotent and a non-idempotent tool; A, B and C also
+for an idempotent tool that claims its dispatch with the intent (one commit
+for both: ``Tool.claim_with_intent``), in process and over HTTP, whose
+recovery after A's crash is a lookup, not the intent alone. The agent calls
 the ledger in process, over the HTTP API with the Python client, or (A and
 C) as an MCP client's ``tools/call`` through the MCP gateway, whose process
 is the one killed and whose upstream is an MCP server in front of the
@@ -35,6 +38,8 @@ from ledgerdash.ledger import crashpoints
 
 IDEMPOTENT_TOOL = "drill.send_email"
 NON_IDEMPOTENT_TOOL = "drill.charge_card"
+#: idempotent, and its dispatch is claimed in the commit that records the intent
+CLAIMED_TOOL = "drill.send_email_claimed"
 PROCESS = "process"
 HTTP = "http"
 #: through the MCP gateway: the agent's process is the gateway, its tool an upstream MCP server
@@ -50,18 +55,33 @@ class Case:
     vias: tuple[str, ...] = (PROCESS,)
     #: how many side effects (keys) the case's task makes
     keys: int = 1
+    #: whether it also runs for :data:`CLAIMED_TOOL` (not through the MCP gateway, which claims apart)
+    claims: bool = False
 
 
 CASES = {
     case.letter: case
     for case in (
-        Case("A", "kill after the intent commit, before dispatch", crashpoints.AFTER_INTENT, (PROCESS, HTTP, MCP)),
-        Case("B", "kill after the request left, before its response was read", crashpoints.AFTER_SEND, (PROCESS, HTTP)),
+        Case(
+            "A",
+            "kill after the intent commit, before dispatch",
+            crashpoints.AFTER_INTENT,
+            (PROCESS, HTTP, MCP),
+            claims=True,
+        ),
+        Case(
+            "B",
+            "kill after the request left, before its response was read",
+            crashpoints.AFTER_SEND,
+            (PROCESS, HTTP),
+            claims=True,
+        ),
         Case(
             "C",
             "kill after the provider responded, before the outcome commit",
             crashpoints.AFTER_RESPONSE,
             (PROCESS, HTTP, MCP),
+            claims=True,
         ),
         Case("D", "the same task delivered to two workers at once", None, (PROCESS, HTTP)),
         Case("E", "the authority changes while the attempt is UNKNOWN", crashpoints.BEFORE_SEND),
@@ -93,14 +113,22 @@ class Planned:
     idempotent: bool
     crash_at: str | None
     via: str = PROCESS
+    #: the tool claims its dispatch with the intent (:data:`CLAIMED_TOOL`; idempotent)
+    claimed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.claimed and (not self.idempotent or self.via == MCP or not CASES[self.letter].claims):
+            raise ValueError(f"case {self.letter} over {self.via} does not run for a tool that claims with the intent")
 
     @property
     def tool(self) -> str:
+        if self.claimed:
+            return CLAIMED_TOOL
         return IDEMPOTENT_TOOL if self.idempotent else NON_IDEMPOTENT_TOOL
 
     @property
     def label(self) -> str:
-        kind = "idempotent" if self.idempotent else "non-idempotent"
+        kind = "claimed" if self.claimed else "idempotent" if self.idempotent else "non-idempotent"
         return f"{self.letter}-{kind}" if self.via == PROCESS else f"{self.letter}-{self.via}-{kind}"
 
 
@@ -110,14 +138,19 @@ def ways_in() -> tuple[str, ...]:
     return (PROCESS, HTTP, MCP) if importlib.util.find_spec("mcp") is not None else (PROCESS, HTTP)
 
 
+def _kinds(case: Case, via: str) -> list[tuple[bool, bool]]:
+    """The kinds of tool ``case`` runs for over ``via``: (idempotent, claimed)."""
+    return [(True, False), (False, False)] + ([(True, True)] if case.claims and via != MCP else [])
+
+
 def fixed_plan() -> list[Planned]:
-    """Every case, for both kinds of tool, over every way in it runs over."""
+    """Every case, for every kind of tool it runs for, over every way in it runs over."""
     return [
-        Planned(case.letter, idempotent, case.crash_at, via)
+        Planned(case.letter, idempotent, case.crash_at, via, claimed=claimed)
         for via in ways_in()
         for case in CASES.values()
         if via in case.vias
-        for idempotent in (True, False)
+        for idempotent, claimed in _kinds(case, via)
     ]
 
 
@@ -127,11 +160,11 @@ def random_plan(iterations: int, seed: int) -> list[Planned]:
     plan = []
     for _ in range(iterations):
         case = CASES[rng.choice(sorted(CASES))]
-        idempotent = rng.choice((True, False))
         via = rng.choice([v for v in case.vias if v in ways_in()])
+        idempotent, claimed = rng.choice(_kinds(case, via))
         crash_at = case.crash_at
         if case.letter in ("E", "F"):
             # Whether the request reached the provider before the crash.
             crash_at = rng.choice((crashpoints.BEFORE_SEND, crashpoints.AFTER_SEND))
-        plan.append(Planned(case.letter, idempotent, crash_at, via))
+        plan.append(Planned(case.letter, idempotent, crash_at, via, claimed=claimed))
     return plan

@@ -74,6 +74,7 @@ class CaseReport:
             "title": case.title,
             "tool": self.planned.tool,
             "idempotent": self.planned.idempotent,
+            "claimed": self.planned.claimed,
             "via": self.planned.via,
             "crash_point": self.planned.crash_at,
             "key": self.key,

@@ -18,8 +18,10 @@ run (in this database, or in one restored or reset since) can have used
 them, so only this run's effects are counted. The drill starts its own
 sandbox with a store of its own unless given one.
 
-The drill owns a tenant (``crashdrill`` by default), two tools
-(``drill.send_email``, idempotent, and ``drill.charge_card``, not) and its
+The drill owns a tenant (``crashdrill`` by default), three tools
+(``drill.send_email``, idempotent, ``drill.charge_card``, not, and
+``drill.send_email_claimed``, idempotent with its dispatch claimed in the
+intent's commit) and its
 people (an operator and an approver, without passwords). Run one drill at a
 time per database.
 """
@@ -46,6 +48,7 @@ from ledgerdash.ledger import clock, crashpoints, moves
 from ledgerdash.ledger.authority import current_policy
 from ledgerdash.ledger.drill.cases import (
     CASES,
+    CLAIMED_TOOL,
     HTTP,
     IDEMPOTENT_TOOL,
     MCP,
@@ -89,8 +92,8 @@ __all__ = ["CASES", "Drill", "Planned", "database_url", "fixed_plan", "leave_unk
 S = State
 BASE_SCOPES = ["drill:send", "drill:notify"]
 NARROWED_SCOPES = ["drill:send"]
-#: The drill tenant's policy between cases: both tools, the base scopes.
-BASELINE_TOOLS = {IDEMPOTENT_TOOL: BASE_SCOPES, NON_IDEMPOTENT_TOOL: BASE_SCOPES}
+#: The drill tenant's policy between cases: every tool, the base scopes.
+BASELINE_TOOLS = {tool: BASE_SCOPES for tool in (IDEMPOTENT_TOOL, NON_IDEMPOTENT_TOOL, CLAIMED_TOOL)}
 #: The drill's tools: a request takes at most this long, the lease a little longer.
 MAX_REQUEST_SECONDS = 1.0
 LEASE_SECONDS = 1.5
@@ -163,13 +166,18 @@ class Drill:
         self.tenant = tenant
         assert self.sandbox_url is not None
         self.adapter_config = http_adapter_config(self.sandbox_url, lookup_timeout=0.5)
-        for name, idempotent in ((IDEMPOTENT_TOOL, True), (NON_IDEMPOTENT_TOOL, False)):
+        for name, idempotent, claim in (
+            (IDEMPOTENT_TOOL, True, False),
+            (NON_IDEMPOTENT_TOOL, False, False),
+            (CLAIMED_TOOL, True, True),
+        ):
             Tool.objects.update_or_create(
                 name=name,
                 defaults={
                     "adapter": Tool.Adapter.HTTP,
                     "config": self.adapter_config,
                     "idempotent": idempotent,
+                    "claim_with_intent": claim,
                     "key_retention_seconds": 3600,
                     "dispatch_lease_seconds": LEASE_SECONDS,
                     "max_request_seconds": MAX_REQUEST_SECONDS,

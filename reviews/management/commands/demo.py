@@ -3,7 +3,7 @@
 The attempts a newcomer sees are not fixtures: the crash drill kills real
 agent processes at each crash point against the sandbox provider and lets
 recovery run, for tenant ``acme`` (every case whose agent runs in process,
-A to J but G, with both kinds of tool) and ``globex`` (random cases from a
+A to J but G, with every kind of tool) and ``globex`` (random cases from a
 fixed seed). More agents are killed while
 the provider's lookup API is down, so the UNKNOWN queue has live work; an
 operator asks for a retry so the approver has a decision waiting. Agents

@@ -54,7 +54,8 @@ class Command(BaseCommand):
             plan, mode = fixed_plan(), "fixed"
             self.stdout.write(
                 f"crash drill: {len(plan)} cases (A to L, each for an idempotent and a non-idempotent tool; "
-                "A to D in process and over the HTTP API)"
+                "A to D in process and over the HTTP API; A to C also for a tool that claims its dispatch "
+                "with the intent)"
             )
         with Drill(
             tenant=options["tenant"],
