@@ -30,16 +30,3 @@ def events_by_seq(events: QuerySet[AttemptEvent], fields: Iterable[str], *, chun
             return
         yield from rows
         last = rows[-1]["seq"]
-
-
-# Table and column names come from the model; the values are parameters.
-_ATTEMPT_OF_TENANT = "SELECT {columns} FROM {table} WHERE id = %s AND tenant_id = %s".format(  # noqa: S608
-    columns=", ".join(f'"{field.column}"' for field in Attempt._meta.concrete_fields), table=Attempt._meta.db_table
-)
-
-
-def attempt_of_tenant(attempt_id: int, tenant_id: int) -> Attempt | None:
-    """The attempt ``attempt_id`` if it is ``tenant_id``'s, else None, in one
-    plain query: every ingest API call on an attempt starts here, and
-    compiling the ORM's ``get()`` cost more than running it."""
-    return next(iter(Attempt.objects.raw(_ATTEMPT_OF_TENANT, [attempt_id, tenant_id])), None)
