@@ -118,6 +118,19 @@ def _fresh_database(self: TransactionTestCase) -> None:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" OWNER "{owner}"')
 
 
+def _no_dead_connection() -> None:
+    """Before a transactional test: drop a connection the last template copy
+    terminated. ``connections.close_all()`` in :func:`_fresh_database`
+    closes the connections of the context it runs in, and a transactional
+    test can run in another context than the tests before it (the browser
+    tests do): the connection an earlier test left open in this one was
+    ended by the ``DROP DATABASE … WITH (FORCE)``, and the next statement on
+    it would fail with "terminating connection due to administrator command"."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and not conn.in_atomic_block and not conn.is_usable():
+            conn.close()
+
+
 def _make_roles(test_name: str) -> None:
     base = test_name[:40]
     owner, runtime = f"{base}_owner_{RUN}", f"{base}_runtime_{RUN}"
@@ -162,6 +175,7 @@ def django_db_setup(
     _admin.update(settings.DATABASES["default"])
     split = os.environ.get("LEDGERDASH_TEST_DB_ROLES", "on").lower() not in {"off", "0", "false", "no"}
     original_teardown = TransactionTestCase._fixture_teardown
+    original_setup = TransactionTestCase.__dict__["_fixture_setup"]  # a classmethod
     with django_db_blocker.unblock():
         test_name = "test_" + str(_admin["NAME"])
         with admin_connect("postgres") as admin:  # a database an earlier, killed run left behind
@@ -182,10 +196,17 @@ def django_db_setup(
         if split:
             _use(*_roles["runtime"])
     TransactionTestCase._fixture_teardown = _fresh_database  # type: ignore[method-assign]
+
+    def fixture_setup(cls: type[TransactionTestCase]) -> None:
+        _no_dead_connection()
+        original_setup.__func__(cls)
+
+    TransactionTestCase._fixture_setup = classmethod(fixture_setup)  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:
         TransactionTestCase._fixture_teardown = original_teardown  # type: ignore[method-assign]
+        TransactionTestCase._fixture_setup = original_setup  # type: ignore[method-assign]
         with django_db_blocker.unblock():
             connections.close_all()
             with admin_connect("postgres") as admin:
