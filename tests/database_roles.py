@@ -40,7 +40,7 @@ from django.conf import settings
 from django.db import connections
 from django.test import TransactionTestCase
 
-from ledgerdash.ledger import dbroles
+from ledgerdash.ledger import dbroles, events
 
 RUN = secrets.token_hex(4)
 
@@ -116,6 +116,8 @@ def _fresh_database(self: TransactionTestCase) -> None:
         # FORCE ends what the test left connected (a live server's thread, a worker it killed).
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" OWNER "{owner}"')
+    # The copy's sequences start again: ids this process reserved from the old ones must not be used.
+    events.forget_reserved_ids()
 
 
 def _no_dead_connection() -> None:

@@ -390,6 +390,16 @@ def next_attempt_id() -> int:
         return block.popleft()
 
 
+def forget_reserved_ids() -> None:
+    """Drop every block of ids this process reserved: for a process that
+    outlives its database being replaced (a test's fresh copy). The blocks
+    came from the old database's sequence; used against the new one they
+    would also be handed out by its sequence to plain inserts (a linked
+    attempt's), which would then collide with them."""
+    with _ids_lock:
+        _ids.clear()
+
+
 def reserved_id_taken(error: Exception) -> bool:
     """Whether ``error`` says an id of this process's block was in use
     already; if so the block is dropped, and the next id comes from a new one."""
