@@ -10,12 +10,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The interpreter running the tests: its virtualenv is the one the child processes need.
@@ -28,11 +30,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_http(url: str, *, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+def _tail(log: IO[bytes], limit: int = 20_000) -> str:
+    """The last ``limit`` bytes a child wrote to ``log``."""
+    log.flush()
+    size = log.seek(0, os.SEEK_END)
+    log.seek(max(0, size - limit))
+    return log.read().decode(errors="replace")
+
+
+def _read_all(proc: subprocess.Popen[bytes]) -> str:
+    return proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+
+
+def wait_for_http(
+    url: str, *, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None, log: IO[bytes] | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            out = _tail(log) if log is not None else _read_all(proc)
             raise RuntimeError(f"process exited with {proc.returncode} before {url} answered:\n{out}")
         try:
             with urllib.request.urlopen(url, timeout=2):
@@ -53,29 +69,38 @@ def running(
 
     The child gets the project's real settings module unless ``env`` names
     one: the test run's own (tests.settings) is not what a user runs.
+
+    The child's output goes to a file, not a pipe nobody reads (a full pipe
+    would stall a chatty server); when the block fails, its tail is printed
+    to stderr, where pytest shows it beside the failure: what the server
+    logged is the first thing to read when a request to it failed.
     """
     child_env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     child_env.update(env or {})
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=child_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        if url:
-            wait_for_http(url, timeout=timeout, proc=proc)
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=child_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            if url:
+                wait_for_http(url, timeout=timeout, proc=proc, log=log)
+            yield proc
+        except BaseException:
+            sys.stderr.write(f"--- output of {' '.join(cmd)} (its tail)\n{_tail(log)}\n---\n")
+            raise
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 class Browser:
