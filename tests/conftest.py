@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import connection
 from django.test import Client
 
-from ledgerdash.ledger import recording
+from ledgerdash.ledger import recording, tokens
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
@@ -267,6 +267,17 @@ def ledger_snapshot() -> tuple[int, int, list[tuple[Any, ...]]]:
 
 
 STATES = list(State)
+
+
+@pytest.fixture
+def kept_for_5s(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """The per-worker token cache on (5 s), with a clock the test moves."""
+    settings.LEDGER_TOKEN_CACHE_SECONDS = 5
+    tokens.token_forget_all()
+    clock = [1000.0]
+    monkeypatch.setattr(tokens, "_monotonic", lambda: clock[0])
+    yield clock
+    tokens.token_forget_all()
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from ledgerdash.ledger import api as ledger_api
-from ledgerdash.ledger import errors, moves, recording
+from ledgerdash.ledger import errors, moves, recording, tokens
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import ApiToken, Attempt, AttemptEvent, Incident, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
@@ -454,12 +454,8 @@ def test_a_revoked_token_and_an_expired_token_answer_401(tenant_a: Tenant) -> No
 
 
 def test_a_worker_checks_a_token_once_per_cache_period_and_a_revocation_here_at_once(
-    tenant_a: Tenant, settings: Any, django_assert_num_queries: Any
+    tenant_a: Tenant, kept_for_5s: list[float], django_assert_num_queries: Any
 ) -> None:
-    from ledgerdash.ledger import tokens
-
-    settings.LEDGER_TOKEN_CACHE_SECONDS = 5
-    tokens.token_forget_all()
     raw = issue_token(tenant_a, READ)
     api = Api(raw)
     api.get("/attempts")  # the first request looks the token up and notes its use
@@ -467,7 +463,6 @@ def test_a_worker_checks_a_token_once_per_cache_period_and_a_revocation_here_at_
         assert api.get("/attempts").status_code == 200
     tokens.token_revoke(token=ApiToken.objects.get(prefix=raw.split("_")[1]), actor=Actor.system("tests"))
     assert api.get("/attempts").json()["code"] == "token_revoked"
-    tokens.token_forget_all()
 
 
 def test_a_token_of_an_inactive_tenant_is_refused(tenant_a: Tenant, api_a: Api) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +14,6 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
-from ledgerdash.ledger import tokens
 from ledgerdash.ledger.errors import InvalidField, InvalidToken, TokenExpired, TokenRevoked
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import ApiToken, AttemptEvent, Tenant
@@ -60,17 +58,6 @@ def test_revoked_expired_and_unknown_tokens_are_refused(tenant_a: Tenant) -> Non
     for bad in ["", "ldk_", "ldk_zzzzzzzzzzzz_x", "ldk_" + token.prefix, raw + "x", "x" * 1000]:
         with pytest.raises(InvalidToken):
             token_authenticate(bad)
-
-
-@pytest.fixture
-def kept_for_5s(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
-    """The per-worker token cache on (5 s), with a clock the test moves."""
-    settings.LEDGER_TOKEN_CACHE_SECONDS = 5
-    tokens.token_forget_all()
-    clock = [1000.0]
-    monkeypatch.setattr(tokens, "_monotonic", lambda: clock[0])
-    yield clock
-    tokens.token_forget_all()
 
 
 def test_a_worker_looks_a_token_up_once_per_cache_period(
