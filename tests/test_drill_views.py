@@ -13,7 +13,7 @@ from ledgerdash.ledger.models import DrillRun, Tenant
 from tests.conftest import as_user, record
 
 
-def stored_run(tenant: Tenant, *, ok: bool) -> DrillRun:
+def stored_run(tenant: Tenant, *, ok: bool, **case_fields: Any) -> DrillRun:
     """A run as the drill stores it (the drill itself is tested in test_crashdrill)."""
     attempt = record(tenant, "drill:1:001-B-non-idempotent", args={"amount": 1})
     case = {
@@ -48,6 +48,7 @@ def stored_run(tenant: Tenant, *, ok: bool) -> DrillRun:
             }
         ],
         "events": [],
+        **case_fields,
     }
     return DrillRun.objects.create(
         tenant=tenant,
@@ -82,6 +83,22 @@ def test_a_failed_run_names_the_duplicate(tenant_a: Tenant, viewer_a: Any) -> No
     assert "crashdrill --iterations 1 --seed 42" in page
     attempt_id = run.report["cases"][0]["attempts"][0]["id"]
     assert f'href="{reverse("reviews:attempt", args=[attempt_id])}"' in page
+
+
+@pytest.mark.parametrize(
+    ("fields", "kind"),
+    [
+        ({}, "not idempotent"),  # a report stored before cases said "claimed"
+        ({"idempotent": True, "claimed": False}, "idempotent"),
+        ({"idempotent": True, "claimed": True}, "idempotent, its dispatch claimed with the intent"),
+    ],
+)
+def test_a_case_says_how_its_tool_records(fields: dict[str, bool], kind: str, tenant_a: Tenant, viewer_a: Any) -> None:
+    run = stored_run(tenant_a, ok=True, **fields)
+    page = as_user(viewer_a).get(reverse("reviews:drill", args=[run.pk])).content.decode()
+    assert f"</code> ({kind})</dd>" in page
+    report = as_user(viewer_a).get(reverse("reviews:drill_report", args=[run.pk])).content.decode()
+    assert report.count(f"</bdi> ({kind})") == 2  # the summary table and the case's own section
 
 
 def test_another_tenants_run_is_a_404(tenant_a: Tenant, tenant_b: Tenant, outsider_b: Any) -> None:

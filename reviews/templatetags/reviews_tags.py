@@ -73,6 +73,15 @@ def count_label(value: int | None) -> str:
 
 
 @register.filter
+def tool_kind(case: dict[str, Any]) -> str:
+    """How a drill case's tool records, in words. Reports stored before
+    cases said ``claimed`` read as not claiming, which they did not."""
+    if case.get("claimed"):
+        return "idempotent, its dispatch claimed with the intent"
+    return "idempotent" if case.get("idempotent") else "not idempotent"
+
+
+@register.filter
 def compact_json(value: Any) -> str:
     """One-line JSON with sorted keys: dense enough for a printed report."""
     return display.compact_json(value)
