@@ -62,7 +62,12 @@ def wait_for_http(
 
 @contextlib.contextmanager
 def running(
-    cmd: list[str], *, env: dict[str, str] | None = None, url: str | None = None, timeout: float = 60.0
+    cmd: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    url: str | None = None,
+    timeout: float = 60.0,
+    output: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``cmd`` in its own process group until the block ends (once
     ``url`` answers, when given, within ``timeout`` seconds).
@@ -71,13 +76,14 @@ def running(
     one: the test run's own (tests.settings) is not what a user runs.
 
     The child's output goes to a file, not a pipe nobody reads (a full pipe
-    would stall a chatty server); when the block fails, its tail is printed
-    to stderr, where pytest shows it beside the failure: what the server
-    logged is the first thing to read when a request to it failed.
+    would stall a chatty server): ``output`` when given (kept, for the test
+    to read), else a temporary one. When the block fails, its tail is
+    printed to stderr, where pytest shows it beside the failure: what the
+    server logged is the first thing to read when a request to it failed.
     """
     child_env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     child_env.update(env or {})
-    with tempfile.TemporaryFile() as log:
+    with open(output, "w+b") if output else tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
             cmd,
             cwd=ROOT,

@@ -105,10 +105,10 @@ def test_a_bare_gunicorn_without_static_files_says_so_and_serves_the_api(tmp_pat
     env = production_env(tmp_path, port)
     manage(env, "migrate", "--noinput")
     cmd = [PYTHON, "-m", "gunicorn", "ledgerdash.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
-    with running(cmd, env=env, url=f"http://127.0.0.1:{port}/healthz", timeout=120) as proc:
+    output = tmp_path / "gunicorn.log"
+    with running(cmd, env=env, url=f"http://127.0.0.1:{port}/healthz", timeout=120, output=output):
         status, _, body = Browser(f"http://127.0.0.1:{port}").get("/readyz")
         assert status == 200, body
-    assert proc.stdout is not None
-    log = proc.stdout.read().decode()
+    log = output.read_text()
     assert "static files are not collected" in log
     assert "the API is not affected" in log
