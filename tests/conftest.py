@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,6 +74,22 @@ def _postgres_unreachable() -> str | None:
 def pytest_configure(config: pytest.Config) -> None:
     # Set before xdist starts its workers, so they all carry the same run name.
     os.environ.setdefault(RUN_ENV, f"run{os.getpid()}")
+
+
+#: Where a test's live server writes its output (set by the fixture that starts it).
+SERVER_OUTPUT = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """A failed test that ran a live server shows the server's own log beside
+    the failure: the reason for a 503 or a 500 is there, not in the test."""
+    report: pytest.TestReport = yield
+    output = item.stash.get(SERVER_OUTPUT, None)
+    if report.failed and output is not None and output.exists():
+        tail = output.read_bytes()[-20_000:].decode(errors="replace")
+        report.sections.append(("live server output (its tail)", tail))
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,7 @@ from ledgerdash.client import LedgerClient, LedgerUnavailable
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Membership, Tenant, TokenScope
 from ledgerdash.ledger.tokens import token_create
+from tests.conftest import SERVER_OUTPUT
 from tests.database_roles import admin_connect
 from tests.live import PYTHON, ROOT, Browser, free_port, running
 from tests.tcp_proxy import TcpProxy
@@ -58,7 +59,11 @@ def static_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def app(
-    request: pytest.FixtureRequest, transactional_db: None, static_root: Path, django_user_model: Any
+    request: pytest.FixtureRequest,
+    transactional_db: None,
+    static_root: Path,
+    django_user_model: Any,
+    tmp_path: Path,
 ) -> Iterator[App]:
     tenant = Tenant.objects.create(slug="acme", name="Acme")
     user = django_user_model.objects.create(
@@ -89,8 +94,9 @@ def app(
     }
     base = f"http://127.0.0.1:{port}"
     cmd = [PYTHON, "-m", "gunicorn", "--config", "deploy/gunicorn.conf.py", "ledgerdash.wsgi"]
+    output = request.node.stash[SERVER_OUTPUT] = tmp_path / "gunicorn.log"
     try:
-        with running(cmd, env=env, url=f"{base}/healthz", timeout=120):
+        with running(cmd, env=env, url=f"{base}/healthz", timeout=120, output=output):
             browser = Browser(base)
             browser.login("operator", PASSWORD)
             yield App(base, browser, LedgerClient(base, raw_token, retries=0, timeout=15), proxy, raw_token)
