@@ -55,6 +55,13 @@ def test_the_rule_accepts_ordinary_keys_in_any_script(key: str) -> None:
     assert keys.key_problem(key) is None
 
 
+@pytest.mark.parametrize("code", range(128))
+def test_printable_ascii_passes_without_the_unicode_checks_and_nothing_else_does(code: int) -> None:
+    key = f"invoice:{chr(code)}:7"
+    assert keys.key_problem(key) == keys.unicode_problem(key)
+    assert (keys.key_problem(key) is None) == (0x20 <= code < 0x7F)
+
+
 def test_a_refusal_names_the_form_to_send_instead() -> None:
     problem = keys.key_problem(unicodedata.normalize("NFD", COMPOSED))
     assert problem is not None
