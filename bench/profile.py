@@ -3,8 +3,12 @@
 Runs the recording benchmark's ledgerdash agent in this process under
 pyinstrument (``pip install -e '.[bench]'``) against a scratch database of
 its own (named like the benchmark's: see bench/__main__.py), and prints
-where the time goes, the SQL statements one call sends, and the WAL the
-calls write.
+where the time goes, the SQL statements one call sends, the WAL the calls
+write, and how a call's time splits between its statements and the Python
+around them, beside the minimal peer's (the two alternating in this
+process: each statement timed from the call into the driver to its return,
+by a Django execute wrapper for the ledger and around psycopg's
+``Connection.execute`` for the peer).
 
 WAL is measured two ways around a loop of calls on this one connection:
 
@@ -24,11 +28,13 @@ WAL is measured two ways around a loop of calls on this one connection:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from bench.common import Databases, say, setup_django
@@ -86,13 +92,74 @@ def measure_wal(call: Any, first: int) -> None:
         )
 
 
+def compare_with_floor(ours: Any, floor: Any, *, rounds: int = 3, calls: int = 400) -> None:
+    """Each agent's p50 per call, the two alternating round by round, and
+    the mean time of a call inside its statements and outside them."""
+    import statistics
+
+    import psycopg
+    from django.db import connection
+
+    spent = {"ledgerdash": 0.0, "floor": 0.0}
+
+    def timed(who: str, run: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return run()
+        finally:
+            spent[who] += time.perf_counter() - began
+
+    def ours_statement(execute: Any, sql: Any, params: Any, many: Any, context: Any) -> Any:
+        return timed("ledgerdash", lambda: execute(sql, params, many, context))
+
+    plain_execute = psycopg.Connection.execute
+
+    def floor_statement(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return timed("floor", lambda: plain_execute(self, *args, **kwargs))
+
+    @contextlib.contextmanager
+    def timing(who: str) -> Iterator[None]:
+        if who == "ledgerdash":
+            with connection.execute_wrapper(ours_statement):
+                yield
+            return
+        psycopg.Connection.execute = floor_statement  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            psycopg.Connection.execute = plain_execute  # type: ignore[method-assign]
+
+    totals = {"ledgerdash": 0.0, "floor": 0.0}
+    first = 30_000_000
+    for round_no in range(rounds):
+        p50 = {}
+        for who, call in (("ledgerdash", ours), ("floor", floor)):
+            latencies = []
+            with timing(who):
+                for i in range(calls):
+                    began = time.perf_counter()
+                    call(first + round_no * calls + i, False)
+                    latencies.append(time.perf_counter() - began)
+            totals[who] += sum(latencies)
+            p50[who] = statistics.median(latencies) * 1000
+        say(
+            f"  round {round_no + 1}: ledgerdash p50 {p50['ledgerdash']:.2f} ms, the minimal peer "
+            f"{p50['floor']:.2f} ms: {p50['ledgerdash'] / p50['floor']:.2f}x"
+        )
+    n = rounds * calls
+    for who in ("ledgerdash", "floor"):
+        inside, total = spent[who] / n * 1000, totals[who] / n * 1000
+        name = "ledgerdash" if who == "ledgerdash" else "the minimal peer"
+        say(f"  {name}: {total:.2f} ms a call, {inside:.2f} ms in its statements, {total - inside:.2f} ms outside them")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile")
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--interval", type=float, default=0.0002, help="pyinstrument's sampling interval")
     args = parser.parse_args(argv)
     from bench.__main__ import DEFAULT_URL
-    from bench.peers import ledgerdash_agent
+    from bench.peers import ledgerdash_agent, minimal_agent
     from bench.recording import _prepare_tenants
 
     dbs = Databases(os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL), os.environ.get("BENCH_RUN_ID"))
@@ -102,7 +169,17 @@ def main(argv: list[str] | None = None) -> int:
         setup_django(dbs.url_of(dbs.main))
         dbs.fresh_main()
         run_id = uuid.uuid4().hex[:8]
-        cfg = {"env": dict(os.environ), "tenants": _prepare_tenants(run_id), "run": run_id}
+        from django.conf import settings
+
+        cfg = {
+            "env": dict(os.environ),
+            "tenants": _prepare_tenants(run_id),
+            "run": run_id,
+            "database_url": dbs.url_of(dbs.main),
+            "dispatch_lease_seconds": settings.LEDGER_DISPATCH_LEASE_SECONDS,
+            "intent_lease_seconds": settings.LEDGER_INTENT_LEASE_SECONDS,
+            "max_request_seconds": settings.LEDGER_MAX_REQUEST_SECONDS,
+        }
         call = ledgerdash_agent(cfg, 0).call
         for i in range(50):
             call(i, False)
@@ -117,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         kinds = Counter(q["sql"].split()[0] for q in captured.captured_queries)
         say(f"  by kind: {dict(kinds)}")
         measure_wal(call, 20_000_000)
+        floor = minimal_agent(cfg, 0)
+        for i in range(50):
+            floor.call(i, False)
+        say("\none agent's calls beside the minimal peer's, alternating:")
+        compare_with_floor(call, floor.call)
+        floor.release()
 
         from pyinstrument import Profiler
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,27 @@ def test_notify_reports_the_overhead_and_the_delivery_rates(report: dict[str, An
     assert _positive(notify["collected_per_s"])
     assert _positive(notify["sent_per_s"])
     assert notify["received"] >= notify["deliveries"]
+
+
+def test_the_profile_splits_a_call_beside_the_minimal_peer() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_") and k != "DATABASE_URL"}
+    env.update(BENCH_DATABASE_URL=_bench_url())
+    result = subprocess.run(
+        [PYTHON, "-m", "bench.profile", "--calls", "20"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "one call sends 3 statements" in result.stdout
+    for who in ("ledgerdash", "the minimal peer"):
+        pattern = rf"  {who}: ([\d.]+) ms a call, ([\d.]+) ms in its statements, ([\d.]+) ms outside"
+        split = re.search(pattern, result.stdout)
+        assert split, result.stdout[-3000:]
+        total, inside, outside = (float(x) for x in split.groups())
+        assert 0 < inside < total
+        assert outside > 0
+    assert len(re.findall(r"round \d: ledgerdash p50 [\d.]+ ms, the minimal peer [\d.]+ ms", result.stdout)) == 3
