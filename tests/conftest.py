@@ -125,7 +125,27 @@ def _bench_peers_missing() -> bool:
 
 
 @pytest.hookimpl(trylast=True)  # after -m has deselected what this run does not want
+def _grouping_lost(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker under ``--dist loadgroup``, fail the run when the
+    grouping did not reach the node ids xdist schedules by: the slow tests
+    would then run side by side, unannounced (it happened with pytest 9.2)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        message = (
+            f"--dist loadgroup: {len(lost)} grouped tests carry no group in their node id ({lost[0]}, ...); "
+            "this pytest and pytest-xdist do not group, and the slow tests would run side by side"
+        )
+        # xdist reports a worker that stops in its collection only as an
+        # internal error naming a test; its own stderr reaches the terminal.
+        os.write(2, f"\n{message}\n".encode())
+        raise pytest.UsageError(message)
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's, which writes the group into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _grouping_lost(config, items)
     needs_peers = [item for item in items if item.get_closest_marker("bench")]
     if needs_peers and _bench_peers_missing():
         reason = "needs the benchmark peers: run with .venv-bench/bin/pytest (make bench-venv makes it)"
