@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import subprocess
 import time
 import urllib.error
@@ -36,6 +37,10 @@ from tests.tcp_proxy import TcpProxy
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "database-trouble-Pa55"
+#: The app's sessions are found by this name plus a suffix of each server's own
+#: (``App.sessions``): tests that terminate or count them must never reach the
+#: sessions of another test's server, in this run or in another on the same
+#: PostgreSQL.
 APP_NAME = "ledgerdash-web-under-test"
 
 
@@ -46,6 +51,8 @@ class App:
     client: LedgerClient
     proxy: TcpProxy
     token: str
+    #: the ``application_name`` of this server's sessions, and of no one else's
+    sessions: str
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +85,12 @@ def app(
     proxy.start()
     auth = f"{db['USER']}:{db['PASSWORD']}" if db.get("PASSWORD") else str(db["USER"])
     port = free_port()
+    sessions = f"{APP_NAME}-{secrets.token_hex(6)}"
     env = {
         "DEBUG": "false",
         "SECRET_KEY": "database-trouble-" + "t" * 40,
         "ALLOWED_HOSTS": "127.0.0.1",
-        "DATABASE_URL": f"postgres://{auth}@127.0.0.1:{proxy.port}/{db['NAME']}?application_name={APP_NAME}",
+        "DATABASE_URL": f"postgres://{auth}@127.0.0.1:{proxy.port}/{db['NAME']}?application_name={sessions}",
         "DATABASE_LOCK_TIMEOUT_MS": "1000",
         "STATIC_ROOT": str(static_root),
         "LEDGERDASH_BIND": f"127.0.0.1:{port}",
@@ -99,7 +107,8 @@ def app(
         with running(cmd, env=env, url=f"{base}/healthz", timeout=120, output=output):
             browser = Browser(base)
             browser.login("operator", PASSWORD)
-            yield App(base, browser, LedgerClient(base, raw_token, retries=0, timeout=15), proxy, raw_token)
+            client = LedgerClient(base, raw_token, retries=0, timeout=15)
+            yield App(base, browser, client, proxy, raw_token, sessions)
     finally:
         proxy.stop()
 
@@ -160,7 +169,8 @@ def test_terminated_sessions_are_replaced_without_an_error(app: App) -> None:
     eventually_ok(app, "/queues/unknown/")
     with admin_connect() as admin:
         killed = admin.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", [APP_NAME]
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            [app.sessions],
         ).fetchone()
     assert killed is not None
     assert killed[0] >= 1  # the worker kept its connection between requests
@@ -200,13 +210,13 @@ def test_fifty_agent_processes_share_the_pooled_connections(app: App) -> None:
         subprocess.Popen([PYTHON, "-c", AGENT, app.base, app.token], cwd=ROOT, stderr=subprocess.PIPE)
         for _ in range(50)
     ]
-    busiest: list[tuple[Any, ...]] = []  # the app's sessions when most were open
+    busiest: list[tuple[Any, ...]] = []  # this server's sessions when most were open
     with admin_connect() as admin:
         while any(agent.poll() is None for agent in agents):
             sessions = admin.execute(
                 "SELECT pid, backend_start, state, left(query, 80) FROM pg_stat_activity "
                 "WHERE application_name = %s ORDER BY pid",
-                [APP_NAME],
+                [app.sessions],
             ).fetchall()
             if len(sessions) > len(busiest):
                 busiest = sessions
