@@ -124,7 +124,6 @@ def _bench_peers_missing() -> bool:
     return importlib.util.find_spec("dbos") is None
 
 
-@pytest.hookimpl(trylast=True)  # after -m has deselected what this run does not want
 def _grouping_lost(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In an xdist worker under ``--dist loadgroup``, fail the run when the
     grouping did not reach the node ids xdist schedules by: the slow tests
@@ -143,7 +142,9 @@ def _grouping_lost(config: pytest.Config, items: list[pytest.Item]) -> None:
         raise pytest.UsageError(message)
 
 
-@pytest.hookimpl(trylast=True)  # after xdist's, which writes the group into the node ids
+# Last: after -m has deselected what this run does not want, and after xdist
+# has written each test's group into its node id.
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _grouping_lost(config, items)
     needs_peers = [item for item in items if item.get_closest_marker("bench")]
