@@ -33,6 +33,7 @@ from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 from tests.database_roles import django_db_setup  # noqa: F401 - PostgreSQL as the runtime role
+from tests.live import output_tail
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -87,8 +88,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report: pytest.TestReport = yield
     output = item.stash.get(SERVER_OUTPUT, None)
     if report.failed and output is not None and output.exists():
-        tail = output.read_bytes()[-20_000:].decode(errors="replace")
-        report.sections.append(("live server output (its tail)", tail))
+        with output.open("rb") as log:
+            report.sections.append(("live server output (its tail)", output_tail(log)))
     return report
 
 

@@ -30,8 +30,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _tail(log: IO[bytes], limit: int = 20_000) -> str:
-    """The last ``limit`` bytes a child wrote to ``log``."""
+def output_tail(log: IO[bytes], limit: int = 20_000) -> str:
+    """The last ``limit`` bytes a child wrote to ``log`` (a file open for reading)."""
     log.flush()
     size = log.seek(0, os.SEEK_END)
     log.seek(max(0, size - limit))
@@ -48,7 +48,7 @@ def wait_for_http(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            out = _tail(log) if log is not None else _read_all(proc)
+            out = output_tail(log) if log is not None else _read_all(proc)
             raise RuntimeError(f"process exited with {proc.returncode} before {url} answered:\n{out}")
         try:
             with urllib.request.urlopen(url, timeout=2):
@@ -97,7 +97,7 @@ def running(
                 wait_for_http(url, timeout=timeout, proc=proc, log=log)
             yield proc
         except BaseException:
-            sys.stderr.write(f"--- output of {' '.join(cmd)} (its tail)\n{_tail(log)}\n---\n")
+            sys.stderr.write(f"--- output of {' '.join(cmd)} (its tail)\n{output_tail(log)}\n---\n")
             raise
         finally:
             with contextlib.suppress(ProcessLookupError):

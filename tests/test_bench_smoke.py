@@ -34,6 +34,18 @@ def _bench_url() -> str:
     return admin_url(f"test_{name}_bench")
 
 
+def _bench(args: list[str], *, timeout: float, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m <args>`` on the benchmark's databases of this test run, as
+    a user runs it (the project's settings, not the tests'); it must succeed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_") and k != "DATABASE_URL"}
+    env.update(BENCH_DATABASE_URL=_bench_url(), **extra_env)
+    result = subprocess.run(
+        [PYTHON, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
 def _existing(dbs: Databases, names: list[str]) -> list[str]:
     with dbs.admin() as conn:
         rows = conn.execute("SELECT datname FROM pg_database WHERE datname = ANY(%s)", [names]).fetchall()
@@ -47,22 +59,12 @@ def _positive(value: Any) -> bool:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench") / "quick.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_") and k != "DATABASE_URL"}
-    env.update(
-        BENCH_DATABASE_URL=_bench_url(),
+    result = _bench(
+        ["bench", "--quick", "--json", str(out)],
+        timeout=800,
         BENCH_GUNICORN_PORT=str(free_port()),
         BENCH_SANDBOX_PORT=str(free_port()),
     )
-    result = subprocess.run(
-        [PYTHON, "-m", "bench", "--quick", "--json", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=800,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "=== targets" in result.stdout
     return dict(json.loads(Path(out).read_text()))
 
@@ -182,18 +184,7 @@ def test_notify_reports_the_overhead_and_the_delivery_rates(report: dict[str, An
 
 
 def test_the_profile_splits_a_call_beside_the_minimal_peer() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_") and k != "DATABASE_URL"}
-    env.update(BENCH_DATABASE_URL=_bench_url())
-    result = subprocess.run(
-        [PYTHON, "-m", "bench.profile", "--calls", "20"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    result = _bench(["bench.profile", "--calls", "20"], timeout=600)
     assert "one call sends 3 statements" in result.stdout
     for who in ("ledgerdash", "the minimal peer"):
         pattern = rf"  {who}: ([\d.]+) ms a call, ([\d.]+) ms in its statements, ([\d.]+) ms outside"

@@ -149,8 +149,7 @@ def test_random_cases_pass_on_postgres(tmp_path: Path, capsys: Any) -> None:
 
 @pytest.mark.postgres
 # Slow, so it runs in the slow tests' group, one after another: its busy
-# loops take both cores, which a test beside it (a login through a live
-# server with a 1 s lock timeout) must not have to share.
+# loops take both cores, which no test beside it should have to share.
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_drill_gives_the_same_verdict_on_a_loaded_machine(tmp_path: Path) -> None:
