@@ -599,3 +599,43 @@ def test_the_suite_runs_the_moves_as_production_runs_them(tenant_a: Any) -> None
     with transaction.atomic(), CaptureQueriesContext(connection) as inside:
         moves.attempt_comment(attempt=attempt, actor=AGENT, text="seen")
     assert not any(q["sql"].lstrip().startswith("WITH changed AS") for q in inside.captured_queries)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_one_statement_change_sends_every_value_as_the_orm_would() -> None:
+    """The values a change sends skip the ORM's conversions only where those
+    would return the value itself: for every column of an attempt and every
+    kind of value, what is sent equals what ``get_db_prep_save`` returns."""
+    import datetime as dt
+    import warnings
+
+    from django.db import connection
+
+    from ledgerdash.ledger import events
+
+    aware = dt.datetime(2026, 12, 1, 14, 0, tzinfo=dt.UTC)
+    samples: list[Any] = [
+        "text", "", 7, 0, True, False, None, aware, aware.replace(tzinfo=None), {"a": [1, "b"]}, ["x"], 1.5,
+        S.DISPATCHED,
+    ]  # fmt: skip
+    for field in Attempt._meta.concrete_fields:
+        column = events._column(field.name)
+        assert column.field is field
+        for value in samples:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a naive datetime, as the ORM warns of it
+                try:
+                    expected = field.get_db_prep_save(value, connection)
+                except (TypeError, ValueError, ValidationError):
+                    continue  # a value the field refuses: both ways refuse it, by the same call
+                sent = column.db_value(value, connection)
+            assert type(sent) is type(expected), (field.name, value, expected)
+            assert repr(sent) == repr(expected), (field.name, value, expected)
+    # The ORM is skipped for text and datetimes, never for JSON or integers
+    # (typed by the column's size), and a naive datetime still gets its warning.
+    kinds = {f.get_internal_type(): events._column(f.name).as_is for f in Attempt._meta.concrete_fields}
+    assert (kinds["CharField"], kinds["TextField"], kinds["DateTimeField"]) == (str, str, dt.datetime)
+    assert (kinds["JSONField"], kinds["PositiveIntegerField"], kinds["ForeignKey"]) == (None, None, None)
+    with pytest.warns(RuntimeWarning, match="naive datetime"):
+        events._column("updated_at").db_value(aware.replace(tzinfo=None), connection)
