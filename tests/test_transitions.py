@@ -11,6 +11,7 @@ from django.db import IntegrityError, transaction
 
 from ledgerdash.ledger import audit, clock, moves, recording, rules
 from ledgerdash.ledger.errors import (
+    AttemptNotFound,
     AuthorizationChanged,
     ClaimLost,
     IllegalTransition,
@@ -471,6 +472,33 @@ def test_events_are_chained_per_tenant(tenant_a: Any, tenant_b: Any) -> None:
             assert event.hash == chain.link(prev, event.content_hash)
             prev = event.hash
         assert tenant.chain_head.hash == prev
+
+
+@pytest.mark.django_db
+def test_an_attempt_read_by_id_is_the_one_the_orm_reads(tenant_a: Any, operator_a: Any) -> None:
+    """The read every API request about an attempt makes builds the instance
+    from its row itself; field for field it is what a query set gives, JSON
+    decoded and datetimes aware, on either database."""
+    attempt = recording.confirm(
+        recording.mark_dispatched(record(tenant_a), actor=AGENT),
+        provider_request_id="req-1",
+        result={"id": "msg-1", "n": [1, 2.5, None, True]},
+        actor=AGENT,
+    )
+    moves.attempt_assign(attempt=attempt, owner=operator_a, actor=Actor.user(operator_a))
+    expected = Attempt.objects.get(pk=attempt.pk)
+    for read in (moves.get_attempt(attempt.pk), moves.get_attempt(attempt.pk, tenant_id=tenant_a.pk)):
+        assert not read._state.adding
+        assert read._state.db == expected._state.db
+        for field in Attempt._meta.concrete_fields:
+            got, want = getattr(read, field.attname), getattr(expected, field.attname)
+            assert (type(got), got) == (type(want), want), field.name
+    assert expected.result == {"id": "msg-1", "n": [1, 2.5, None, True]}
+    assert expected.first_dispatched_at is not None
+    assert expected.first_dispatched_at.tzinfo is not None
+    assert expected.owner_id == operator_a.pk
+    with pytest.raises(AttemptNotFound):
+        moves.get_attempt(attempt.pk, tenant_id=tenant_a.pk + 1000)
 
 
 def test_a_comment_is_an_event(tenant_a: Any, operator_a: Any) -> None:
