@@ -7,7 +7,6 @@ import math
 import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+
+from ledgerdash.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -298,7 +299,7 @@ def start_gunicorn(
 ) -> subprocess.Popen[bytes]:
     """gunicorn serving the project against ``database_url`` on loopback, as
     deployed (sync workers, DEBUG off), once it answers; stop it with
-    :func:`stop_group`."""
+    :func:`ledgerdash.processes.stop_group`."""
     env = django_env(database_url, DJANGO_SETTINGS_MODULE=settings_module)
     venv_gunicorn = ROOT / ".venv" / "bin" / "gunicorn"
     cmd = [
@@ -318,21 +319,8 @@ def start_gunicorn(
             if proc.poll() is not None:
                 raise RuntimeError(f"gunicorn exited before it served (is port {port} taken?)") from None
             time.sleep(0.2)
-    stop_group(proc)
+    stop_group(proc, timeout=20)
     raise RuntimeError("gunicorn did not answer within 60s")
-
-
-def stop_group(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
-    """Stop a process started in its own session, and its children: SIGTERM,
-    then SIGKILL if it has not exited within ``timeout`` seconds."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def say(text: str = "") -> None:

@@ -56,10 +56,10 @@ from bench.common import (
     run_manage,
     say,
     start_gunicorn,
-    stop_group,
     table,
 )
 from bench.loader import ATTEMPT_COLUMNS, bulk_load, reserve_ids
+from ledgerdash.processes import stop_group
 
 TENANTS = 50
 OWNERS = 5
@@ -405,7 +405,7 @@ def run(ctx: Any) -> dict[str, Any]:
                     samples[(name, "ours")].append(_python_load(url, cookies["ours"], duration, connections))
             say(f"  round {round_no + 1}/{rounds} done")
     finally:
-        stop_group(server)
+        stop_group(server, timeout=20)
     result = _summarize(samples, pages, prepared, explain_text, generator, rounds, durations)
     _summarize_history(result, samples, history_pages, sizes, durations, long.events.count())
     return result

@@ -38,10 +38,10 @@ from bench.common import (
     percentile,
     ratio,
     say,
-    stop_group,
     table,
 )
 from bench.loader import ATTEMPT_COLUMNS, bulk_load, reserve_ids
+from ledgerdash.processes import stop_group
 
 TOOL = "bench_send"
 LATENCY_MS = 20
@@ -244,7 +244,7 @@ def run(ctx: Any) -> dict[str, Any]:
                         f"{result['confirmed']}/{total} confirmed, double claims {result['double_claims']}"
                     )
         finally:
-            stop_group(sandbox)
+            stop_group(sandbox, timeout=20)
     return _summarize(runs, total, batch)
 
 

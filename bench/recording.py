@@ -48,10 +48,10 @@ from bench.common import (
     ratio,
     say,
     start_gunicorn,
-    stop_group,
     table,
 )
 from bench.peers import AGENTS, SCOPES, TOOL, TOOL_CLAIMED
+from ledgerdash.processes import stop_group
 
 PEERS = (
     "ledgerdash",
@@ -343,7 +343,7 @@ def run(ctx: Any) -> dict[str, Any]:
     finally:
         for pool in pools.values():
             pool.stop()
-        stop_group(server)
+        stop_group(server, timeout=20)
     from django.db import connections as django_connections
 
     django_connections.close_all()

@@ -6,7 +6,6 @@ import contextlib
 import http.cookiejar
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from ledgerdash.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The interpreter running the tests: its virtualenv is the one the child processes need.
@@ -100,13 +101,7 @@ def running(
             sys.stderr.write(f"--- output of {' '.join(cmd)} (its tail)\n{output_tail(log)}\n---\n")
             raise
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc, timeout=15)
 
 
 class Browser:

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import connection
 
 from ledgerdash.ledger import crashpoints
+from ledgerdash.processes import stop_group
 
 JOB_TIMEOUT = 60.0
 MANAGE = Path(settings.BASE_DIR) / "manage.py"
@@ -185,9 +186,7 @@ def sandbox_service(directory: Path, *, name: str = "sandbox") -> Iterator[str]:
             time.sleep(0.05)
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
+        stop_group(proc, timeout=10)
         for leftover in (store, Path(f"{store}-wal"), Path(f"{store}-shm")):
             leftover.unlink(missing_ok=True)
 
@@ -234,13 +233,7 @@ def web_service(directory: Path) -> Iterator[str]:
         _wait_for(url + "/api/v1/openapi.json", proc, f"the web server (see {directory / 'web.log'})")
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc, timeout=15)
         log.close()
 
 
@@ -299,15 +292,7 @@ class ReconcilerProcess:
 
     def stop(self, *, timeout: float = 30.0) -> int | None:
         """SIGTERM, then wait: its exit code (None if it had to be killed)."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                return None
-        return self.proc.returncode
+        return stop_group(self.proc, timeout=timeout)
 
     def log(self) -> str:
         self._log.flush()
