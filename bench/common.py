@@ -298,8 +298,9 @@ def start_gunicorn(
     database_url: str, *, workers: int = 2, settings_module: str = "ledgerdash.settings", port: int = GUNICORN_PORT
 ) -> subprocess.Popen[bytes]:
     """gunicorn serving the project against ``database_url`` on loopback, as
-    deployed (sync workers, DEBUG off), once it answers; stop it with
-    :func:`ledgerdash.processes.stop_group`."""
+    deployed (static files collected first, sync workers, DEBUG off), once it
+    answers ``/healthz``; stop it with :func:`ledgerdash.processes.stop_group`."""
+    run_manage(["collectstatic", "--noinput", "-v", "0"], database_url)
     env = django_env(database_url, DJANGO_SETTINGS_MODULE=settings_module)
     venv_gunicorn = ROOT / ".venv" / "bin" / "gunicorn"
     cmd = [
@@ -311,7 +312,7 @@ def start_gunicorn(
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=2).close()
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).close()
             return proc
         except urllib.error.HTTPError:
             return proc

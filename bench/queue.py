@@ -53,7 +53,6 @@ from bench.common import (
     Target,
     median,
     ratio,
-    run_manage,
     say,
     start_gunicorn,
     table,
@@ -362,7 +361,6 @@ def run(ctx: Any) -> dict[str, Any]:
     say(f"  long history: attempt #{long.pk}, {long.events.count()} events")
     cookies = {"ours": _session_cookie(prepared["operator"]), "admin": _session_cookie(prepared["admin"])}
     cookies["admin paging"] = cookies["admin"]
-    run_manage(["collectstatic", "--noinput", "-v", "0"], ctx.dbs.url_of(ctx.dbs.main))
     explain_text = _explain(prepared, pages)
     wrk = find_wrk()
     generator = "wrk" if wrk else "python (wrk unavailable)"
