@@ -183,12 +183,17 @@ _AUTHORITY = """
 """
 
 
-def _append(events: int = 1) -> str:
+def _append(events: int = 1, *, striped: bool = False) -> str:
     """The part of the floor's statements that appends ``events`` events of
     the changed attempt: the tenant's chain head locked, each event linked
     to the one before, the head moved past the last, the events inserted.
     The first event's values are the parameters ``%(from_state)s`` and so
-    on, the second's ``%(from_state2)s``."""
+    on, the second's ``%(from_state2)s``. ``striped``: the chain is the
+    tenant's stripe ``%(stripe)s``, in the striped peer's tables."""
+    head, event = (
+        ("bench_stripe_head", "bench_striped_event") if striped else ("ledger_chainhead", "ledger_attemptevent")
+    )
+    head_stripe = f" AND {head}.stripe = %(stripe)s" if striped else ""
     suffixes = ["", *(str(n) for n in range(2, events + 1))]
     links = [
         f"""link{n} AS (
@@ -199,7 +204,8 @@ def _append(events: int = 1) -> str:
         for previous, n in zip(["head", *(f"link{n}" for n in suffixes[:-1])], suffixes, strict=True)
     ]
     rows = [
-        f"""SELECT %(tenant)s, link{n}.seq, changed.id, 'transition', 'agent', NULL::integer, %(label)s,
+        f"""SELECT %(tenant)s,{" %(stripe)s," if striped else ""} link{n}.seq, changed.id, 'transition', 'agent',
+       NULL::integer, %(label)s,
        %(from_state{n})s, %(to_state{n})s, %(fence{n})s, %(reason{n})s, %(details{n})s, %(now)s,
        %(content_hash{n})s, link{n}.prev_hash, link{n}.hash
 FROM changed LEFT JOIN link{n} ON true"""
@@ -209,15 +215,15 @@ FROM changed LEFT JOIN link{n} ON true"""
     union = "\nUNION ALL\n".join(rows)
     return f"""
 head AS (
-    SELECT seq, hash FROM ledger_chainhead
-    WHERE tenant_id = %(tenant)s AND EXISTS (SELECT FROM changed) FOR UPDATE
+    SELECT seq, hash FROM {head}
+    WHERE {head}.tenant_id = %(tenant)s{head_stripe} AND EXISTS (SELECT FROM changed) FOR UPDATE
 ), {", ".join(links)}, head_moved AS (
-    UPDATE ledger_chainhead SET seq = {last}.seq, hash = {last}.hash FROM {last}
-    WHERE ledger_chainhead.tenant_id = %(tenant)s
+    UPDATE {head} SET seq = {last}.seq, hash = {last}.hash FROM {last}
+    WHERE {head}.tenant_id = %(tenant)s{head_stripe}
 )
-INSERT INTO ledger_attemptevent (
-    tenant_id, seq, attempt_id, kind, actor_kind, actor_user_id, actor_label, from_state, to_state,
-    fence, reason, details, created_at, content_hash, prev_hash, hash
+INSERT INTO {event} (
+    tenant_id,{" stripe," if striped else ""} seq, attempt_id, kind, actor_kind, actor_user_id, actor_label,
+    from_state, to_state, fence, reason, details, created_at, content_hash, prev_hash, hash
 )
 {union}
 RETURNING seq
@@ -289,7 +295,7 @@ _TYPES = {
     "details": "jsonb", "content_hash": "varchar", "request_id": "varchar", "now": "timestamptz",
     "lease": "timestamptz", "lease_seconds": "float8", "max_request": "float8",
     "from_state2": "varchar", "to_state2": "varchar", "fence2": "bigint", "reason2": "text", "details2": "jsonb",
-    "content_hash2": "varchar",
+    "content_hash2": "varchar", "stripe": "smallint",
 }  # fmt: skip
 
 
@@ -297,6 +303,12 @@ def _typed(sql: str) -> str:
     return re.sub(r"%\((\w+)\)s(?!::)", lambda m: f"%({m[1]})s::{_TYPES[m[1]]}", sql)
 
 
+assert all(sql.endswith(_APPEND) for sql in (MINIMAL_INTENT, MINIMAL_DISPATCH, MINIMAL_CONFIRM))
+#: The floor's three statements appending to the tenant's stripe of its chain (see :class:`StripedPeer`).
+STRIPED_INTENT, STRIPED_DISPATCH, STRIPED_CONFIRM = (
+    _typed(sql.removesuffix(_APPEND) + _append(striped=True))
+    for sql in (MINIMAL_INTENT, MINIMAL_DISPATCH, MINIMAL_CONFIRM)
+)
 MINIMAL_INTENT, MINIMAL_DISPATCH, MINIMAL_CONFIRM, MINIMAL_INTENT_CLAIMED = (
     _typed(sql) for sql in (MINIMAL_INTENT, MINIMAL_DISPATCH, MINIMAL_CONFIRM, MINIMAL_INTENT_CLAIMED)
 )
@@ -329,6 +341,8 @@ def _content_hash(tenant_id: int, attempt_id: int, label: str, step: dict[str, A
 class MinimalPeer:
     """The floor's tool call on one psycopg connection in autocommit mode:
     each step one statement, so one round trip and one commit."""
+
+    INTENT, DISPATCH, CONFIRM = MINIMAL_INTENT, MINIMAL_DISPATCH, MINIMAL_CONFIRM
 
     def __init__(
         self,
@@ -426,7 +440,7 @@ class MinimalPeer:
             "scope": scope,
             "lease": datetime.now(UTC) + self.intent_lease,
         }
-        sql = MINIMAL_INTENT
+        sql = self.INTENT
         if claim:
             sql = MINIMAL_INTENT_CLAIMED
             claimed = self._claim_step(attempt, key, reason="dispatched (claimed with its intent)")
@@ -458,7 +472,7 @@ class MinimalPeer:
         """Claim the attempt (INTENT_RECORDED, fence 0) for dispatch, re-checking the authority."""
         step = self._claim_step(attempt, attempt["key"], reason="dispatched")
         params = {**self._base(attempt), "lease_seconds": self.dispatch_lease, "max_request": self.max_request}
-        self._step(MINIMAL_DISPATCH, params, step, "lost the claim, or the authority changed")
+        self._step(self.DISPATCH, params, step, "lost the claim, or the authority changed")
 
     def confirm(self, attempt: dict[str, Any], *, request_id: str) -> None:
         """DISPATCHED (fence 1) -> OUTCOME_CONFIRMED with the provider's request id."""
@@ -470,7 +484,7 @@ class MinimalPeer:
             "details": {"provider_request_id": request_id, "result_ref": ""},
         }
         params = {**self._base(attempt), "request_id": request_id}
-        self._step(MINIMAL_CONFIRM, params, step, "stale fence")
+        self._step(self.CONFIRM, params, step, "stale fence")
 
     def call(
         self, *, tenant_id: int, task_id: str, key: str, args: dict[str, Any], request_id: str, claim: bool = False
@@ -482,6 +496,65 @@ class MinimalPeer:
             self.dispatch(attempt)
         self.confirm(attempt, request_id=request_id)
         return int(attempt["id"])
+
+
+# --- the floor with a tenant's chain in stripes ---------------------------------------------
+#
+# Not the ledger's format: what one busy tenant would gain from it. Each
+# tenant's events form STRIPES chains; an attempt's events all go to the
+# chain its id picks, each chain with a head row of its own, so agents
+# working on different attempts of one tenant wait for each other's commits
+# only when their attempts share a stripe. The statements are the floor's;
+# the tables are the peer's own, built like the ledger's: the event table's
+# columns, checks, indexes and foreign keys, the stripe beside the tenant
+# in the unique position.
+
+STRIPES = 8
+#: The striped peer's name.
+STRIPED = f"minimal psycopg {STRIPES} stripes"
+
+STRIPED_TABLES = """
+CREATE TABLE bench_stripe_head (
+    tenant_id bigint NOT NULL REFERENCES ledger_tenant (id) DEFERRABLE INITIALLY DEFERRED,
+    stripe smallint NOT NULL CHECK (stripe >= 0),
+    seq bigint NOT NULL CHECK (seq >= 0),
+    hash varchar(64) NOT NULL,
+    PRIMARY KEY (tenant_id, stripe)
+);
+CREATE TABLE bench_striped_event (LIKE ledger_attemptevent INCLUDING DEFAULTS INCLUDING IDENTITY INCLUDING CONSTRAINTS);
+ALTER TABLE bench_striped_event
+    ADD COLUMN stripe smallint NOT NULL CHECK (stripe >= 0),
+    ADD PRIMARY KEY (id),
+    ADD UNIQUE (tenant_id, stripe, seq),
+    ADD FOREIGN KEY (tenant_id) REFERENCES ledger_tenant (id) DEFERRABLE INITIALLY DEFERRED,
+    ADD FOREIGN KEY (attempt_id) REFERENCES ledger_attempt (id) DEFERRABLE INITIALLY DEFERRED,
+    ADD FOREIGN KEY (actor_user_id) REFERENCES auth_user (id) DEFERRABLE INITIALLY DEFERRED;
+CREATE INDEX ON bench_striped_event (attempt_id, seq);
+CREATE INDEX ON bench_striped_event (actor_user_id);
+"""
+
+
+def prepare_striped(database_url: str, slugs: list[str]) -> None:
+    """The striped peer's tables, and every stripe's head for these tenants (at the start of its chain)."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(STRIPED_TABLES)
+        conn.execute(
+            "INSERT INTO bench_stripe_head (tenant_id, stripe, seq, hash)"
+            " SELECT t.id, s, 0, repeat('0', 64) FROM ledger_tenant t, generate_series(0, %s) s"
+            " WHERE t.slug = ANY(%s)",
+            [STRIPES - 1, slugs],
+        )
+
+
+class StripedPeer(MinimalPeer):
+    """The floor with each tenant's chain in :data:`STRIPES` stripes."""
+
+    INTENT, DISPATCH, CONFIRM = STRIPED_INTENT, STRIPED_DISPATCH, STRIPED_CONFIRM
+
+    def _base(self, attempt: dict[str, Any]) -> dict[str, Any]:
+        return {**super()._base(attempt), "stripe": attempt["id"] % STRIPES}
 
 
 def _policy_version(conn: Any, tenant_id: int) -> int:
@@ -496,10 +569,17 @@ def _tenant_ids(conn: Any, slugs: tuple[str, str]) -> tuple[int, int]:
     return int(ids[slugs[0]]), int(ids[slugs[1]])
 
 
-def minimal_agent(cfg: dict[str, Any], index: int, *, peer: str = "minimal psycopg", claim: bool = False) -> Agent:
+def minimal_agent(
+    cfg: dict[str, Any],
+    index: int,
+    *,
+    peer: str = "minimal psycopg",
+    claim: bool = False,
+    kind: type[MinimalPeer] = MinimalPeer,
+) -> Agent:
     conn = _Connection(cfg["database_url"])
     shared, own = _tenant_ids(conn.get(), _tenants(cfg, peer, index))
-    floor = MinimalPeer(
+    floor = kind(
         None,
         f"bench-minimal-{index}@{os.getpid()}",
         dispatch_lease=float(cfg["dispatch_lease_seconds"]),
@@ -521,6 +601,11 @@ def minimal_agent(cfg: dict[str, Any], index: int, *, peer: str = "minimal psyco
         )
 
     return Agent(call, release=conn.release)
+
+
+def striped_agent(cfg: dict[str, Any], index: int) -> Agent:
+    """The floor with each tenant's chain in stripes (three commits per call)."""
+    return minimal_agent(cfg, index, peer=STRIPED, kind=StripedPeer)
 
 
 def minimal_two_commit_agent(cfg: dict[str, Any], index: int) -> Agent:
@@ -682,6 +767,7 @@ AGENTS: dict[str, Callable[[dict[str, Any], int], Agent]] = {
     "ledgerdash 2-commit": ledgerdash_two_commit_agent,
     "ledgerdash HTTP 2-commit": http_two_commit_agent,
     "minimal psycopg 2-commit": minimal_two_commit_agent,
+    STRIPED: striped_agent,
     "naive psycopg": naive_agent,
     "DBOS": dbos_agent,
 }

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from bench.peers import SCOPES, TOOL, TOOL_CLAIMED, MinimalPeer, tool_args
+from bench.peers import SCOPES, STRIPES, TOOL, TOOL_CLAIMED, MinimalPeer, StripedPeer, prepare_striped, tool_args
 from ledgerdash.ledger import audit, recording
 from ledgerdash.ledger.drill.runner import database_url
 from ledgerdash.ledger.events import Actor
@@ -153,6 +153,57 @@ def test_concurrent_minimal_agents_keep_one_tenants_chain_intact() -> None:
     result = audit.verify_tenant(tenant)
     assert result.ok, result.describe()
     assert result.events == 2 + agents * calls * 3
+    assert Attempt.objects.filter(tenant=tenant, state=State.OUTCOME_CONFIRMED).count() == agents * calls
+
+
+def test_the_striped_peer_keeps_each_stripe_a_whole_chain() -> None:
+    """The peer that measures what striped chains would buy: concurrent
+    agents of one tenant, every call's three events in the stripe its
+    attempt's id picks, each stripe numbered from 1 without a gap and linked
+    from the start, its head at its last event. (Its tables are the peer's
+    own, so it runs as the database's owner, as the benchmark does.)"""
+    from ledgerdash.ledger import chain
+    from tests.database_roles import owner_url
+
+    tenant = _tenant("floor-striped")
+    prepare_striped(owner_url(), [tenant.slug])
+    agents, calls = 6, 10
+
+    def work(index: int) -> None:
+        with psycopg.connect(owner_url(), autocommit=True) as own:
+            peer = StripedPeer(own, f"agent-{index}")
+            for i in range(calls):
+                key = f"s{index}:{i}"
+                peer.call(tenant_id=tenant.pk, task_id="t", key=key, args=tool_args(i), request_id=f"req-{key}")
+
+    together(work, list(range(agents)))
+
+    with psycopg.connect(owner_url(), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT stripe, seq, attempt_id, content_hash, prev_hash, hash FROM bench_striped_event"
+            " WHERE tenant_id = %s ORDER BY stripe, seq",
+            [tenant.pk],
+        ).fetchall()
+        heads = {
+            stripe: (seq, digest)
+            for stripe, seq, digest in conn.execute(
+                "SELECT stripe, seq, hash FROM bench_stripe_head WHERE tenant_id = %s", [tenant.pk]
+            )
+        }
+    assert len(rows) == agents * calls * 3
+    assert set(heads) == set(range(STRIPES))
+    used = set()
+    for stripe in range(STRIPES):
+        prev, seq = chain.GENESIS, 0
+        for row_stripe, row_seq, attempt_id, content_hash, prev_hash, this_hash in rows:
+            if row_stripe != stripe:
+                continue
+            assert attempt_id % STRIPES == stripe
+            assert (row_seq, prev_hash, this_hash) == (seq + 1, prev, chain.link(prev, content_hash))
+            prev, seq = this_hash, row_seq
+            used.add(stripe)
+        assert heads[stripe] == (seq, prev)
+    assert len(used) > 1  # the calls spread over stripes
     assert Attempt.objects.filter(tenant=tenant, state=State.OUTCOME_CONFIRMED).count() == agents * calls
 
 
