@@ -8,7 +8,12 @@ write, and how a call's time splits between its statements and the Python
 around them, beside the minimal peer's (the two alternating in this
 process: each statement timed from the call into the driver to its return,
 by a Django execute wrapper for the ledger and around psycopg's
-``Connection.execute`` for the peer).
+``Connection.execute`` for the peer). Then the same agent's calls through
+the ingest API's three requests, each handed to Django's WSGI handler in
+this process (the request cycle gunicorn runs, without sockets), beside
+the calls in process, alternating, and how a call through the API splits
+between its statements, the connection's health check each request makes,
+and the Python of Django, django-ninja and the ledger.
 
 WAL is measured two ways around a loop of calls on this one connection:
 
@@ -153,6 +158,110 @@ def compare_with_floor(ours: Any, floor: Any, *, rounds: int = 3, calls: int = 4
         say(f"  {name}: {total:.2f} ms a call, {inside:.2f} ms in its statements, {total - inside:.2f} ms outside them")
 
 
+def wsgi_agent(token: str, run: str) -> Any:
+    """One agent's tool call through the ingest API's three requests, each
+    handed to Django's WSGI handler in this process: the request cycle as
+    gunicorn runs it (request signals, so each request's connection health
+    check; middleware; django-ninja; the ledger), without sockets or
+    gunicorn. Returns ``call(i, spread)``."""
+    import io
+    import json
+
+    from django.core.wsgi import get_wsgi_application
+
+    from bench.peers import TOOL, tool_args
+
+    app = get_wsgi_application()
+
+    def request(path: str, body: dict[str, Any], expected: str) -> dict[str, Any]:
+        data = json.dumps(body).encode()
+        environ = {
+            "REQUEST_METHOD": "POST", "PATH_INFO": path, "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000",
+            "SERVER_PROTOCOL": "HTTP/1.1", "HTTP_HOST": "127.0.0.1:8000", "REMOTE_ADDR": "127.0.0.1",
+            "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(data), "wsgi.errors": sys.stderr,
+            "CONTENT_LENGTH": str(len(data)), "CONTENT_TYPE": "application/json", "HTTP_ACCEPT": "application/json",
+            "HTTP_AUTHORIZATION": f"Bearer {token}", "HTTP_LEDGERDASH_AGENT": "bench-profile",
+        }  # fmt: skip
+        status: list[str] = []
+
+        def start_response(line: str, headers: Any, exc_info: Any = None) -> Any:
+            status.append(line)
+            return lambda data: None
+
+        answer = b"".join(app(environ, start_response))
+        if not status[0].startswith(expected):
+            raise RuntimeError(f"POST {path} answered {status[0]}: {answer[:300]!r}")
+        return dict(json.loads(answer))
+
+    def call(i: int, spread: bool) -> None:
+        attempt = request(
+            "/api/v1/attempts",
+            {"task_id": "profile", "tool_name": TOOL, "idempotency_key": f"{run}-api:{i}", "args": tool_args(i)},
+            "201",
+        )
+        attempt = request(f"/api/v1/attempts/{attempt['id']}/dispatch", {"fence": attempt["fence"]}, "200")
+        body = {"outcome": "confirmed", "fence": attempt["fence"], "provider_request_id": f"req-{run}-{i}"}
+        request(f"/api/v1/attempts/{attempt['id']}/outcome", body, "200")
+
+    return call
+
+
+def compare_api_in_process(ours: Any, api: Any, *, rounds: int = 3, calls: int = 200) -> None:
+    """The same tool call in process and through the API's request cycle, alternating round by round:
+    each one's p50, and where a call through the API spends its time."""
+    import statistics
+
+    from django.db import connection
+
+    spent = {"statements": 0.0, "health checks": 0.0}
+
+    def statement(execute: Any, sql: Any, params: Any, many: Any, context: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            spent["statements"] += time.perf_counter() - began
+
+    plain_is_usable = connection.is_usable
+
+    def is_usable() -> bool:  # the health check's SELECT 1, sent past Django's execute wrappers
+        began = time.perf_counter()
+        try:
+            return bool(plain_is_usable())
+        finally:
+            spent["health checks"] += time.perf_counter() - began
+
+    total = 0.0
+    first = 40_000_000
+    for round_no in range(rounds):
+        p50 = {}
+        for who, call in (("api", api), ("in process", ours)):
+            latencies = []
+            wrapped = connection.execute_wrapper(statement) if who == "api" else contextlib.nullcontext()
+            connection.is_usable = is_usable if who == "api" else plain_is_usable  # type: ignore[method-assign]
+            with wrapped:
+                for i in range(calls):
+                    began = time.perf_counter()
+                    call(first + round_no * calls + i, False)
+                    latencies.append(time.perf_counter() - began)
+            if who == "api":
+                total += sum(latencies)
+            p50[who] = statistics.median(latencies) * 1000
+        say(
+            f"  round {round_no + 1}: the API p50 {p50['api']:.2f} ms, in process {p50['in process']:.2f} ms:"
+            f" {p50['api'] / p50['in process']:.2f}x"
+        )
+    connection.is_usable = plain_is_usable  # type: ignore[method-assign]
+    n = rounds * calls
+    per_call = {what: seconds / n * 1000 for what, seconds in spent.items()}
+    rest = total / n * 1000 - sum(per_call.values())
+    say(
+        f"  the API: {total / n * 1000:.2f} ms a call, {per_call['statements']:.2f} ms in its statements,"
+        f" {per_call['health checks']:.2f} ms in the connection's health checks (one a request), {rest:.2f} ms"
+        " in Django, django-ninja and the ledger's Python"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile")
     parser.add_argument("--calls", type=int, default=500)
@@ -171,9 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         run_id = uuid.uuid4().hex[:8]
         from django.conf import settings
 
+        tenants = _prepare_tenants(run_id)
         cfg = {
             "env": dict(os.environ),
-            "tenants": _prepare_tenants(run_id),
+            "tenants": tenants,
             "run": run_id,
             "database_url": dbs.url_of(dbs.main),
             "dispatch_lease_seconds": settings.LEDGER_DISPATCH_LEASE_SECONDS,
@@ -200,6 +310,15 @@ def main(argv: list[str] | None = None) -> int:
         say("\none agent's calls beside the minimal peer's, alternating:")
         compare_with_floor(call, floor.call)
         floor.release()
+        from bench.recording import _tokens
+
+        slug = tenants["ledgerdash"][0]
+        api = wsgi_agent(_tokens([slug])[slug], run_id)
+        for i in range(50):
+            api(50_000_000 + i, False)
+        say("\none agent's calls through the ingest API's request cycle in this process (no sockets), beside")
+        say("the same calls in process, alternating:")
+        compare_api_in_process(call, api)
 
         from pyinstrument import Profiler
 

@@ -184,7 +184,7 @@ def test_notify_reports_the_overhead_and_the_delivery_rates(report: dict[str, An
     assert notify["received"] >= notify["deliveries"]
 
 
-def test_the_profile_splits_a_call_beside_the_minimal_peer() -> None:
+def test_the_profile_splits_a_call_beside_the_minimal_peer_and_through_the_api() -> None:
     result = _bench(["bench.profile", "--calls", "20"], timeout=600)
     assert "one call sends 3 statements" in result.stdout
     for who in ("ledgerdash", "the minimal peer"):
@@ -195,3 +195,14 @@ def test_the_profile_splits_a_call_beside_the_minimal_peer() -> None:
         assert 0 < inside < total
         assert outside > 0
     assert len(re.findall(r"round \d: ledgerdash p50 [\d.]+ ms, the minimal peer [\d.]+ ms", result.stdout)) == 3
+    assert len(re.findall(r"round \d: the API p50 [\d.]+ ms, in process [\d.]+ ms", result.stdout)) == 3
+    pattern = (
+        r"the API: ([\d.]+) ms a call, ([\d.]+) ms in its statements, ([\d.]+) ms in the connection's health"
+        r" checks \(one a request\), (-?[\d.]+) ms in Django"
+    )
+    split = re.search(pattern, result.stdout)
+    assert split, result.stdout[-3000:]
+    total, statements, checks, rest = (float(x) for x in split.groups())
+    assert 0 < statements < total
+    assert 0 < checks < total
+    assert rest > 0
