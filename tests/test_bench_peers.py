@@ -137,18 +137,24 @@ def test_the_minimal_peers_two_commit_path_writes_the_rows_the_ledger_writes(con
     assert result.events == 2 + 3 + 3
 
 
-def test_concurrent_minimal_agents_keep_one_tenants_chain_intact() -> None:
-    tenant = _tenant("floor-busy")
-    agents, calls = 6, 10
+def _agents_at_once(kind: type[MinimalPeer], url: str, tenant: Tenant, agents: int, calls: int) -> None:
+    """``agents`` peers of ``kind``, each on a connection of its own to ``url``, making ``calls`` tool calls
+    in ``tenant`` at the same time."""
 
     def work(index: int) -> None:
-        with psycopg.connect(database_url(), autocommit=True) as own:
-            peer = MinimalPeer(own, f"agent-{index}")
+        with psycopg.connect(url, autocommit=True) as own:
+            peer = kind(own, f"agent-{index}")
             for i in range(calls):
                 key = f"a{index}:{i}"
                 peer.call(tenant_id=tenant.pk, task_id="t", key=key, args=tool_args(i), request_id=f"req-{key}")
 
     together(work, list(range(agents)))
+
+
+def test_concurrent_minimal_agents_keep_one_tenants_chain_intact() -> None:
+    tenant = _tenant("floor-busy")
+    agents, calls = 6, 10
+    _agents_at_once(MinimalPeer, database_url(), tenant, agents, calls)
 
     result = audit.verify_tenant(tenant)
     assert result.ok, result.describe()
@@ -168,15 +174,7 @@ def test_the_striped_peer_keeps_each_stripe_a_whole_chain() -> None:
     tenant = _tenant("floor-striped")
     prepare_striped(owner_url(), [tenant.slug])
     agents, calls = 6, 10
-
-    def work(index: int) -> None:
-        with psycopg.connect(owner_url(), autocommit=True) as own:
-            peer = StripedPeer(own, f"agent-{index}")
-            for i in range(calls):
-                key = f"s{index}:{i}"
-                peer.call(tenant_id=tenant.pk, task_id="t", key=key, args=tool_args(i), request_id=f"req-{key}")
-
-    together(work, list(range(agents)))
+    _agents_at_once(StripedPeer, owner_url(), tenant, agents, calls)
 
     with psycopg.connect(owner_url(), autocommit=True) as conn:
         rows = conn.execute(
