@@ -39,7 +39,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench.common import Databases, say, setup_django
@@ -97,56 +97,75 @@ def measure_wal(call: Any, first: int) -> None:
         )
 
 
-def compare_with_floor(ours: Any, floor: Any, *, rounds: int = 3, calls: int = 400) -> None:
-    """Each agent's p50 per call, the two alternating round by round, and
-    the mean time of a call inside its statements and outside them."""
+def _timed[T](spent: dict[str, float], what: str, run: Callable[[], T]) -> T:
+    """``run()``, its time added to ``spent[what]``."""
+    began = time.perf_counter()
+    try:
+        return run()
+    finally:
+        spent[what] += time.perf_counter() - began
+
+
+def _alternate(
+    agents: dict[str, tuple[Any, Callable[[], contextlib.AbstractContextManager[Any]]]],
+    *,
+    rounds: int,
+    calls: int,
+    first: int,
+) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """Each agent's ``calls`` calls in turn, round by round, inside the
+    context its timing gives: each round's p50 per agent (ms), and each
+    agent's time over all its calls (s)."""
     import statistics
 
-    import psycopg
-    from django.db import connection
-
-    spent = {"ledgerdash": 0.0, "floor": 0.0}
-
-    def timed(who: str, run: Any) -> Any:
-        began = time.perf_counter()
-        try:
-            return run()
-        finally:
-            spent[who] += time.perf_counter() - began
-
-    def ours_statement(execute: Any, sql: Any, params: Any, many: Any, context: Any) -> Any:
-        return timed("ledgerdash", lambda: execute(sql, params, many, context))
-
-    plain_execute = psycopg.Connection.execute
-
-    def floor_statement(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return timed("floor", lambda: plain_execute(self, *args, **kwargs))
-
-    @contextlib.contextmanager
-    def timing(who: str) -> Iterator[None]:
-        if who == "ledgerdash":
-            with connection.execute_wrapper(ours_statement):
-                yield
-            return
-        psycopg.Connection.execute = floor_statement  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            psycopg.Connection.execute = plain_execute  # type: ignore[method-assign]
-
-    totals = {"ledgerdash": 0.0, "floor": 0.0}
-    first = 30_000_000
+    p50s: list[dict[str, float]] = []
+    totals = dict.fromkeys(agents, 0.0)
     for round_no in range(rounds):
         p50 = {}
-        for who, call in (("ledgerdash", ours), ("floor", floor)):
+        for who, (call, timing) in agents.items():
             latencies = []
-            with timing(who):
+            with timing():
                 for i in range(calls):
                     began = time.perf_counter()
                     call(first + round_no * calls + i, False)
                     latencies.append(time.perf_counter() - began)
             totals[who] += sum(latencies)
             p50[who] = statistics.median(latencies) * 1000
+        p50s.append(p50)
+    return p50s, totals
+
+
+def compare_with_floor(ours: Any, floor: Any, *, rounds: int = 3, calls: int = 400) -> None:
+    """Each agent's p50 per call, the two alternating round by round, and
+    the mean time of a call inside its statements and outside them."""
+    import psycopg
+    from django.db import connection
+
+    spent = {"ledgerdash": 0.0, "floor": 0.0}
+
+    def ours_statement(execute: Any, sql: Any, params: Any, many: Any, context: Any) -> Any:
+        return _timed(spent, "ledgerdash", lambda: execute(sql, params, many, context))
+
+    plain_execute = psycopg.Connection.execute
+
+    def floor_statement(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _timed(spent, "floor", lambda: plain_execute(self, *args, **kwargs))
+
+    @contextlib.contextmanager
+    def floor_timing() -> Iterator[None]:
+        psycopg.Connection.execute = floor_statement  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            psycopg.Connection.execute = plain_execute  # type: ignore[method-assign]
+
+    p50s, totals = _alternate(
+        {"ledgerdash": (ours, lambda: connection.execute_wrapper(ours_statement)), "floor": (floor, floor_timing)},
+        rounds=rounds,
+        calls=calls,
+        first=30_000_000,
+    )
+    for round_no, p50 in enumerate(p50s):
         say(
             f"  round {round_no + 1}: ledgerdash p50 {p50['ledgerdash']:.2f} ms, the minimal peer "
             f"{p50['floor']:.2f} ms: {p50['ledgerdash'] / p50['floor']:.2f}x"
@@ -209,54 +228,44 @@ def wsgi_agent(token: str, run: str) -> Any:
 def compare_api_in_process(ours: Any, api: Any, *, rounds: int = 3, calls: int = 200) -> None:
     """The same tool call in process and through the API's request cycle, alternating round by round:
     each one's p50, and where a call through the API spends its time."""
-    import statistics
-
     from django.db import connection
 
     spent = {"statements": 0.0, "health checks": 0.0}
 
     def statement(execute: Any, sql: Any, params: Any, many: Any, context: Any) -> Any:
-        began = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            spent["statements"] += time.perf_counter() - began
+        return _timed(spent, "statements", lambda: execute(sql, params, many, context))
 
     plain_is_usable = connection.is_usable
 
     def is_usable() -> bool:  # the health check's SELECT 1, sent past Django's execute wrappers
-        began = time.perf_counter()
-        try:
-            return bool(plain_is_usable())
-        finally:
-            spent["health checks"] += time.perf_counter() - began
+        return bool(_timed(spent, "health checks", plain_is_usable))
 
-    total = 0.0
-    first = 40_000_000
-    for round_no in range(rounds):
-        p50 = {}
-        for who, call in (("api", api), ("in process", ours)):
-            latencies = []
-            wrapped = connection.execute_wrapper(statement) if who == "api" else contextlib.nullcontext()
-            connection.is_usable = is_usable if who == "api" else plain_is_usable  # type: ignore[method-assign]
-            with wrapped:
-                for i in range(calls):
-                    began = time.perf_counter()
-                    call(first + round_no * calls + i, False)
-                    latencies.append(time.perf_counter() - began)
-            if who == "api":
-                total += sum(latencies)
-            p50[who] = statistics.median(latencies) * 1000
+    @contextlib.contextmanager
+    def api_timing() -> Iterator[None]:
+        connection.is_usable = is_usable  # type: ignore[method-assign]
+        try:
+            with connection.execute_wrapper(statement):
+                yield
+        finally:
+            connection.is_usable = plain_is_usable  # type: ignore[method-assign]
+
+    p50s, totals = _alternate(
+        {"api": (api, api_timing), "in process": (ours, contextlib.nullcontext)},
+        rounds=rounds,
+        calls=calls,
+        first=40_000_000,
+    )
+    for round_no, p50 in enumerate(p50s):
         say(
             f"  round {round_no + 1}: the API p50 {p50['api']:.2f} ms, in process {p50['in process']:.2f} ms:"
             f" {p50['api'] / p50['in process']:.2f}x"
         )
-    connection.is_usable = plain_is_usable  # type: ignore[method-assign]
     n = rounds * calls
+    total = totals["api"] / n * 1000
     per_call = {what: seconds / n * 1000 for what, seconds in spent.items()}
-    rest = total / n * 1000 - sum(per_call.values())
+    rest = total - sum(per_call.values())
     say(
-        f"  the API: {total / n * 1000:.2f} ms a call, {per_call['statements']:.2f} ms in its statements,"
+        f"  the API: {total:.2f} ms a call, {per_call['statements']:.2f} ms in its statements,"
         f" {per_call['health checks']:.2f} ms in the connection's health checks (one a request), {rest:.2f} ms"
         " in Django, django-ninja and the ledger's Python"
     )
