@@ -512,6 +512,8 @@ class MinimalPeer:
 STRIPES = 8
 #: The striped peer's name.
 STRIPED = f"minimal psycopg {STRIPES} stripes"
+#: The ledger itself with each of its tenants' events kept in as many chains.
+LEDGER_STRIPED = f"ledgerdash {STRIPES} stripes"
 
 STRIPED_TABLES = """
 CREATE TABLE bench_stripe_head (
@@ -601,6 +603,11 @@ def minimal_agent(
         )
 
     return Agent(call, release=conn.release)
+
+
+def ledgerdash_striped_agent(cfg: dict[str, Any], index: int) -> Agent:
+    """The in-process agent in tenants whose events are kept in several chains."""
+    return ledgerdash_agent(cfg, index, peer=LEDGER_STRIPED)
 
 
 def striped_agent(cfg: dict[str, Any], index: int) -> Agent:
@@ -768,6 +775,7 @@ AGENTS: dict[str, Callable[[dict[str, Any], int], Agent]] = {
     "ledgerdash HTTP 2-commit": http_two_commit_agent,
     "minimal psycopg 2-commit": minimal_two_commit_agent,
     STRIPED: striped_agent,
+    LEDGER_STRIPED: ledgerdash_striped_agent,
     "naive psycopg": naive_agent,
     "DBOS": dbos_agent,
 }

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Max, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -385,7 +385,13 @@ def chain_status(user: Person, *, tenants: list[Tenant] | None = None) -> list[C
     """The user's tenants' chains (``tenants``, by slug, when the caller has read them already)."""
     if tenants is None:
         tenants = list(Tenant.objects.filter(pk__in=tenant_ids_for(user)).order_by("slug"))
-    heads = dict(ChainHead.objects.filter(tenant__in=tenants).values_list("tenant_id", "seq"))
+    # A tenant with several chains: the newest of their heads.
+    heads = dict(
+        ChainHead.objects.filter(tenant__in=tenants)
+        .values("tenant_id")
+        .annotate(last=Max("seq"))
+        .values_list("tenant_id", "last")
+    )
     checks = {c.tenant_id: c for c in ChainCheck.objects.filter(tenant__in=tenants)}
     return [ChainStatus(t, heads.get(t.pk, 0), checks.get(t.pk)) for t in tenants]
 

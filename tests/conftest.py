@@ -202,6 +202,15 @@ def tenant_b(db: None, make_user: Any) -> Tenant:
     return tenant
 
 
+@pytest.fixture
+def tenant_striped(db: None, make_user: Any) -> Tenant:
+    """A tenant whose events are kept in four chains."""
+    owner = make_user("oncall-s")
+    tenant = Tenant.objects.create(slug="initech", name="Initech", default_owner=owner, chain_stripes=4)
+    policy_publish(tenant=tenant, tools=TOOLS_V1, actor=Actor.system("tests"), note="initial")
+    return tenant
+
+
 def member(make_user: Any, username: str, tenant: Tenant, role: str) -> Any:
     from ledgerdash.ledger.models import Membership
 

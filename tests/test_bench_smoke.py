@@ -120,6 +120,7 @@ def test_recording_reports_every_peer_at_its_levels(report: dict[str, Any]) -> N
         "naive psycopg": ("1", "8", "8, 8 tenants"),
         "ledgerdash HTTP": ("1", "8"),
         "minimal psycopg 8 stripes": ("8", "8, 8 tenants"),
+        "ledgerdash 8 stripes": ("8", "8, 8 tenants"),
     }
     for peer, labels in levels.items():
         for agents in labels:

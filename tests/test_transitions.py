@@ -471,7 +471,7 @@ def test_events_are_chained_per_tenant(tenant_a: Any, tenant_b: Any) -> None:
             assert event.prev_hash == prev
             assert event.hash == chain.link(prev, event.content_hash)
             prev = event.hash
-        assert tenant.chain_head.hash == prev
+        assert tenant.chain_heads.get().hash == prev
 
 
 @pytest.mark.django_db

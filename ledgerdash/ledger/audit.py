@@ -85,12 +85,16 @@ class KnownHead:
 class ChainResult:
     tenant: Tenant
     events: int
+    #: The furthest seq the walk verified (over all of the tenant's chains).
     verified_seq: int
+    #: The newest head (over all of the tenant's chains).
     head_seq: int
     head_hash: str
     checked_at: datetime
     duration_ms: int
     broken: Break | None = None
+    #: Where each chain's walk ended, ``(seq, hash)``, for the chains with events.
+    reached: tuple[tuple[int, str], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -98,7 +102,12 @@ class ChainResult:
 
     def describe(self) -> str:
         if self.broken is None:
-            return f"{self.tenant.slug}: ok, {self.events} events, head seq {self.head_seq} {self.head_hash[:16]}…"
+            chains = f" in {self.tenant.chain_stripes} chains" if self.tenant.chain_stripes > 1 else ""
+            newest = "newest head" if chains else "head"
+            return (
+                f"{self.tenant.slug}: ok, {self.events} events{chains}, {newest} seq {self.head_seq} "
+                f"{self.head_hash[:16]}…"
+            )
         return f"{self.tenant.slug}: BROKEN ({self.broken.problem}) {self.broken.message}"
 
 
@@ -110,12 +119,22 @@ def _name(tenant: Tenant, row: dict[str, Any]) -> str:
     return f"tenant {tenant.slug} seq {row['seq']} (event id {row['id']})"
 
 
+def _chain(tenant: Tenant, stripe: int) -> str:
+    """How a message names one of the tenant's chains: the chain, when it has one."""
+    return f"tenant {tenant.slug}" if tenant.chain_stripes == 1 else f"tenant {tenant.slug} chain {stripe}"
+
+
+def _seqs(first: int, last: int, step: int) -> str:
+    return f"seq {first}" if first == last else f"seq {first} to {last}" + (f" (every {step})" if step > 1 else "")
+
+
 def _unlinked(tenant: Tenant, row: dict[str, Any], expected_seq: int) -> Break:
-    """``row`` does not follow the event before it: say whether its
-    predecessor moved (reordered) or is gone (missing)."""
+    """``row`` does not follow the event before it in its chain: say whether
+    its predecessor moved (reordered) or is gone (missing)."""
     name = _name(tenant, row)
+    step = tenant.chain_stripes
     if row["seq"] > expected_seq:
-        gap = f"seq {expected_seq}" if row["seq"] == expected_seq + 1 else f"seq {expected_seq} to {row['seq'] - 1}"
+        gap = _seqs(expected_seq, row["seq"] - step, step)
         return Break(MISSING, f"{gap} missing before {name}", row["seq"], row["id"])
     moved = (
         AttemptEvent.objects.filter(tenant_id=tenant.pk, hash=row["prev_hash"]).values_list("seq", "id").first()
@@ -138,41 +157,93 @@ def _unlinked(tenant: Tenant, row: dict[str, Any], expected_seq: int) -> Break:
     )
 
 
-def _kept_head_problem(tenant: Tenant, known: Iterable[KnownHead], verified_seq: int) -> Break | None:
-    beyond = [k for k in known if k.seq > verified_seq]
+def _kept_head_problem(tenant: Tenant, known: Iterable[KnownHead], reached: dict[int, int]) -> Break | None:
+    """A known head beyond where its chain's walk ended (``reached``: the
+    last verified seq of each chain, 0 for none)."""
+    step = tenant.chain_stripes
+    beyond = [k for k in known if k.seq > reached[chain.stripe_of_seq(k.seq, step)]]
     if not beyond:
         return None
     furthest = max(beyond, key=lambda k: k.seq)
-    lost = (
-        f"seq {verified_seq + 1}" if furthest.seq == verified_seq + 1 else f"seq {verified_seq + 1} to {furthest.seq}"
-    )
+    stripe = chain.stripe_of_seq(furthest.seq, step)
+    end = reached[stripe]
+    first_lost = end + step if end else stripe + 1
     return Break(
         TAIL_LOST,
-        f"tenant {tenant.slug}: the chain ends at seq {verified_seq}, but {furthest.source} saw it reach seq "
-        f"{furthest.seq} ({furthest.hash[:16]}…): {lost} were removed",
-        verified_seq + 1,
+        f"{_chain(tenant, stripe)}: the chain ends at seq {end}, but {furthest.source} saw it reach seq "
+        f"{furthest.seq} ({furthest.hash[:16]}…): {_seqs(first_lost, furthest.seq, step)} were removed",
+        first_lost,
     )
+
+
+def _head_problem(
+    tenant: Tenant, heads: dict[int, tuple[int, str]], reached: dict[int, int], prev: dict[int, str]
+) -> Break | None:
+    """A chain whose head is not where its walk ended (or a head of a chain
+    the tenant does not keep)."""
+    step = tenant.chain_stripes
+    for stripe in sorted(set(heads) | set(reached)):
+        head_seq, head_hash = heads.get(stripe, (0, chain.GENESIS))
+        if stripe not in reached:
+            if head_seq == 0:
+                continue
+            return Break(
+                HEAD_MISMATCH,
+                f"tenant {tenant.slug}: a head at seq {head_seq} for chain {stripe}, but the tenant keeps "
+                f"{step} chain{'s' if step > 1 else ''}",
+                head_seq,
+            )
+        end, last_hash = reached[stripe], prev[stripe]
+        if end == head_seq and last_hash == head_hash:
+            continue
+        if end < head_seq:
+            first = end + step if end else stripe + 1
+            message = f"{_chain(tenant, stripe)}: the chain ends at seq {end} but its head says {head_seq}"
+            return Break(HEAD_MISMATCH, message + f" (seq {first} onwards missing)", first)
+        return Break(
+            HEAD_MISMATCH,
+            f"{_chain(tenant, stripe)}: the head (seq {head_seq}, {head_hash[:16]}…) is not the last event "
+            f"(seq {end}, {last_hash[:16]}…)",
+            end,
+        )
+    return None
 
 
 def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = ()) -> ChainResult:
+    """Walk the tenant's events in seq order, each against the one before it
+    in its own chain (a tenant with several keeps them interleaved by seq:
+    see :mod:`ledgerdash.ledger.chain`)."""
     started = time.monotonic()
     known = list(known)
     kept_at: dict[int, list[KnownHead]] = {}
     for head_kept in known:
         kept_at.setdefault(head_kept.seq, []).append(head_kept)
-    head = ChainHead.objects.filter(tenant_id=tenant.pk).first()
-    head_seq, head_hash = (head.seq, head.hash) if head else (0, chain.GENESIS)
-    expected_seq, prev, count = 1, chain.GENESIS, 0
+    step = tenant.chain_stripes
+    heads = {h.stripe: (h.seq, h.hash) for h in ChainHead.objects.filter(tenant_id=tenant.pk)}
+    # Per chain: the seq its next event must have, and that event's prev_hash.
+    expected = {stripe: stripe + 1 for stripe in range(step)}
+    prev = dict.fromkeys(range(step), chain.GENESIS)
+    count = 0
     broken: Break | None = None
     for row in _events(tenant.pk):
+        stripe = chain.stripe_of_seq(row["seq"], step)
         fields = SimpleNamespace(tenant_id=tenant.pk, **row)
         recomputed = chain.content_hash(chain.event_content(fields))
         if recomputed != row["content_hash"] or chain.link(row["prev_hash"], row["content_hash"]) != row["hash"]:
             what = "its fields" if recomputed != row["content_hash"] else "its hashes"
             broken = Break(EDITED, f"{_name(tenant, row)} was edited: {what} no longer match", row["seq"], row["id"])
             break
-        if row["seq"] != expected_seq or row["prev_hash"] != prev:
-            broken = _unlinked(tenant, row, expected_seq)
+        if row["seq"] != expected[stripe] or row["prev_hash"] != prev[stripe]:
+            broken = _unlinked(tenant, row, expected[stripe])
+            break
+        belongs = chain.stripe_of(row["attempt_id"], step)
+        if belongs != stripe:
+            broken = Break(
+                REORDERED,
+                f"{_name(tenant, row)} sits in chain {stripe}, but its attempt's events belong to chain {belongs}",
+                row["seq"],
+                row["id"],
+            )
             break
         other = next((k for k in kept_at.get(row["seq"], ()) if k.hash != row["hash"]), None)
         if other is not None:
@@ -184,21 +255,13 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = ()) -> ChainResul
                 row["id"],
             )
             break
-        prev, expected_seq, count = row["hash"], expected_seq + 1, count + 1
-    verified_seq = expected_seq - 1
-    if broken is None and (verified_seq != head_seq or prev != head_hash):
-        if verified_seq < head_seq:
-            message = f"tenant {tenant.slug}: the chain ends at seq {verified_seq} but its head says {head_seq}"
-            broken = Break(HEAD_MISMATCH, message + f" (seq {verified_seq + 1} onwards missing)", verified_seq + 1)
-        else:
-            broken = Break(
-                HEAD_MISMATCH,
-                f"tenant {tenant.slug}: the head (seq {head_seq}, {head_hash[:16]}…) is not the last event "
-                f"(seq {verified_seq}, {prev[:16]}…)",
-                verified_seq,
-            )
+        prev[stripe], expected[stripe], count = row["hash"], row["seq"] + step, count + 1
+    reached = {stripe: expected[stripe] - step for stripe in range(step)}  # 0 or less: no events
+    reached = {stripe: max(end, 0) for stripe, end in reached.items()}
     if broken is None:
-        broken = _kept_head_problem(tenant, known, verified_seq)
+        broken = _head_problem(tenant, heads, reached, prev)
+    if broken is None:
+        broken = _kept_head_problem(tenant, known, reached)
     if broken is None:
         silent = (
             Attempt.objects.filter(tenant_id=tenant.pk)
@@ -209,15 +272,17 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = ()) -> ChainResul
         )
         if silent is not None:
             broken = Break(NO_EVENTS, f"tenant {tenant.slug}: attempt #{silent} has no events (they were removed)")
+    head_seq, head_hash = max(heads.values(), default=(0, chain.GENESIS))
     return ChainResult(
         tenant=tenant,
         events=count,
-        verified_seq=verified_seq,
+        verified_seq=max(reached.values()),
         head_seq=head_seq,
         head_hash=head_hash,
         checked_at=timezone.now(),
         duration_ms=int((time.monotonic() - started) * 1000),
         broken=broken,
+        reached=tuple((reached[stripe], prev[stripe]) for stripe in range(step) if reached[stripe]),
     )
 
 
@@ -227,22 +292,22 @@ def verify(
     save: bool = True,
     known: dict[str, list[KnownHead]] | None = None,
 ) -> list[ChainResult]:
-    """Walk each tenant's chain (all tenants by default) against the heads
-    ``known`` by tenant slug and the furthest head an earlier walk verified;
+    """Walk each tenant's chains (all tenants by default) against the heads
+    ``known`` by tenant slug and the furthest heads an earlier walk verified;
     with ``save``, keep each result as the tenant's :class:`ChainCheck` for
     the dashboard."""
     chosen = list(tenants if tenants is not None else Tenant.objects.order_by("slug"))
     earlier = {
-        check.tenant_id: KnownHead(
-            check.reached_seq, check.reached_hash, f"the verify_audit of {check.reached_at:%Y-%m-%d %H:%M:%S} UTC"
-        )
-        for check in ChainCheck.objects.filter(tenant__in=chosen, reached_seq__gt=0, reached_at__isnull=False)
+        check.tenant_id: [
+            KnownHead(seq, digest, f"the verify_audit of {check.reached_at:%Y-%m-%d %H:%M:%S} UTC")
+            for seq, digest in check.reached_heads
+        ]
+        for check in ChainCheck.objects.filter(tenant__in=chosen, reached_at__isnull=False)
     }
     results = []
     for tenant in chosen:
         kept = list((known or {}).get(tenant.slug, ()))
-        if tenant.pk in earlier:
-            kept.append(earlier[tenant.pk])
+        kept += earlier.get(tenant.pk, [])
         results.append(verify_tenant(tenant, kept))
     if save:
         for result in results:
@@ -264,11 +329,11 @@ def record_check(result: ChainResult) -> None:
             "break_event_id": broken.event_id if broken else None,
             "message": broken.message if broken else "",
             "duration_ms": result.duration_ms,
-            # Only a chain that verified moves the furthest head seen: a
-            # broken walk must not forget how far the chain once reached.
+            # Only a chain that verified moves the furthest heads seen: a
+            # broken walk must not forget how far the chains once reached.
             **(
-                {"reached_seq": result.verified_seq, "reached_hash": result.head_hash, "reached_at": result.checked_at}
-                if result.ok
+                {"reached_heads": [list(end) for end in result.reached], "reached_at": result.checked_at}
+                if result.ok and result.reached
                 else {}
             ),
         },

@@ -53,8 +53,9 @@ def _run(command: list[str], env: dict[str, str]) -> None:
 
 
 def heads() -> list[tuple[str, int, str]]:
-    """Each tenant's chain head: (slug, seq, hash), for the operator to note."""
-    return list(ChainHead.objects.order_by("tenant__slug").values_list("tenant__slug", "seq", "hash"))
+    """Each chain's head (a tenant with several chains has a line for each):
+    (slug, seq, hash), for the operator to note."""
+    return list(ChainHead.objects.order_by("tenant__slug", "stripe").values_list("tenant__slug", "seq", "hash"))
 
 
 def backup(out: Path) -> None:

@@ -13,12 +13,16 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
 from ledgerdash.ledger.audited import AuditedModel
 from ledgerdash.ledger.providers.factory import build_adapter
+
+#: The most hash chains one tenant's events may be kept in.
+MAX_CHAIN_STRIPES = 32
 
 
 class State(models.TextChoices):
@@ -82,9 +86,26 @@ class Tenant(AuditedModel):
         "(empty: the LEDGER_DEFAULT_SLA_MINUTES setting).",
     )
     created_at = models.DateTimeField(default=timezone.now)
+    #: How many hash chains the tenant's events are kept in (see
+    #: :mod:`ledgerdash.ledger.chain`): fixed once the tenant has events. Not
+    #: offered in any form yet: the notification outbox reads a tenant's
+    #: events by one position and the exports walk one chain, so a tenant
+    #: keeps one chain until both follow each of its chains.
+    chain_stripes = models.PositiveSmallIntegerField(
+        default=1,
+        db_default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_CHAIN_STRIPES)],
+        editable=False,
+    )
 
     class Meta:
         ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(chain_stripes__gte=1, chain_stripes__lte=MAX_CHAIN_STRIPES),
+                name="ledger_tenant_chain_stripes",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.slug
@@ -568,19 +589,25 @@ def _placeholders(template: str) -> list[str]:
 
 
 class ChainHead(models.Model):
-    """The latest link of a tenant's event hash chain.
+    """The latest link of one of a tenant's event hash chains.
 
-    Appending an event locks this row, so a tenant's events form one ordered
-    chain; tenants never wait on each other, and one tenant's export can be
-    verified without any other tenant's events.
+    Appending an event locks this row, so each chain is one ordered
+    sequence; tenants never wait on each other, and one tenant's export can
+    be verified without any other tenant's events. A tenant keeps
+    ``Tenant.chain_stripes`` chains (see :mod:`ledgerdash.ledger.chain`),
+    one row each; ``seq`` is the seq of the chain's last event (0 before
+    its first).
     """
 
-    tenant = models.OneToOneField(Tenant, primary_key=True, on_delete=models.PROTECT, related_name="chain_head")
+    pk = models.CompositePrimaryKey("tenant", "stripe")
+    # The primary key (tenant, stripe) serves the foreign key.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="chain_heads", db_index=False)
+    stripe = models.PositiveSmallIntegerField(default=0)
     seq = models.PositiveBigIntegerField(default=0)
     hash = models.CharField(max_length=64)
 
     def __str__(self) -> str:
-        return f"{self.tenant_id} @ {self.seq}"
+        return f"{self.tenant_id}/{self.stripe} @ {self.seq}"
 
 
 class AttemptEvent(models.Model):
@@ -791,10 +818,10 @@ class ChainCheck(models.Model):
     break_event_id = models.BigIntegerField(null=True, blank=True)
     message = models.TextField(blank=True)
     duration_ms = models.PositiveIntegerField(default=0)
-    #: The furthest head a walk ever verified (moved only by walks that held):
-    #: a later walk whose chain no longer reaches it reports the lost tail.
-    reached_seq = models.PositiveBigIntegerField(default=0)
-    reached_hash = models.CharField(max_length=64, blank=True)
+    #: The furthest heads a walk ever verified, ``[seq, hash]`` for each of
+    #: the tenant's chains that has events (moved only by walks that held):
+    #: a later walk whose chains no longer reach them reports the lost tail.
+    reached_heads = models.JSONField(default=list, blank=True)
     reached_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:

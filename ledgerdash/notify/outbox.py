@@ -62,7 +62,7 @@ EVENT_BATCH = 500
 def start_seq(tenant: Tenant | int) -> int:
     """The seq a rule made now starts after: the chain's head."""
     tenant_id = tenant if isinstance(tenant, int) else tenant.pk
-    head = ChainHead.objects.filter(pk=tenant_id).values_list("seq", flat=True).first()
+    head = ChainHead.objects.filter(tenant_id=tenant_id).values_list("seq", flat=True).first()
     return head or 0
 
 
@@ -80,7 +80,7 @@ def collect_events(*, limit: int = EVENT_BATCH) -> int:
     tenants |= set(Channel.objects.filter(kind=ChannelKind.AGENT, enabled=True).values_list("tenant_id", flat=True))
     # A tenant with nothing enabled: what happens meanwhile is nobody's to
     # hear, so a rule or channel enabled again does not replay it.
-    head = ChainHead.objects.filter(pk=OuterRef("tenant_id")).values("seq")[:1]
+    head = ChainHead.objects.filter(tenant_id=OuterRef("tenant_id")).values("seq")[:1]
     Cursor.objects.exclude(tenant_id__in=tenants).filter(seq__lt=Subquery(head)).update(
         seq=Subquery(head), updated_at=clock.now()
     )
