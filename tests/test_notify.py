@@ -412,3 +412,40 @@ def test_what_happens_while_everything_is_disabled_is_not_replayed(tenant_a: Ten
     assert outbox.collect_events() == 0
     to_review(tenant_a, "heard-again")
     assert outbox.collect_events() == 1
+
+
+def review_in_chain(tenant: Tenant, stripe: int, key: str) -> Attempt:
+    """An attempt of ``tenant`` whose events go to chain ``stripe``, taken to review."""
+    for n in range(tenant.chain_stripes * 2):
+        attempt = record(tenant, f"{key}-{n}")
+        if attempt.pk % tenant.chain_stripes == stripe:
+            attempt = recording.mark_unknown(recording.mark_dispatched(attempt, actor=AGENT), reason="t", actor=AGENT)
+            return moves.attempt_escalate(attempt=attempt, actor=RECONCILER, fence=attempt.fence, reason="review")
+    raise AssertionError(f"no attempt landed in chain {stripe}")
+
+
+def review_seq(attempt: Attempt) -> int:
+    return AttemptEvent.objects.get(attempt=attempt, to_state="MANUAL_REVIEW").seq
+
+
+def test_a_tenant_with_several_chains_is_heard_in_each_even_a_quiet_one(
+    tenant_striped: Tenant, receiver: Receiver
+) -> None:
+    # A busy chain numbers far ahead of a quiet one.
+    for n in range(4):
+        review_in_chain(tenant_striped, 3, f"busy-{n}")
+    rule = webhook(tenant_striped, receiver)
+    assert len(rule.from_seqs) == 4
+    assert rule.from_seqs[3] > rule.from_seqs[1]
+    busy = review_in_chain(tenant_striped, 3, "busy-after")
+    quiet = review_in_chain(tenant_striped, 1, "quiet-after")
+    # A single position would have taken the quiet chain's new event for history.
+    assert review_seq(quiet) < rule.from_seqs[3]
+    assert outbox.collect_events() == 2
+    assert set(Delivery.objects.values_list("attempt_id", flat=True)) == {busy.pk, quiet.pk}
+    # The cursor moved past the busy chain's event; the quiet chain's next one is still heard.
+    later = review_in_chain(tenant_striped, 1, "quiet-later")
+    assert review_seq(later) < review_seq(busy)
+    assert outbox.collect_events() == 1
+    assert Delivery.objects.filter(attempt_id=later.pk).count() == 1
+    assert outbox.collect_events() == 0

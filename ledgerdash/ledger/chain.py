@@ -88,3 +88,9 @@ def stripe_of_seq(seq: int, stripes: int) -> int:
 def next_seq(head_seq: int, stripe: int, stripes: int) -> int:
     """The seq after ``head_seq`` in ``stripe`` (``head_seq`` 0: its first)."""
     return head_seq + stripes if head_seq else stripe + 1
+
+
+def past(seq: int, positions: list[int]) -> bool:
+    """Whether the event at ``seq`` comes after ``positions``: a seq for each
+    of the tenant's chains, in chain order (none: after everything)."""
+    return not positions or seq > positions[stripe_of_seq(seq, len(positions))]

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import F, OuterRef, Subquery
 
-from ledgerdash.ledger import workers
+from ledgerdash.ledger import chain, workers
 from ledgerdash.ledger.events import EventKind
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, State
 from ledgerdash.notify.models import Channel, Rule, RuleEvent
@@ -46,7 +46,7 @@ def attempt_url(attempt_id: int) -> str:
 
 def matches(rule: Rule, event: AttemptEvent) -> Happening | None:
     """The happening ``event`` is for ``rule``, or None."""
-    if event.seq <= rule.from_seq:
+    if not chain.past(event.seq, rule.from_seqs):
         return None
     attempt = event.attempt
     key = f"event:{event.seq}"
@@ -131,7 +131,7 @@ def agent_decision(channel: Channel, event: AttemptEvent, token_of: TokenOf) -> 
     retry, or a first call its policy held, approved or rejected by a
     person; or a reconciler's verdict."""
     attempt = event.attempt
-    if event.seq <= channel.from_seq or attempt is None or event.kind != EventKind.TRANSITION:
+    if not chain.past(event.seq, channel.from_seqs) or attempt is None or event.kind != EventKind.TRANSITION:
         return None
     if event.from_state == event.to_state:
         return None

@@ -65,7 +65,8 @@ class Channel(models.Model):
     An ``agent`` channel is an agent's callback: it needs no rule; it gets
     the decisions on the attempts its API ``token`` recorded (a linked retry
     approved or rejected, an attempt settled by the reconciler) made after
-    ``from_seq``, so the agent need not poll.
+    it was (``from_seqs``: where each of the tenant's chains stood then), so
+    the agent need not poll.
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="notify_channels")
@@ -75,7 +76,8 @@ class Channel(models.Model):
     target = models.CharField(max_length=1000)
     secret = models.CharField(max_length=128, blank=True, editable=False)
     token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.PROTECT, related_name="callbacks")
-    from_seq = models.PositiveBigIntegerField(default=0)
+    #: The head seq of each of the tenant's chains when the channel was made.
+    from_seqs = models.JSONField(default=list)
     enabled = models.BooleanField(default=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
@@ -104,8 +106,8 @@ class Rule(models.Model):
     """Which happenings of a tenant go to which channel.
 
     An event rule matches the tenant's events appended after the rule was
-    made (``from_seq``: the chain's seq when it was made), so a new rule
-    does not replay history. ``sla_overdue`` fires past ``tool_sla``'s
+    made (``from_seqs``: the head seq of each of the tenant's chains when it
+    was made), so a new rule does not replay history. ``sla_overdue`` fires past ``tool_sla``'s
     minutes for the attempt's tool, else ``sla_minutes``, else the tenant's
     own SLA (the one the overview counts late work by). A timed rule
     sends again every ``repeat_minutes`` (0: once) while the condition holds.
@@ -120,7 +122,7 @@ class Rule(models.Model):
     tool_sla = models.JSONField(default=dict, blank=True)
     repeat_minutes = models.PositiveIntegerField(default=60)
     stalled_minutes = models.PositiveIntegerField(default=10)
-    from_seq = models.PositiveBigIntegerField(default=0)
+    from_seqs = models.JSONField(default=list)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 
@@ -210,15 +212,16 @@ class DeliveryTry(models.Model):
 
 
 class Cursor(models.Model):
-    """How far in a tenant's event chain the outbox has turned events into
-    deliveries: moved in the same transaction that writes them."""
+    """How far in each of a tenant's event chains the outbox has turned
+    events into deliveries (``positions``: the last seq of each chain it
+    read, 0 for none): moved in the same transaction that writes them."""
 
     tenant = models.OneToOneField(Tenant, primary_key=True, on_delete=models.CASCADE, related_name="notify_cursor")
-    seq = models.PositiveBigIntegerField(default=0)
+    positions = models.JSONField(default=list)
     updated_at = models.DateTimeField()
 
     def __str__(self) -> str:
-        return f"{self.tenant_id} @ {self.seq}"
+        return f"{self.tenant_id} @ {self.positions}"
 
 
 class Heartbeat(models.Model):

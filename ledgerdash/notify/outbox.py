@@ -16,11 +16,15 @@ and moves the cursor. So:
   no extra row, no rule lookup, inside the chain-head lock. A tool call that
   triggers no notification costs exactly what it cost before.
 
-Why the cursor can trust ``seq``: a tenant's events are numbered under its
-chain head's row lock, held until the appending transaction commits, so
-event ``n + 1`` can only commit after event ``n`` did. A reader that sees
-``n + 1`` has seen every event before it; no event commits later behind
-the cursor.
+Why the cursor can trust ``seq``: the events of a chain are numbered under
+its head's row lock, held until the appending transaction commits, so a
+chain's next event can only commit after the one before it did. A reader
+that sees an event has seen every event before it in its chain; no event
+commits later behind the cursor. A tenant with several chains (see
+:mod:`ledgerdash.ledger.chain`) numbers them side by side, and a busy chain
+numbers ahead of a quiet one, so the cursor keeps a position per chain
+(``Cursor.positions``), as do the rules and agent channels for where they
+start (``from_seqs``).
 
 What each rule or agent callback matches is decided in
 :mod:`ledgerdash.notify.happenings`. Conditions that no single event marks (an attempt past its SLA, a broken
@@ -39,9 +43,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import F, Q
+from django.db.models.functions import Mod
 
-from ledgerdash.ledger import clock
+from ledgerdash.ledger import chain, clock
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, Membership, Role, Tenant
 from ledgerdash.notify.happenings import CONDITIONS, Happening, TokenOf, agent_decision, attempt_url, matches
 from ledgerdash.notify.models import (
@@ -59,11 +64,20 @@ from ledgerdash.notify.models import (
 EVENT_BATCH = 500
 
 
-def start_seq(tenant: Tenant | int) -> int:
-    """The seq a rule made now starts after: the chain's head."""
-    tenant_id = tenant if isinstance(tenant, int) else tenant.pk
-    head = ChainHead.objects.filter(tenant_id=tenant_id).values_list("seq", flat=True).first()
-    return head or 0
+def start_seqs(tenant: Tenant) -> list[int]:
+    """Where a rule made now starts: the head seq of each of the tenant's chains."""
+    return _heads([tenant.pk], {tenant.pk: tenant.chain_stripes})[tenant.pk]
+
+
+def _heads(tenant_ids: list[int], stripes: dict[int, int]) -> dict[int, list[int]]:
+    """The head seq of each chain of each tenant (0 for a chain without events)."""
+    heads = {tenant_id: [0] * stripes[tenant_id] for tenant_id in tenant_ids}
+    for tenant_id, stripe, seq in ChainHead.objects.filter(tenant_id__in=tenant_ids).values_list(
+        "tenant_id", "stripe", "seq"
+    ):
+        if stripe < len(heads[tenant_id]):
+            heads[tenant_id][stripe] = seq
+    return heads
 
 
 # --- events -> deliveries -------------------------------------------------------------------------
@@ -78,13 +92,41 @@ def collect_events(*, limit: int = EVENT_BATCH) -> int:
         .distinct()
     )
     tenants |= set(Channel.objects.filter(kind=ChannelKind.AGENT, enabled=True).values_list("tenant_id", flat=True))
-    # A tenant with nothing enabled: what happens meanwhile is nobody's to
-    # hear, so a rule or channel enabled again does not replay it.
-    head = ChainHead.objects.filter(tenant_id=OuterRef("tenant_id")).values("seq")[:1]
-    Cursor.objects.exclude(tenant_id__in=tenants).filter(seq__lt=Subquery(head)).update(
-        seq=Subquery(head), updated_at=clock.now()
-    )
+    _skip_unheard(tenants)
     return sum(_collect_tenant(tenant_id, limit) for tenant_id in sorted(tenants))
+
+
+def _skip_unheard(tenants: set[int]) -> None:
+    """Move the cursors of tenants with nothing enabled to their chains'
+    heads: what happens meanwhile is nobody's to hear, so a rule or channel
+    enabled again does not replay it."""
+    idle = list(Cursor.objects.exclude(tenant_id__in=tenants).select_related("tenant"))
+    if not idle:
+        return
+    heads = _heads([c.tenant_id for c in idle], {c.tenant_id: c.tenant.chain_stripes for c in idle})
+    behind = [c for c in idle if c.positions != heads[c.tenant_id]]
+    now = clock.now()
+    for cursor in behind:
+        # Never back: a head read before a concurrent pass moved the cursor on.
+        mine = _per_chain(cursor.positions, cursor.tenant.chain_stripes)
+        cursor.positions = [max(pair) for pair in zip(heads[cursor.tenant_id], mine, strict=True)]
+        cursor.updated_at = now
+    Cursor.objects.bulk_update(behind, ["positions", "updated_at"])
+
+
+def _per_chain(seqs: list[int], chains: int) -> list[int]:
+    """A seq for each of ``chains`` chains (0 for one ``seqs`` does not name)."""
+    return (list(seqs) + [0] * chains)[:chains]
+
+
+def _unread(tenant_id: int, positions: list[int]) -> Q:
+    """The tenant's events past ``positions`` (one per chain)."""
+    if len(positions) == 1:
+        return Q(tenant_id=tenant_id, seq__gt=positions[0])
+    past = Q()
+    for stripe, seq in enumerate(positions):
+        past |= Q(chain=stripe, seq__gt=seq)
+    return Q(tenant_id=tenant_id) & past
 
 
 def _collect_tenant(tenant_id: int, limit: int) -> int:
@@ -100,15 +142,25 @@ def _collect_tenant(tenant_id: int, limit: int) -> int:
     )
     if not rules and not callbacks:
         return 0
-    starts = [r.from_seq for r in rules] + [c.from_seq for c in callbacks]
-    Cursor.objects.get_or_create(tenant_id=tenant_id, defaults={"seq": min(starts), "updated_at": clock.now()})
+    tenant = rules[0].tenant if rules else callbacks[0].tenant
+    n = tenant.chain_stripes
+    # Each chain from where the earliest rule or channel starts in it.
+    starts = [_per_chain(r.from_seqs, n) for r in rules] + [_per_chain(c.from_seqs, n) for c in callbacks]
+    earliest = [min(column) for column in zip(*starts, strict=True)]
+    Cursor.objects.get_or_create(tenant_id=tenant_id, defaults={"positions": earliest, "updated_at": clock.now()})
     with transaction.atomic():
         # Another worker holding this tenant's cursor is doing this very work.
         cursor = Cursor.objects.select_for_update(skip_locked=True).filter(pk=tenant_id).first()
         if cursor is None:
             return 0
+        positions = _per_chain(cursor.positions, n)
+        unread = AttemptEvent.objects.all()
+        if n > 1:
+            unread = unread.annotate(chain=Mod(F("seq") - 1, n))
+        # In seq order, and each chain's events in seq order: what a batch
+        # takes of each chain is where that chain's reading left off.
         events = list(
-            AttemptEvent.objects.filter(tenant_id=tenant_id, seq__gt=cursor.seq)
+            unread.filter(_unread(tenant_id, positions))
             .select_related("attempt", "attempt__owner")
             .order_by("seq")[:limit]
         )
@@ -129,7 +181,10 @@ def _collect_tenant(tenant_id: int, limit: int) -> int:
             if (happening := agent_decision(channel, event, tokens)) is not None
         ]
         Delivery.objects.bulk_create(rows, ignore_conflicts=True)
-        Cursor.objects.filter(pk=tenant_id).update(seq=events[-1].seq, updated_at=now)
+        for event in events:
+            stripe = chain.stripe_of_seq(event.seq, n)
+            positions[stripe] = max(positions[stripe], event.seq)
+        Cursor.objects.filter(pk=tenant_id).update(positions=positions, updated_at=now)
     return len(rows)
 
 

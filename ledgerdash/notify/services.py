@@ -15,7 +15,7 @@ from ledgerdash.ledger.events import Actor, EventKind, event_record
 from ledgerdash.ledger.models import ApiToken, Tenant
 from ledgerdash.notify import signing
 from ledgerdash.notify.models import Channel, ChannelKind, Rule, RuleEvent
-from ledgerdash.notify.outbox import start_seq
+from ledgerdash.notify.outbox import start_seqs
 
 CHANNEL_FIELDS = ("name", "kind", "target", "enabled")
 RULE_FIELDS = (
@@ -77,7 +77,7 @@ def channel_create(
             kind=kind,
             target=check_target(kind, target),
             token=token,
-            from_seq=start_seq(tenant),
+            from_seqs=start_seqs(tenant),
             secret=signing.new_secret() if kind in SIGNED else "",
             created_by_id=actor.user_id,
             created_at=now,
@@ -146,7 +146,8 @@ def rule_create(*, tenant: Tenant, actor: Actor, **values: Any) -> Rule:
     _check_rule(tenant.pk, values)
     now = clock.now()
     with transaction.atomic():
-        rule = Rule.objects.create(tenant=tenant, from_seq=start_seq(tenant), created_at=now, updated_at=now, **values)
+        starts = start_seqs(tenant)
+        rule = Rule.objects.create(tenant=tenant, from_seqs=starts, created_at=now, updated_at=now, **values)
         event_record(
             tenant=tenant,
             kind=EventKind.NOTIFY_RULE,
