@@ -74,8 +74,9 @@ def load(cursor: Any, tenant_id: int, want: int) -> None:
     cursor.execute(EVENTS, params)
     cursor.execute(
         # A hex hash: the export appends its own audit event after the head.
-        "INSERT INTO ledger_chainhead (tenant_id, seq, hash) VALUES (%(t)s, %(n)s, md5(%(n)s::text) || md5('x')) "
-        "ON CONFLICT (tenant_id) DO UPDATE SET seq = EXCLUDED.seq, hash = EXCLUDED.hash",
+        "INSERT INTO ledger_chainhead (tenant_id, stripe, seq, hash) "
+        "VALUES (%(t)s, 0, %(n)s, md5(%(n)s::text) || md5('x')) "
+        "ON CONFLICT (tenant_id, stripe) DO UPDATE SET seq = EXCLUDED.seq, hash = EXCLUDED.hash",
         {"t": tenant_id, "n": head + adding},
     )
 

@@ -15,7 +15,10 @@ Records (the ``record`` column):
   walked from the first event to the chain head.
 - ``head``: after each tenant's rows: the tenant's chain head (seq and hash)
   read when the export started. Every row is at or below it; a file without
-  it was cut short.
+  it was cut short. A tenant whose events are kept in several chains (see
+  :mod:`ledgerdash.ledger.chain`) gets a head row per chain, in chain
+  order, each with its chain's counts, and the ``export`` row says how many
+  chains each such tenant keeps (``details.chains``).
 
 Memory stays flat whatever the size: events are read in keyset chunks of
 :data:`CHUNK` on the (tenant, seq) index and written out chunk by chunk.
@@ -37,8 +40,8 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import BooleanField, ExpressionWrapper, Q, TextField
-from django.db.models.functions import Cast
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, QuerySet, TextField
+from django.db.models.functions import Cast, Mod
 from django.utils import timezone
 
 from ledgerdash.ledger import chain
@@ -182,8 +185,26 @@ class ExportRequest:
 
 @dataclass
 class _Counts:
+    """Rows written for one tenant: event and link rows, in total and per chain."""
+
+    chains: int = 1
     events: int = 0
     links: int = 0
+    per_chain: dict[int, list[int]] = field(default_factory=dict)
+
+    def add(self, seq: int, *, event: bool) -> None:
+        if event:
+            self.events += 1
+        else:
+            self.links += 1
+        tally = self.per_chain.setdefault(chain.stripe_of_seq(seq, self.chains), [0, 0])
+        tally[0 if event else 1] += 1
+
+    def of_chain(self, stripe: int) -> dict[str, int]:
+        if self.chains == 1:
+            return {"events": self.events, "links": self.links}
+        events, links = self.per_chain.get(stripe, [0, 0])
+        return {"chain": stripe, "events": events, "links": links}
 
 
 class _Writer:
@@ -267,10 +288,22 @@ def _link_record(row: dict[str, Any], tenant: Tenant) -> dict[str, Any]:
     }
 
 
-def _chain_rows(request: ExportRequest, tenant: Tenant, head_seq: int, now: datetime) -> Iterator[dict[str, Any]]:
-    """The tenant's events up to ``head_seq`` in seq order, by keyset chunks;
-    each row says whether the filters include it."""
-    qs = AttemptEvent.objects.filter(tenant_id=tenant.pk, seq__lte=head_seq).annotate(
+def _up_to(tenant: Tenant, heads: list[tuple[int, str]]) -> QuerySet[AttemptEvent]:
+    """The tenant's events up to its chains' heads (one per chain, in chain order)."""
+    if len(heads) == 1:
+        return AttemptEvent.objects.filter(tenant_id=tenant.pk, seq__lte=heads[0][0])
+    within = Q()
+    for stripe, (seq, _) in enumerate(heads):
+        within |= Q(chain=stripe, seq__lte=seq)
+    return AttemptEvent.objects.filter(tenant_id=tenant.pk).annotate(chain=Mod(F("seq") - 1, len(heads))).filter(within)
+
+
+def _chain_rows(
+    request: ExportRequest, tenant: Tenant, heads: list[tuple[int, str]], now: datetime
+) -> Iterator[dict[str, Any]]:
+    """The tenant's events up to its chains' heads in seq order, by keyset
+    chunks; each row says whether the filters include it."""
+    qs = _up_to(tenant, heads).annotate(
         details_text=Cast("details", TextField()), args_text=Cast("attempt__args", TextField())
     )
     fields: tuple[str, ...] = (*_EVENT_FIELDS, *_ATTEMPT_FIELDS, "details_text", "args_text")
@@ -349,7 +382,7 @@ SELECT {cells}
 FROM {event} e
 LEFT JOIN {attempt} a ON a.id = e.attempt_id
 LEFT JOIN {user} u ON u.id = a.owner_id
-WHERE e.tenant_id = %(tenant_id_value)s AND e.seq <= %(head)s
+WHERE e.tenant_id = %(tenant_id_value)s AND e.seq <= (%(heads)s::bigint[])[(e.seq - 1) %% %(chains)s + 1]
 ORDER BY e.seq
 """
 
@@ -358,10 +391,10 @@ def _server_formats(request: ExportRequest) -> bool:
     return request.format == "csv" and request.query is None and connection.vendor == "postgresql"
 
 
-def _formatted_chain_text(tenant: Tenant, head_seq: int, counts: _Counts) -> Iterator[str]:
-    """A full export's event rows up to ``head_seq`` as CSV text, streamed by
-    ``COPY (…) TO STDOUT WITH CSV``: the server formats and quotes, this
-    process passes blocks on (memory stays flat)."""
+def _formatted_chain_text(tenant: Tenant, heads: list[tuple[int, str]], counts: _Counts) -> Iterator[str]:
+    """A full export's event rows up to its chains' heads as CSV text,
+    streamed by ``COPY (…) TO STDOUT WITH CSV``: the server formats and
+    quotes, this process passes blocks on (memory stays flat)."""
     query = _FORMATTED_QUERY.format(
         cells=",\n       ".join(_FORMATTED_CELLS.values()),
         event=AttemptEvent._meta.db_table,
@@ -372,7 +405,8 @@ def _formatted_chain_text(tenant: Tenant, head_seq: int, counts: _Counts) -> Ite
         "tenant": neutralize(tenant.slug),
         "tenant_id": str(tenant.pk),
         "tenant_id_value": tenant.pk,
-        "head": head_seq,
+        "heads": [seq for seq, _ in heads],
+        "chains": len(heads),
     }
     decoder = codecs.getincrementaldecoder("utf-8")()
     pending: list[str] = []
@@ -387,7 +421,22 @@ def _formatted_chain_text(tenant: Tenant, head_seq: int, counts: _Counts) -> Ite
                 pending, size = [], 0
     yield "".join(pending) + decoder.decode(b"", final=True)
     # What COPY wrote, counted by the index rather than by parsing the CSV.
-    counts.events += AttemptEvent.objects.filter(tenant_id=tenant.pk, seq__lte=head_seq).count()
+    if len(heads) == 1:
+        counts.events += _up_to(tenant, heads).count()
+        return
+    by_chain = _up_to(tenant, heads).values(part=Mod(F("seq") - 1, len(heads))).annotate(rows=Count("id"))
+    for stripe, rows in by_chain.values_list("part", "rows"):
+        counts.events += rows
+        counts.per_chain[stripe] = [rows, 0]
+
+
+def _heads(tenants: list[Tenant]) -> dict[int, list[tuple[int, str]]]:
+    """Each tenant's chain heads (seq, hash), one per chain in chain order."""
+    heads = {t.pk: [(0, chain.GENESIS)] * t.chain_stripes for t in tenants}
+    for head in ChainHead.objects.filter(tenant_id__in=list(heads)):
+        if head.stripe < len(heads[head.tenant_id]):
+            heads[head.tenant_id][head.stripe] = (head.seq, head.hash)
+    return heads
 
 
 def stream(request: ExportRequest) -> Iterator[str]:
@@ -396,8 +445,9 @@ def stream(request: ExportRequest) -> Iterator[str]:
     now = timezone.now()
     writer = _Writer(request.format)
     writer.header()
-    heads = {h.tenant_id: h for h in ChainHead.objects.filter(tenant_id__in=[t.pk for t in request.tenants])}
-    counts = {t.pk: _Counts() for t in request.tenants}
+    heads = _heads(request.tenants)
+    counts = {t.pk: _Counts(chains=t.chain_stripes) for t in request.tenants}
+    chains = {t.slug: t.chain_stripes for t in request.tenants if t.chain_stripes > 1}
     writer.add(
         {
             "record": "export",
@@ -411,6 +461,7 @@ def stream(request: ExportRequest) -> Iterator[str]:
                 "scope": "full" if request.full else ("filtered with links" if request.links else "filtered"),
                 "filters": request.filters,
                 "tenants": [t.slug for t in request.tenants],
+                **({"chains": chains} if chains else {}),
             },
         }
     )
@@ -418,32 +469,29 @@ def stream(request: ExportRequest) -> Iterator[str]:
     complete = False
     try:
         for tenant in request.tenants:
-            head = heads.get(tenant.pk)
-            head_seq, head_hash = (head.seq, head.hash) if head else (0, chain.GENESIS)
+            tenant_heads = heads[tenant.pk]
             tally = counts[tenant.pk]
             if server_formats:
                 yield writer.take()
-                yield from _formatted_chain_text(tenant, head_seq, tally)
+                yield from _formatted_chain_text(tenant, tenant_heads, tally)
             else:
-                for row in _chain_rows(request, tenant, head_seq, now):
-                    if row.get("included", True):
-                        writer.add(_event_record(row, tenant))
-                        tally.events += 1
-                    else:
-                        writer.add(_link_record(row, tenant))
-                        tally.links += 1
+                for row in _chain_rows(request, tenant, tenant_heads, now):
+                    included = row.get("included", True)
+                    writer.add(_event_record(row, tenant) if included else _link_record(row, tenant))
+                    tally.add(row["seq"], event=included)
                     if writer.buffer.tell() > FLUSH_BYTES:
                         yield writer.take()
-            writer.add(
-                {
-                    "record": "head",
-                    "tenant": tenant.slug,
-                    "tenant_id": tenant.pk,
-                    "event_seq": head_seq,
-                    "hash": head_hash,
-                    "details": {"events": tally.events, "links": tally.links},
-                }
-            )
+            for stripe, (head_seq, head_hash) in enumerate(tenant_heads):
+                writer.add(
+                    {
+                        "record": "head",
+                        "tenant": tenant.slug,
+                        "tenant_id": tenant.pk,
+                        "event_seq": head_seq,
+                        "hash": head_hash,
+                        "details": tally.of_chain(stripe),
+                    }
+                )
         complete = True
         yield writer.take()
     finally:
@@ -457,11 +505,15 @@ def stream(request: ExportRequest) -> Iterator[str]:
 
 
 def _record_exports(
-    request: ExportRequest, counts: dict[int, _Counts], heads: dict[int, ChainHead], *, complete: bool
+    request: ExportRequest, counts: dict[int, _Counts], heads: dict[int, list[tuple[int, str]]], *, complete: bool
 ) -> None:
     for tenant in request.tenants:
         tally = counts[tenant.pk]
-        head = heads.get(tenant.pk)
+        tenant_heads = heads[tenant.pk]
+        if len(tenant_heads) == 1:
+            (head_seq, head_hash), more = tenant_heads[0], {}
+        else:  # the newest head, and every chain's
+            (head_seq, head_hash), more = max(tenant_heads), {"heads": [list(head) for head in tenant_heads]}
         what = "exported" if complete else "export interrupted after"
         event_record(
             tenant=tenant,
@@ -474,7 +526,8 @@ def _record_exports(
                 "rows": tally.events,
                 "links": tally.links,
                 "complete": complete,
-                "head_seq": head.seq if head else 0,
-                "head_hash": head.hash if head else chain.GENESIS,
+                "head_seq": head_seq,
+                "head_hash": head_hash,
+                **more,
             },
         )

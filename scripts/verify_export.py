@@ -14,6 +14,11 @@ from_state, to_state, fence, reason, details, created_at) and each link
 - a filtered export without link rows can only show each row is unmodified
   relative to the hashes it carries, and that neighbouring rows link up.
 
+A tenant whose events are kept in several chains (the export row's
+details.chains names each such tenant and how many) has a head row per
+chain: chain c holds seqs c+1, c+1+N, c+1+2N, ... and each chain is
+walked on its own, as above, from its first seq to its head.
+
 --known-head TENANT:SEQ:HASH (repeatable) checks the chain still passes
 through a head you kept from an earlier export or from verify_audit.
 Exit status 0 when everything checked holds, 1 otherwise.
@@ -79,50 +84,72 @@ def link(prev_hash: str, content: str) -> str:
 def verify(path: str, known_heads: dict[tuple[str, int], str]) -> list[str]:
     """Problems found (empty when everything holds); prints what was proven."""
     problems: list[str] = []
-    state: dict[str, dict[str, Any]] = {}
+    state: dict[tuple[str, int], dict[str, Any]] = {}
+    chains: dict[str, int] = {}
     walkable = True
     for row in records(path):
         kind, tenant = row["record"], row["tenant"]
         if kind == "export":
             print(f"export by {row['actor_label']} at {row['event_at']}: {json.dumps(row['details'])}")
             walkable = row["details"]["scope"] != "filtered"
+            chains = row["details"].get("chains", {})
             continue
-        t = state.setdefault(tenant, {"seq": 0, "hash": GENESIS, "whole": walkable, "events": 0, "links": 0})
+        n = chains.get(tenant, 1)
+        # A head row names its chain; an event's seq does.
+        stripe = row["details"].get("chain", 0) if kind == "head" else (row["event_seq"] - 1) % n
+        t = state.setdefault((tenant, stripe), {"seq": 0, "hash": GENESIS, "whole": walkable, "events": 0, "links": 0})
+        whose = tenant if n == 1 else f"{tenant} chain {stripe}"
         if kind == "head":
-            counted = {"events": t["events"], "links": t["links"]}
+            counted = {"events": t["events"], "links": t["links"]} | ({"chain": stripe} if n > 1 else {})
             if row["details"] != counted:
-                problems.append(f"{tenant}: the head row counts {row['details']}, the file has {counted}")
+                problems.append(f"{whose}: the head row counts {row['details']}, the file has {counted}")
             if not walkable:
-                print(f"{tenant}: {t['events']} rows unmodified and linked to their neighbours; a filtered export")
+                print(f"{whose}: {t['events']} rows unmodified and linked to their neighbours; a filtered export")
                 print(f"  without link rows cannot prove completeness (head seq {row['event_seq']} {row['hash']})")
             elif (t["seq"], t["hash"]) != (row["event_seq"], row["hash"]):
-                problems.append(f"{tenant}: the rows end at seq {t['seq']}, not at the head (seq {row['event_seq']})")
+                problems.append(f"{whose}: the rows end at seq {t['seq']}, not at the head (seq {row['event_seq']})")
+            elif t["whole"] and n == 1:
+                print(f"{whose}: VERIFIED seq 1..{t['seq']}, complete and unmodified up to head {row['hash']}")
             elif t["whole"]:
-                print(f"{tenant}: VERIFIED seq 1..{t['seq']}, complete and unmodified up to head {row['hash']}")
+                print(
+                    f"{whose}: VERIFIED seq {stripe + 1}..{t['seq']} every {n}, complete and unmodified up to"
+                    f" head {row['hash']}"
+                )
             t["done"] = True
             continue
         seq, name = row["event_seq"], f"{tenant} seq {row['event_seq']} (event id {row['event_id']})"
+        expected = t["seq"] + n if t["seq"] else stripe + 1
         if kind == "event":
             t["events"] += 1
             if content_hash(row) != row["content_hash"]:
                 problems.append(f"{name}: edited, its fields do not match its content hash")
+            belongs = (row["attempt_id"] or 0) % n
+            if belongs != stripe:
+                problems.append(f"{name}: sits in chain {stripe}, but its attempt's events belong to chain {belongs}")
         else:
             t["links"] += 1
         if link(row["prev_hash"], row["content_hash"]) != row["hash"]:
             problems.append(f"{name}: edited, its hash is not link(prev_hash, content_hash)")
-        if seq == t["seq"] + 1 and row["prev_hash"] != t["hash"]:
+        if seq == expected and row["prev_hash"] != t["hash"]:
             problems.append(f"{name}: does not follow seq {t['seq']} (missing, replaced or reordered)")
         elif seq <= t["seq"]:
             problems.append(f"{name}: out of order after seq {t['seq']}")
-        elif seq != t["seq"] + 1:
+        elif seq != expected:
             if t["whole"]:
-                problems.append(f"{name}: seq {t['seq'] + 1} to {seq - 1} missing before it")
+                every = f" (every {n})" if n > 1 else ""
+                problems.append(f"{name}: seq {expected} to {seq - n}{every} missing before it")
             t["whole"] = False
-        expected = known_heads.pop((tenant, seq), None)
-        if expected is not None and expected != row["hash"]:
-            problems.append(f"{name}: the chain no longer passes through the head you kept ({expected})")
+        kept = known_heads.pop((tenant, seq), None)
+        if kept is not None and kept != row["hash"]:
+            problems.append(f"{name}: the chain no longer passes through the head you kept ({kept})")
         t["seq"], t["hash"] = seq, row["hash"]
-    problems += [f"{tenant}: no head row: the file was cut short" for tenant, t in state.items() if not t.get("done")]
+    for tenant in dict.fromkeys(tenant for tenant, _ in state):
+        n = chains.get(tenant, 1)
+        cut = [stripe for stripe in range(n) if not state.get((tenant, stripe), {}).get("done")]
+        if n == 1 and cut:
+            problems.append(f"{tenant}: no head row: the file was cut short")
+        elif cut:
+            problems.append(f"{tenant}: no head row for chain {', '.join(map(str, cut))}: the file was cut short")
     problems += [f"{tenant} seq {seq}: the kept head is not in this export" for tenant, seq in known_heads]
     return problems
 

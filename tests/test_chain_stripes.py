@@ -4,15 +4,25 @@ break in any one of them."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
 import pytest
+from django.core.management import call_command
 from django.db import DatabaseError, transaction
 
 from ledgerdash.ledger import audit, chain, recording
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, State, Tenant
+from reviews import exports
 from tests import tamper
 from tests.conftest import record, together
 from tests.factories import attempt_in
+from tests.live import PYTHON, ROOT
 
 STRIPES = 4
 
@@ -188,3 +198,112 @@ def test_agents_recording_side_by_side_in_one_tenant_leave_every_chain_whole(ten
     assert Attempt.objects.filter(tenant=tenant_striped, state=State.OUTCOME_CONFIRMED).count() == 48
     (result,) = audit.verify([tenant_striped])
     assert result.ok, result.describe()
+
+
+# --- exports ----------------------------------------------------------------------------------------
+
+VERIFY = str(ROOT / "scripts" / "verify_export.py")
+
+
+def export_file(tmp_path: Path, *args: str, fmt: str = "csv") -> Path:
+    out = tmp_path / f"export.{fmt}"
+    call_command("export_audit", "--format", fmt, "--out", str(out), *args)
+    return out
+
+
+def rows_of(path: Path) -> list[dict[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".ndjson":
+        return [json.loads(line) for line in text.splitlines()]
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def verify_file(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, VERIFY, str(path), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "ndjson"])
+def test_an_export_carries_every_chain_to_its_head_and_verifies_offline(
+    striped_ledger: dict[int, list[AttemptEvent]], tmp_path: Path, fmt: str
+) -> None:
+    path = export_file(tmp_path, "--tenant", "initech", fmt=fmt)
+    rows = rows_of(path)
+    details = rows[0]["details"]
+    assert (json.loads(details) if fmt == "csv" else details)["chains"] == {"initech": STRIPES}
+    events = [int(r["event_seq"]) for r in rows if r["record"] == "event"]
+    assert events == sorted(e.seq for chain_events in striped_ledger.values() for e in chain_events)
+    heads = [r for r in rows if r["record"] == "head"]
+    assert [(int(h["event_seq"]), h["hash"]) for h in heads] == [
+        (events[-1].seq, events[-1].hash) for events in striped_ledger.values()
+    ]
+    result = verify_file(path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for stripe, chain_events in striped_ledger.items():
+        last = chain_events[-1]
+        assert f"initech chain {stripe}: VERIFIED seq {stripe + 1}..{last.seq} every {STRIPES}" in result.stdout
+    # Its head rows are heads to keep: verify_audit takes them.
+    assert call_command("verify_audit", "--known-heads", str(path)) is None
+
+
+def test_an_export_stops_at_the_heads_it_read_first(
+    striped_ledger: dict[int, list[AttemptEvent]], tenant_striped: Tenant, tmp_path: Path, monkeypatch: Any
+) -> None:
+    read_heads = exports._heads
+    later: list[Attempt] = []
+
+    def heads_then_more(tenants: list[Tenant]) -> Any:
+        heads = read_heads(tenants)
+        later.extend(settled(tenant_striped, f"later-{n}") for n in range(4))
+        return heads
+
+    monkeypatch.setattr(exports, "_heads", heads_then_more)
+    path = export_file(tmp_path, "--tenant", "initech")
+    exported = {int(r["event_id"]) for r in rows_of(path) if r["record"] == "event"}
+    assert exported
+    assert not exported & set(AttemptEvent.objects.filter(attempt__in=later).values_list("pk", flat=True))
+    assert verify_file(path).returncode == 0
+
+
+def test_a_filtered_striped_export_with_links_walks_every_chain(
+    striped_ledger: dict[int, list[AttemptEvent]], tmp_path: Path
+) -> None:
+    path = export_file(tmp_path, "--tenant", "initech", "--state", "MANUAL_REVIEW", "--links")
+    assert any(r["record"] == "link" for r in rows_of(path))
+    result = verify_file(path)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count("VERIFIED") == STRIPES
+
+
+def test_a_row_dropped_from_one_chain_of_an_export_fails_offline(
+    striped_ledger: dict[int, list[AttemptEvent]], tmp_path: Path
+) -> None:
+    path = export_file(tmp_path, "--tenant", "initech", fmt="ndjson")
+    gone = striped_ledger[2][1]
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if f'"event_id": {gone.pk},' not in line]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = verify_file(path)
+    assert result.returncode == 1
+    assert f"seq {gone.seq} to {gone.seq} (every {STRIPES}) missing before it" in result.stdout
+    # Without its last chain's head row, the file was cut short.
+    path.write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
+    assert f"no head row for chain {STRIPES - 1}: the file was cut short" in verify_file(path).stdout
+
+
+@pytest.mark.postgres
+def test_the_server_formatted_striped_export_is_the_same_file(
+    striped_ledger: dict[int, list[AttemptEvent]], tmp_path: Path, monkeypatch: Any
+) -> None:
+    before = set(AttemptEvent.objects.values_list("pk", flat=True))
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "slow").mkdir()
+    fast = export_file(tmp_path / "fast", "--tenant", "initech")
+    monkeypatch.setattr(exports, "_server_formats", lambda request: False)
+    slow = export_file(tmp_path / "slow", "--tenant", "initech")
+
+    def events(path: Path) -> list[dict[str, Any]]:
+        # The first export's own event is in the second: compare what both saw.
+        return [r for r in rows_of(path) if r["record"] == "event" and int(r["event_id"]) in before]
+
+    assert len(events(fast)) == len(before)
+    assert events(fast) == events(slow)
+    assert verify_file(fast).returncode == 0

@@ -59,6 +59,7 @@ def _tenant_form(tenant: Tenant, **changes: Any) -> dict[str, Any]:
         "default_owner": tenant.default_owner_id or "",
         "created_at_0": created.strftime("%Y-%m-%d"),
         "created_at_1": created.strftime("%H:%M:%S"),
+        "chain_stripes": str(tenant.chain_stripes),
         "policies-TOTAL_FORMS": "0",
         "policies-INITIAL_FORMS": "0",
         "policies-MIN_NUM_FORMS": "0",
@@ -411,3 +412,23 @@ def test_verify_audit_holds_after_configuration_changes(tenant_a: Tenant, admin_
     Membership.objects.filter(user=viewer).delete()
     call_command("verify_audit", "--tenant", "acme")  # raises CommandError on a broken chain
     assert audit.verify_tenant(tenant_a).ok
+
+
+def test_a_tenants_chains_are_chosen_in_the_admin_when_it_is_made_and_kept_after(
+    admin_client: Client, tenant_a: Tenant
+) -> None:
+    form = _tenant_form(tenant_a, slug="hooli", name="Hooli", chain_stripes="4")
+    form.pop("default_owner")
+    response = admin_client.post("/admin/ledger/tenant/add/", form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    hooli = Tenant.objects.get(slug="hooli")
+    assert hooli.chain_stripes == 4
+    assert sorted(hooli.chain_heads.values_list("stripe", flat=True)) == [0, 1, 2, 3]
+    # On the change page it is shown, not offered: a posted value is ignored.
+    page = admin_client.get(f"/admin/ledger/tenant/{hooli.pk}/change/").content.decode()
+    assert 'name="chain_stripes"' not in page
+    response = admin_client.post(f"/admin/ledger/tenant/{hooli.pk}/change/", _tenant_form(hooli, chain_stripes="1"))
+    assert response.status_code == 302
+    hooli.refresh_from_db()
+    assert hooli.chain_stripes == 4
+    assert_chain_holds(hooli)

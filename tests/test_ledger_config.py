@@ -452,3 +452,24 @@ def test_a_shifts_end_moves_and_a_channel_made_disabled_stays_disabled(tmp_path:
     assert 'ends_at from "2099-01-01T16:00:00Z" to "2099-01-01T20:00:00Z"' in plan
     (event,) = events_of("initech", since)
     assert (event.kind, event.details["changed"]) == ("on_call", ["ends_at"])
+
+
+@pytest.mark.django_db
+def test_a_tenant_is_made_with_its_chains_and_they_cannot_change(tmp_path: Path) -> None:
+    striped = FULL.replace('name = "Initech"', 'name = "Initech"\nchain_stripes = 4')
+    run("apply", write(tmp_path, striped))
+    tenant = Tenant.objects.get(slug="initech")
+    assert tenant.chain_stripes == 4
+    assert sorted(tenant.chain_heads.values_list("stripe", flat=True)) == [0, 1, 2, 3]
+    created = AttemptEvent.objects.filter(tenant=tenant, kind=EventKind.TENANT).order_by("seq").first()
+    assert created is not None
+    assert created.details["after"]["chain_stripes"] == 4
+    assert "chain_stripes = 4" in run("export")
+    # Applied again, the same file changes nothing; another number is refused, naming where.
+    assert run("plan", write(tmp_path, striped, "again.toml")).strip().endswith("no changes")
+    before = written()
+    with pytest.raises(CommandError) as raised:
+        run("apply", write(tmp_path, striped.replace("chain_stripes = 4", "chain_stripes = 2"), "fewer.toml"))
+    assert "tenants.initech.chain_stripes: the tenant's events are kept in 4 chain(s)" in str(raised.value)
+    assert written() == before
+    assert audit.verify([tenant])[0].ok

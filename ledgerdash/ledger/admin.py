@@ -62,6 +62,10 @@ class TenantAdmin(admin.ModelAdmin):
     search_fields = ["slug", "name"]
     inlines = [PolicyInline]
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # Chosen when the tenant is made; its events' seqs depend on it.
+        return ("chain_stripes",) if obj is not None else ()
+
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # its chain must stay verifiable: deactivate it instead
 

@@ -376,7 +376,7 @@ def read_known_heads(path: Path) -> list[tuple[str, KnownHead]]:
         for row in csv.DictReader(io.StringIO(text, newline="")):
             # Undo the export's formula neutralization (one leading quote).
             cells = {k: (v[1:] if v and v.startswith("'") else v) for k, v in row.items()}
-            if cells.get("record") == "head":
+            if cells.get("record") == "head" and cells["event_seq"] != "0":  # 0: a chain without events
                 heads.append(parse_known_head(f"{cells['tenant']}:{cells['event_seq']}:{cells['hash']}", source))
     elif text.startswith("{"):
         for line in text.splitlines():
@@ -385,7 +385,7 @@ def read_known_heads(path: Path) -> list[tuple[str, KnownHead]]:
                     row = json.loads(line)
                 except ValueError:
                     raise KnownHeadError(f"{source}: a line is not JSON") from None
-                if row.get("record") == "head":
+                if row.get("record") == "head" and row["event_seq"] != 0:
                     heads.append(parse_known_head(f"{row['tenant']}:{row['event_seq']}:{row['hash']}", source))
     else:
         for line in text.splitlines():

@@ -193,7 +193,13 @@ TOOL_FIELDS = {
     "enabled": "bool",
     "claim_with_intent": "bool",
 }
-TENANT_FIELDS = {"name": "str", "is_active": "bool", "sla_minutes": "int?", "default_owner": "str?"}
+TENANT_FIELDS = {
+    "name": "str",
+    "is_active": "bool",
+    "sla_minutes": "int?",
+    "default_owner": "str?",
+    "chain_stripes": "int",
+}
 TENANT_PARTS = ("policy", "members", "credentials", "on_call", "channels", "rules")
 CREDENTIAL_FIELDS = {"tool": "str", "placeholder": "str", "secret_name": "str"}
 SHIFT_FIELDS = {"user": "str", "starts_at": "when", "ends_at": "when"}
@@ -620,6 +626,7 @@ def _tenant_steps(spec: TenantSpec) -> list[Step]:
         "is_active": current.is_active,
         "sla_minutes": current.sla_minutes,
         "default_owner": current.default_owner.get_username() if current.default_owner else None,
+        "chain_stripes": current.chain_stripes,
     }
     moved = {k: v for k, v in spec.values.items() if now[k] != v}
     if not moved:
@@ -1010,6 +1017,8 @@ def current() -> dict[str, Any]:
             "is_active": tenant.is_active,
             "sla_minutes": tenant.sla_minutes,
             "default_owner": tenant.default_owner.get_username() if tenant.default_owner else None,
+            # Only where it is not the default: files written before it existed read the same.
+            **({"chain_stripes": tenant.chain_stripes} if tenant.chain_stripes != 1 else {}),
         }
         policy = Policy.objects.filter(tenant=tenant).order_by("-version").first()
         if policy is not None:

@@ -175,12 +175,14 @@ def tenants_allowing(*tool_names: str) -> frozenset[int]:
 
 def snapshot(row: Model) -> Snapshot:
     if isinstance(row, Tenant):
-        values = {
+        values: dict[str, Any] = {
             "slug": row.slug,
             "name": row.name,
             "is_active": row.is_active,
             "default_owner": _username(row.default_owner_id),
             "sla_minutes": row.sla_minutes,
+            # The tenant's first event says how many chains its events are kept in (where not one).
+            **({"chain_stripes": row.chain_stripes} if row.chain_stripes != 1 else {}),
         }
         return Snapshot(EventKind.TENANT, "tenant", row.slug, frozenset({row.pk}), values)
     if isinstance(row, Membership):

@@ -23,6 +23,11 @@ from ledgerdash.ledger.providers.factory import build_adapter
 
 #: The most hash chains one tenant's events may be kept in.
 MAX_CHAIN_STRIPES = 32
+CHAIN_STRIPES_HELP = (
+    "How many hash chains the tenant's events are kept in. One chain records one event at a time; "
+    "give a tenant whose agents record many calls at once several (8 on a 2-core server). "
+    "Chosen when the tenant is made: it cannot change afterwards."
+)
 
 
 class State(models.TextChoices):
@@ -87,15 +92,13 @@ class Tenant(AuditedModel):
     )
     created_at = models.DateTimeField(default=timezone.now)
     #: How many hash chains the tenant's events are kept in (see
-    #: :mod:`ledgerdash.ledger.chain`): fixed once the tenant has events. Not
-    #: offered in any form yet: the notification outbox reads a tenant's
-    #: events by one position and the exports walk one chain, so a tenant
-    #: keeps one chain until both follow each of its chains.
+    #: :mod:`ledgerdash.ledger.chain`): fixed once the tenant has events,
+    #: which it has from its creation on (a trigger refuses a change).
     chain_stripes = models.PositiveSmallIntegerField(
         default=1,
         db_default=1,
         validators=[MinValueValidator(1), MaxValueValidator(MAX_CHAIN_STRIPES)],
-        editable=False,
+        help_text=CHAIN_STRIPES_HELP,
     )
 
     class Meta:
@@ -109,6 +112,16 @@ class Tenant(AuditedModel):
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        super().clean()
+        if self.pk is None:
+            return
+        kept = Tenant.objects.filter(pk=self.pk).values_list("chain_stripes", flat=True).first()
+        if kept is not None and kept != self.chain_stripes and ChainHead.objects.filter(tenant_id=self.pk).exists():
+            raise ValidationError(
+                {"chain_stripes": f"the tenant's events are kept in {kept} chain(s); that is fixed once it has events"}
+            )
 
     @property
     def sla(self) -> timedelta:

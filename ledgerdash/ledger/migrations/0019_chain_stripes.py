@@ -116,7 +116,9 @@ class Migration(migrations.Migration):
             field=models.PositiveSmallIntegerField(
                 db_default=1,
                 default=1,
-                editable=False,
+                help_text="How many hash chains the tenant's events are kept in. One chain records one event at a "
+                "time; give a tenant whose agents record many calls at once several (8 on a 2-core server). Chosen "
+                "when the tenant is made: it cannot change afterwards.",
                 validators=[
                     django.core.validators.MinValueValidator(1),
                     django.core.validators.MaxValueValidator(32),
