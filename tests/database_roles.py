@@ -116,8 +116,9 @@ def _fresh_database(self: TransactionTestCase) -> None:
         # FORCE ends what the test left connected (a live server's thread, a worker it killed).
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" OWNER "{owner}"')
-    # The copy's sequences start again: ids this process reserved from the old ones must not be used.
-    events.forget_reserved_ids()
+    # The copy's sequences start again: ids this process reserved from the old ones must not be used,
+    # and a tenant id may name another tenant, with another number of chains.
+    events.forget_database()
 
 
 def _no_dead_connection() -> None:
