@@ -11,11 +11,11 @@ from typing import Any
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connection
-from django.db.models import Max, Q, QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from ledgerdash.ledger import rules
+from ledgerdash.ledger import chain, rules
 from ledgerdash.ledger.models import (
     Attempt,
     AttemptEvent,
@@ -27,6 +27,7 @@ from ledgerdash.ledger.models import (
     State,
     Tenant,
 )
+from ledgerdash.ledger.queries import events_of_attempts
 from ledgerdash.ledger.tenancy import Person, tenant_ids_for, tenants_for
 
 #: The queues people work, by the slug in their URL.
@@ -356,9 +357,9 @@ def drill_runs_for(user: Person, *, tenant_ids: Iterable[int] | None = None) -> 
 # --- audit -----------------------------------------------------------------------------
 
 
-def events_of_chain(attempts: list[Attempt]) -> QuerySet[AttemptEvent]:
-    """Every event of these attempts (a linked chain), in chain order."""
-    return AttemptEvent.objects.filter(attempt__in=attempts).select_related("actor_user").order_by("seq")
+def events_of_chain(attempts: list[Attempt]) -> list[AttemptEvent]:
+    """Every event of these attempts (a linked chain), in the order they happened."""
+    return events_of_attempts(attempts, AttemptEvent.objects.select_related("actor_user"))
 
 
 @dataclass(frozen=True)
@@ -367,8 +368,13 @@ class ChainStatus:
     result: walking the chain on a page view would read every event)."""
 
     tenant: Tenant
-    head_seq: int
+    #: The head seq of each of the tenant's chains.
+    heads: tuple[int, ...]
     check: ChainCheck | None
+
+    @property
+    def head_seq(self) -> int:
+        return max(self.heads, default=0)
 
     @property
     def status(self) -> str:
@@ -378,22 +384,31 @@ class ChainStatus:
 
     @property
     def appended_since(self) -> int:
-        return max(0, self.head_seq - self.check.verified_seq) if self.check is not None else self.head_seq
+        n = self.tenant.chain_stripes
+        if n == 1:
+            return max(0, self.head_seq - self.check.verified_seq) if self.check is not None else self.head_seq
+        # Several chains number side by side: count each chain's events past where the walk reached.
+        reached = dict.fromkeys(range(n), 0)
+        for seq, _ in self.check.reached_heads if self.check is not None else []:
+            reached[chain.stripe_of_seq(seq, n)] = seq
+        return sum(
+            max(0, chain.count_up_to(head, n) - chain.count_up_to(reached[stripe], n))
+            for stripe, head in enumerate(self.heads)
+        )
 
 
 def chain_status(user: Person, *, tenants: list[Tenant] | None = None) -> list[ChainStatus]:
     """The user's tenants' chains (``tenants``, by slug, when the caller has read them already)."""
     if tenants is None:
         tenants = list(Tenant.objects.filter(pk__in=tenant_ids_for(user)).order_by("slug"))
-    # A tenant with several chains: the newest of their heads.
-    heads = dict(
-        ChainHead.objects.filter(tenant__in=tenants)
-        .values("tenant_id")
-        .annotate(last=Max("seq"))
-        .values_list("tenant_id", "last")
-    )
+    heads: dict[int, list[int]] = {t.pk: [0] * t.chain_stripes for t in tenants}
+    for tenant_id, stripe, seq in ChainHead.objects.filter(tenant__in=tenants).values_list(
+        "tenant_id", "stripe", "seq"
+    ):
+        if stripe < len(heads[tenant_id]):
+            heads[tenant_id][stripe] = seq
     checks = {c.tenant_id: c for c in ChainCheck.objects.filter(tenant__in=tenants)}
-    return [ChainStatus(t, heads.get(t.pk, 0), checks.get(t.pk)) for t in tenants]
+    return [ChainStatus(t, tuple(heads[t.pk]), checks.get(t.pk)) for t in tenants]
 
 
 # --- the overview: what to do first ----------------------------------------------

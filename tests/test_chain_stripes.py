@@ -18,6 +18,7 @@ from django.db import DatabaseError, transaction
 from ledgerdash.ledger import audit, chain, recording
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, State, Tenant
+from ledgerdash.ledger.queries import events_of_attempts
 from reviews import exports
 from tests import tamper
 from tests.conftest import record, together
@@ -307,3 +308,43 @@ def test_the_server_formatted_striped_export_is_the_same_file(
     assert len(events(fast)) == len(before)
     assert events(fast) == events(slow)
     assert verify_file(fast).returncode == 0
+
+
+# --- reading a tenant's attempts together ---------------------------------------------------------
+
+
+def settled_in_chain(tenant: Tenant, stripe: int, key: str) -> Attempt:
+    """A settled attempt of ``tenant`` whose events are in chain ``stripe``."""
+    for n in range(tenant.chain_stripes * 2):
+        attempt = record(tenant, f"{key}-{n}")
+        if attempt.pk % tenant.chain_stripes == stripe:
+            return recording.confirm(recording.mark_dispatched(attempt), provider_request_id=key)
+    raise AssertionError(f"no attempt landed in chain {stripe}")
+
+
+def test_attempts_in_different_chains_are_read_in_the_order_things_happened(tenant_striped: Tenant) -> None:
+    for n in range(3):
+        settled_in_chain(tenant_striped, 3, f"busy-{n}")
+    first = settled_in_chain(tenant_striped, 3, "first")
+    then = settled_in_chain(tenant_striped, 1, "then")
+    first_seqs = [e.seq for e in AttemptEvent.objects.filter(attempt=first).order_by("seq")]
+    then_seqs = [e.seq for e in AttemptEvent.objects.filter(attempt=then).order_by("seq")]
+    assert max(then_seqs) < min(first_seqs), "the quiet chain numbers below the busy one"
+    events = events_of_attempts([first, then])
+    assert [e.seq for e in events] == first_seqs + then_seqs
+    assert [e.created_at for e in events] == sorted(e.created_at for e in events)
+
+
+def test_the_overview_counts_what_each_chain_appended_since_the_last_walk(tenant_striped: Tenant) -> None:
+    from reviews.queries import ChainStatus
+
+    for n in range(5):
+        settled(tenant_striped, f"before-{n}")
+    (result,) = audit.verify([tenant_striped])
+    assert result.ok
+    added = [settled(tenant_striped, f"after-{n}") for n in range(3)]
+    tenant = Tenant.objects.get(pk=tenant_striped.pk)
+    heads = tuple(ChainHead.objects.filter(tenant=tenant).order_by("stripe").values_list("seq", flat=True))
+    status = ChainStatus(tenant, heads, tenant.chain_check)
+    assert status.appended_since == AttemptEvent.objects.filter(attempt__in=added).count() == 9
+    assert ChainStatus(tenant, heads, None).appended_since == AttemptEvent.objects.filter(tenant=tenant).count()

@@ -94,3 +94,8 @@ def past(seq: int, positions: list[int]) -> bool:
     """Whether the event at ``seq`` comes after ``positions``: a seq for each
     of the tenant's chains, in chain order (none: after everything)."""
     return not positions or seq > positions[stripe_of_seq(seq, len(positions))]
+
+
+def count_up_to(seq: int, stripes: int) -> int:
+    """How many events the chain that ``seq`` is in has up to it (0 for no seq)."""
+    return (seq - 1) // stripes + 1 if seq > 0 else 0

@@ -134,11 +134,11 @@ def append_events(events: list[EventDraft], *, now: datetime | None = None) -> l
     stripes = dict(Tenant.objects.filter(pk__in={e.tenant_id for e in events}).values_list("pk", "chain_stripes"))
     chains: dict[tuple[int, int], list[EventDraft]] = {}
     for event in events:
-        n = stripes[event.tenant_id]
+        n = stripes.get(event.tenant_id, 1)  # no such tenant: its foreign key refuses the event
         chains.setdefault((event.tenant_id, chain.stripe_of(event.attempt_id, n)), []).append(event)
     rows: list[AttemptEvent] = []
     for tenant_id, stripe in sorted(chains):  # one lock order for every transaction
-        n = stripes[tenant_id]
+        n = stripes.get(tenant_id, 1)
         head = _locked_head(tenant_id, stripe, n)
         seq, prev = head.seq, head.hash
         for event in chains[tenant_id, stripe]:
@@ -199,13 +199,14 @@ def _event_row(event: EventDraft, now: datetime) -> AttemptEvent:
 #: tenant and the attempt come from the row it changed (``changed``), so the
 #: statement sends each only once: psycopg keeps a statement's parsed form
 #: only up to 50 parameters, and parsing one again on every call cost about
-#: 0.2 ms of a 2.4 ms tool call.
-#: The chain (and how many the tenant keeps) come from this process's
-#: :func:`chains_of`: joining the tenant row to compute them cost about
-#: 0.1 ms of planning a statement.
+#: 0.2 ms of a 2.4 ms tool call. How many chains the tenant keeps comes
+#: from this process (:func:`chains_of`) and is written into the statement
+#: (a statement per count; joining the tenant row to read it cost about
+#: 0.1 ms of planning, and two more parameters took the two-commit intent
+#: past 50); with a change, the chain is the changed attempt's id modulo it.
 _HEAD = """head AS (
-    SELECT tenant_id, stripe, %s::integer AS stripes, seq, hash FROM {head}
-    WHERE tenant_id = {tenant} AND stripe = %s FOR UPDATE
+    SELECT tenant_id, stripe, {chains}::integer AS stripes, seq, hash FROM {head}
+    WHERE tenant_id = {tenant} AND stripe = {stripe} FOR UPDATE
 )"""
 #: ``seq`` as :func:`chain.next_seq` computes it.
 _LINK = """link{n} AS (
@@ -233,7 +234,7 @@ RETURNING id, seq, prev_hash, hash
 
 
 @functools.lru_cache(maxsize=256)
-def _append_sql(change: str = "", count: int = 1) -> str:
+def _append_sql(change: str = "", count: int = 1, chains: int = 1) -> str:
     """The append statement for ``count`` events of one attempt (or of the
     tenant as a whole): lock the head of the tenant's chain they go to
     (FOR UPDATE waits for, then reads, the latest committed head), link each
@@ -246,7 +247,13 @@ def _append_sql(change: str = "", count: int = 1) -> str:
     without its events."""
     head, event = ChainHead._meta.db_table, AttemptEvent._meta.db_table
     tenant = "(SELECT tenant_id FROM changed)" if change else "%s"
-    ctes = [_HEAD.format(head=head, tenant=tenant)]
+    if chains == 1:
+        stripe = "0"
+    elif change:
+        stripe = f"(SELECT id FROM changed) %% {int(chains)}"  # noqa: S608 - a number, not a value sent
+    else:
+        stripe = "%s"
+    ctes = [_HEAD.format(head=head, tenant=tenant, stripe=stripe, chains=int(chains))]
     ctes += [_LINK.format(n=n, previous=f"link{n - 1}" if n > 1 else "head") for n in range(1, count + 1)]
     ctes.append(_MOVE_HEAD.format(head=head, last=f"link{count}"))
     rows = "\nUNION ALL\n".join(
@@ -268,9 +275,12 @@ def _append_params(rows: list[Any], connection: Any, *, change: bool = True) -> 
     tenant_id = rows[0].tenant_id
     assert all(row.tenant_id == tenant_id for row in rows), "one statement appends to one tenant's chain"
     assert all(row.attempt_id == rows[0].attempt_id for row in rows), "one statement appends to one chain"
-    chains = chains_of(tenant_id)
-    params: list[Any] = [chains] if change else [chains, tenant_id]
-    params.append(chain.stripe_of(rows[0].attempt_id, chains))
+    params: list[Any] = []
+    if not change:
+        params.append(tenant_id)
+        chains = chains_of(tenant_id)
+        if chains > 1:
+            params.append(chain.stripe_of(rows[0].attempt_id, chains))
     params += [row.content_hash for row in rows]
     for row in rows:
         if not change:
@@ -336,7 +346,8 @@ def _append_one_postgres(event: EventDraft, now: datetime) -> AttemptEvent | Non
     """Append one event in one statement; None if the tenant has no chain
     head yet (nothing was written: the general path creates it)."""
     rows = [_event_row(event, now)]
-    written = _execute_append(_append_sql(), _append_params(rows, transaction.get_connection(), change=False), rows)
+    sql = _append_sql(chains=chains_of(event.tenant_id))
+    written = _execute_append(sql, _append_params(rows, transaction.get_connection(), change=False), rows)
     return written[0] if written else None
 
 
@@ -459,7 +470,8 @@ def cas_with_event(
     rows = [_Linked(event, now)]
     params = [column.db_value(value, connection) for column, value in zip(columns, values.values(), strict=True)]
     params += [attempt.pk, attempt.state, attempt.fence, *guard_params]
-    return _execute_append(_append_sql(change), params + _append_params(rows, connection), rows) is not None
+    sql = _append_sql(change, chains=chains_of(attempt.tenant_id))
+    return _execute_append(sql, params + _append_params(rows, connection), rows) is not None
 
 
 #: How many attempt ids a process takes from the sequence at once.
@@ -538,7 +550,7 @@ def insert_with_events(
     for event in events:
         event.attempt_id = attempt.pk
     rows = [_Linked(event, now) for event in events]
-    sql = _insert_sql(tuple(names), guard_sql, len(rows))
+    sql = _insert_sql(tuple(names), guard_sql, len(rows), chains_of(attempt.tenant_id))
     if _execute_append(sql, values + guard_params + _append_params(rows, connection), rows) is None:
         attempt.pk = None
         return False
@@ -548,7 +560,7 @@ def insert_with_events(
 
 
 @functools.lru_cache(maxsize=64)
-def _insert_sql(names: tuple[str, ...], guard_sql: str, count: int) -> str:
+def _insert_sql(names: tuple[str, ...], guard_sql: str, count: int, chains: int) -> str:
     """The statement :func:`insert_with_events` sends (built once per shape)."""
     connection = transaction.get_connection()
     fields = [_column(name).field for name in names]
@@ -563,7 +575,7 @@ def _insert_sql(names: tuple[str, ...], guard_sql: str, count: int) -> str:
         f"INSERT INTO {Attempt._meta.db_table} ({columns}) {values} "
         "ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING RETURNING id, tenant_id"
     )
-    return _append_sql(change, count)
+    return _append_sql(change, count, chains)
 
 
 def event_record(

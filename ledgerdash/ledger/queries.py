@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db.models import QuerySet
 
-from ledgerdash.ledger.models import OWNED_STATES, Attempt, AttemptEvent
+from ledgerdash.ledger.models import OWNED_STATES, Attempt, AttemptEvent, Tenant
 
 
 def needs_attention(tenant_ids: Iterable[int]) -> QuerySet[Attempt]:
@@ -30,3 +31,23 @@ def events_by_seq(events: QuerySet[AttemptEvent], fields: Iterable[str], *, chun
             return
         yield from rows
         last = rows[-1]["seq"]
+
+
+def events_of_attempts(attempts: list[Attempt], events: QuerySet[AttemptEvent] | None = None) -> list[AttemptEvent]:
+    """The events of these attempts (of one tenant: a linked chain, a drill
+    case's), in the order they happened. Each attempt's are in seq order;
+    across attempts, seq is that order where the tenant keeps one chain.
+    A tenant with several numbers its chains side by side (a busy chain
+    ahead of a quiet one: :mod:`ledgerdash.ledger.chain`), so there the
+    attempts' runs are merged by the time each event was recorded."""
+    if not attempts:
+        return []
+    qs = AttemptEvent.objects.all() if events is None else events
+    rows = list(qs.filter(attempt__in=attempts).order_by("seq"))
+    chains = Tenant.objects.filter(pk=attempts[0].tenant_id).values_list("chain_stripes", flat=True).first() or 1
+    if chains == 1:
+        return rows
+    runs: dict[int | None, list[AttemptEvent]] = {}
+    for row in rows:
+        runs.setdefault(row.attempt_id, []).append(row)
+    return list(heapq.merge(*runs.values(), key=lambda event: (event.created_at, event.seq)))

@@ -82,7 +82,7 @@ from ledgerdash.ledger.models import (
     Tool,
 )
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.queries import needs_attention
+from ledgerdash.ledger.queries import events_of_attempts, needs_attention
 from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash.ledger.tokens import token_create, token_revoke
 from ledgerdash.sandbox import http_adapter_config
@@ -717,7 +717,7 @@ class Drill:
                 "lookup": e.details.get("lookup"),
                 "at": e.created_at.isoformat(),
             }
-            for e in AttemptEvent.objects.filter(attempt__in=attempts).order_by("seq")
+            for e in events_of_attempts(list(attempts))
         ]
         report.effects = {key: self.sandbox.count(key) for key in sorted({a.provider_key for a in attempts})}
         performed = ", ".join(f"{key} performed {n} time{'s' if n != 1 else ''}" for key, n in report.effects.items())
