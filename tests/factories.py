@@ -34,6 +34,16 @@ def landed_already(attempt: Attempt) -> Attempt:
     return attempt
 
 
+def recorded_in_chain(tenant: Tenant, stripe: int, key: str) -> Attempt:
+    """An intent of ``tenant`` whose events go to its chain ``stripe`` (keys
+    ``key-0``, ``key-1``, … are recorded until one lands there)."""
+    for n in range(tenant.chain_stripes * 2):
+        attempt = record(tenant, f"{key}-{n}")
+        if attempt.pk % tenant.chain_stripes == stripe:
+            return attempt
+    raise AssertionError(f"no attempt of {tenant.slug} landed in chain {stripe}")
+
+
 def attempt_in(state: str, tenant: Tenant, *, key: str = "k-1", requester: Any = None, approver: Any = None) -> Attempt:
     """An attempt of ``tenant`` in ``state``. RECONCILED needs two users (a
     requester and an approver) since it is reached by approving a retry."""

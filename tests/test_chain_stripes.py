@@ -4,10 +4,7 @@ break in any one of them."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +19,8 @@ from ledgerdash.ledger.queries import events_of_attempts
 from reviews import exports
 from tests import tamper
 from tests.conftest import record, together
-from tests.factories import attempt_in
-from tests.live import PYTHON, ROOT
+from tests.factories import attempt_in, recorded_in_chain
+from tests.test_exports import export_cli, rows_of, verify_file
 
 STRIPES = 4
 
@@ -203,31 +200,12 @@ def test_agents_recording_side_by_side_in_one_tenant_leave_every_chain_whole(ten
 
 # --- exports ----------------------------------------------------------------------------------------
 
-VERIFY = str(ROOT / "scripts" / "verify_export.py")
-
-
-def export_file(tmp_path: Path, *args: str, fmt: str = "csv") -> Path:
-    out = tmp_path / f"export.{fmt}"
-    call_command("export_audit", "--format", fmt, "--out", str(out), *args)
-    return out
-
-
-def rows_of(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".ndjson":
-        return [json.loads(line) for line in text.splitlines()]
-    return list(csv.DictReader(io.StringIO(text)))
-
-
-def verify_file(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, VERIFY, str(path), *args], capture_output=True, text=True, timeout=60, check=False)
-
 
 @pytest.mark.parametrize("fmt", ["csv", "ndjson"])
 def test_an_export_carries_every_chain_to_its_head_and_verifies_offline(
     striped_ledger: dict[int, list[AttemptEvent]], tmp_path: Path, fmt: str
 ) -> None:
-    path = export_file(tmp_path, "--tenant", "initech", fmt=fmt)
+    path = export_cli(tmp_path, "--tenant", "initech", fmt=fmt)
     rows = rows_of(path)
     details = rows[0]["details"]
     assert (json.loads(details) if fmt == "csv" else details)["chains"] == {"initech": STRIPES}
@@ -258,7 +236,7 @@ def test_an_export_stops_at_the_heads_it_read_first(
         return heads
 
     monkeypatch.setattr(exports, "_heads", heads_then_more)
-    path = export_file(tmp_path, "--tenant", "initech")
+    path = export_cli(tmp_path, "--tenant", "initech")
     exported = {int(r["event_id"]) for r in rows_of(path) if r["record"] == "event"}
     assert exported
     assert not exported & set(AttemptEvent.objects.filter(attempt__in=later).values_list("pk", flat=True))
@@ -268,7 +246,7 @@ def test_an_export_stops_at_the_heads_it_read_first(
 def test_a_filtered_striped_export_with_links_walks_every_chain(
     striped_ledger: dict[int, list[AttemptEvent]], tmp_path: Path
 ) -> None:
-    path = export_file(tmp_path, "--tenant", "initech", "--state", "MANUAL_REVIEW", "--links")
+    path = export_cli(tmp_path, "--tenant", "initech", "--state", "MANUAL_REVIEW", "--links")
     assert any(r["record"] == "link" for r in rows_of(path))
     result = verify_file(path)
     assert result.returncode == 0, result.stdout
@@ -278,7 +256,7 @@ def test_a_filtered_striped_export_with_links_walks_every_chain(
 def test_a_row_dropped_from_one_chain_of_an_export_fails_offline(
     striped_ledger: dict[int, list[AttemptEvent]], tmp_path: Path
 ) -> None:
-    path = export_file(tmp_path, "--tenant", "initech", fmt="ndjson")
+    path = export_cli(tmp_path, "--tenant", "initech", fmt="ndjson")
     gone = striped_ledger[2][1]
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if f'"event_id": {gone.pk},' not in line]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -297,9 +275,9 @@ def test_the_server_formatted_striped_export_is_the_same_file(
     before = set(AttemptEvent.objects.values_list("pk", flat=True))
     (tmp_path / "fast").mkdir()
     (tmp_path / "slow").mkdir()
-    fast = export_file(tmp_path / "fast", "--tenant", "initech")
+    fast = export_cli(tmp_path / "fast", "--tenant", "initech")
     monkeypatch.setattr(exports, "_server_formats", lambda request: False)
-    slow = export_file(tmp_path / "slow", "--tenant", "initech")
+    slow = export_cli(tmp_path / "slow", "--tenant", "initech")
 
     def events(path: Path) -> list[dict[str, Any]]:
         # The first export's own event is in the second: compare what both saw.
@@ -315,11 +293,8 @@ def test_the_server_formatted_striped_export_is_the_same_file(
 
 def settled_in_chain(tenant: Tenant, stripe: int, key: str) -> Attempt:
     """A settled attempt of ``tenant`` whose events are in chain ``stripe``."""
-    for n in range(tenant.chain_stripes * 2):
-        attempt = record(tenant, f"{key}-{n}")
-        if attempt.pk % tenant.chain_stripes == stripe:
-            return recording.confirm(recording.mark_dispatched(attempt), provider_request_id=key)
-    raise AssertionError(f"no attempt landed in chain {stripe}")
+    attempt = recording.mark_dispatched(recorded_in_chain(tenant, stripe, key))
+    return recording.confirm(attempt, provider_request_id=key)
 
 
 def test_attempts_in_different_chains_are_read_in_the_order_things_happened(tenant_striped: Tenant) -> None:

@@ -17,6 +17,7 @@ from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, Reconcil
 from ledgerdash.notify import outbox, services, signing, worker
 from ledgerdash.notify.models import Channel, Delivery, DeliveryStatus, DeliveryTry, Rule, RuleEvent
 from tests.conftest import AGENT, RECONCILER, record
+from tests.factories import recorded_in_chain
 from tests.live import free_port
 from tests.notify_receiver import Receiver
 from tests.test_incident_views import duplicate  # noqa: F401 - a fixture
@@ -416,12 +417,9 @@ def test_what_happens_while_everything_is_disabled_is_not_replayed(tenant_a: Ten
 
 def review_in_chain(tenant: Tenant, stripe: int, key: str) -> Attempt:
     """An attempt of ``tenant`` whose events go to chain ``stripe``, taken to review."""
-    for n in range(tenant.chain_stripes * 2):
-        attempt = record(tenant, f"{key}-{n}")
-        if attempt.pk % tenant.chain_stripes == stripe:
-            attempt = recording.mark_unknown(recording.mark_dispatched(attempt, actor=AGENT), reason="t", actor=AGENT)
-            return moves.attempt_escalate(attempt=attempt, actor=RECONCILER, fence=attempt.fence, reason="review")
-    raise AssertionError(f"no attempt landed in chain {stripe}")
+    attempt = recording.mark_dispatched(recorded_in_chain(tenant, stripe, key), actor=AGENT)
+    attempt = recording.mark_unknown(attempt, reason="t", actor=AGENT)
+    return moves.attempt_escalate(attempt=attempt, actor=RECONCILER, fence=attempt.fence, reason="review")
 
 
 def review_seq(attempt: Attempt) -> int:
