@@ -5,14 +5,16 @@ break in any one of them."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 from django.db import DatabaseError, transaction
+from django.utils import timezone
 
-from ledgerdash.ledger import audit, chain, recording
+from ledgerdash.ledger import audit, chain, clock, recording
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, State, Tenant
 from ledgerdash.ledger.queries import events_of_attempts
@@ -300,8 +302,11 @@ def settled_in_chain(tenant: Tenant, stripe: int, key: str) -> Attempt:
 def test_attempts_in_different_chains_are_read_in_the_order_things_happened(tenant_striped: Tenant) -> None:
     for n in range(3):
         settled_in_chain(tenant_striped, 3, f"busy-{n}")
-    first = settled_in_chain(tenant_striped, 3, "first")
-    then = settled_in_chain(tenant_striped, 1, "then")
+    start = timezone.now()
+    with clock.frozen_at(start + timedelta(minutes=1)):
+        first = settled_in_chain(tenant_striped, 3, "first")
+    with clock.frozen_at(start + timedelta(minutes=2)):
+        then = settled_in_chain(tenant_striped, 1, "then")
     first_seqs = [e.seq for e in AttemptEvent.objects.filter(attempt=first).order_by("seq")]
     then_seqs = [e.seq for e in AttemptEvent.objects.filter(attempt=then).order_by("seq")]
     assert max(then_seqs) < min(first_seqs), "the quiet chain numbers below the busy one"
