@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -38,6 +39,15 @@ class Sandbox:
     def count(self, key: str) -> int:
         _, body = self._call("GET", "/effects/count?key=" + urllib.parse.quote(key, safe=""))
         return int(body["count"])
+
+    def count_once_landed(self, key: str, *, within: float = 60.0) -> int:
+        """``count(key)`` once at least one effect has landed (or ``within``
+        seconds passed): a request an agent sent just before it was killed
+        reaches the provider on the provider's time, not the agent's."""
+        deadline = time.monotonic() + within
+        while (counted := self.count(key)) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return counted
 
     def perform(self, tool: str, key: str, payload: dict[str, Any]) -> tuple[int, Any]:
         """Send a request directly, as another party (or an agent that then crashed) would."""

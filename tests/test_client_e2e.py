@@ -99,7 +99,7 @@ def test_killed_after_dispatch_the_restart_never_repeats_the_effect(
     agent: Agent, sandbox_tools: Sandbox, point: str
 ) -> None:
     agent.run(crash_at=point)
-    assert sandbox_tools.count(agent.key) == 1
+    assert sandbox_tools.count_once_landed(agent.key) == 1
     attempt = _the_attempt(agent)
     assert attempt.state == S.DISPATCHED
     assert bool(attempt.provider_request_id) is (point == crashpoints.AFTER_RESPONSE)
