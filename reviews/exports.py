@@ -46,8 +46,8 @@ from django.utils import timezone
 
 from ledgerdash.ledger import chain
 from ledgerdash.ledger.events import Actor, EventKind, event_record
-from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, Tenant
-from ledgerdash.ledger.queries import events_by_seq
+from ledgerdash.ledger.models import Attempt, AttemptEvent, Tenant
+from ledgerdash.ledger.queries import chain_heads, events_by_seq
 from reviews.queries import ListQuery, attempt_filter
 
 log = logging.getLogger(__name__)
@@ -430,22 +430,13 @@ def _formatted_chain_text(tenant: Tenant, heads: list[tuple[int, str]], counts: 
         counts.per_chain[stripe] = [rows, 0]
 
 
-def _heads(tenants: list[Tenant]) -> dict[int, list[tuple[int, str]]]:
-    """Each tenant's chain heads (seq, hash), one per chain in chain order."""
-    heads = {t.pk: [(0, chain.GENESIS)] * t.chain_stripes for t in tenants}
-    for head in ChainHead.objects.filter(tenant_id__in=list(heads)):
-        if head.stripe < len(heads[head.tenant_id]):
-            heads[head.tenant_id][head.stripe] = (head.seq, head.hash)
-    return heads
-
-
 def stream(request: ExportRequest) -> Iterator[str]:
     """The export as text chunks. The audit events are written when the last
     chunk has been produced (or, if the reader goes away, with what was sent)."""
     now = timezone.now()
     writer = _Writer(request.format)
     writer.header()
-    heads = _heads(request.tenants)
+    heads = chain_heads(request.tenants)
     counts = {t.pk: _Counts(chains=t.chain_stripes) for t in request.tenants}
     chains = {t.slug: t.chain_stripes for t in request.tenants if t.chain_stripes > 1}
     writer.add(

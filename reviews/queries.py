@@ -20,14 +20,13 @@ from ledgerdash.ledger.models import (
     Attempt,
     AttemptEvent,
     ChainCheck,
-    ChainHead,
     DrillRun,
     Incident,
     Policy,
     State,
     Tenant,
 )
-from ledgerdash.ledger.queries import events_of_attempts
+from ledgerdash.ledger.queries import chain_heads, events_of_attempts
 from ledgerdash.ledger.tenancy import Person, tenant_ids_for, tenants_for
 
 #: The queues people work, by the slug in their URL.
@@ -401,14 +400,9 @@ def chain_status(user: Person, *, tenants: list[Tenant] | None = None) -> list[C
     """The user's tenants' chains (``tenants``, by slug, when the caller has read them already)."""
     if tenants is None:
         tenants = list(Tenant.objects.filter(pk__in=tenant_ids_for(user)).order_by("slug"))
-    heads: dict[int, list[int]] = {t.pk: [0] * t.chain_stripes for t in tenants}
-    for tenant_id, stripe, seq in ChainHead.objects.filter(tenant__in=tenants).values_list(
-        "tenant_id", "stripe", "seq"
-    ):
-        if stripe < len(heads[tenant_id]):
-            heads[tenant_id][stripe] = seq
+    heads = chain_heads(tenants)
     checks = {c.tenant_id: c for c in ChainCheck.objects.filter(tenant__in=tenants)}
-    return [ChainStatus(t, tuple(heads[t.pk]), checks.get(t.pk)) for t in tenants]
+    return [ChainStatus(t, tuple(seq for seq, _ in heads[t.pk]), checks.get(t.pk)) for t in tenants]
 
 
 # --- the overview: what to do first ----------------------------------------------

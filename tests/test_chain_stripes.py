@@ -229,7 +229,7 @@ def test_an_export_carries_every_chain_to_its_head_and_verifies_offline(
 def test_an_export_stops_at_the_heads_it_read_first(
     striped_ledger: dict[int, list[AttemptEvent]], tenant_striped: Tenant, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    read_heads = exports._heads
+    read_heads = exports.chain_heads
     later: list[Attempt] = []
 
     def heads_then_more(tenants: list[Tenant]) -> Any:
@@ -237,7 +237,7 @@ def test_an_export_stops_at_the_heads_it_read_first(
         later.extend(settled(tenant_striped, f"later-{n}") for n in range(4))
         return heads
 
-    monkeypatch.setattr(exports, "_heads", heads_then_more)
+    monkeypatch.setattr(exports, "chain_heads", heads_then_more)
     path = export_cli(tmp_path, "--tenant", "initech")
     exported = {int(r["event_id"]) for r in rows_of(path) if r["record"] == "event"}
     assert exported

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from ledgerdash.ledger.models import OWNED_STATES, Attempt, AttemptEvent, Tenant
+from ledgerdash.ledger import chain
+from ledgerdash.ledger.models import OWNED_STATES, Attempt, AttemptEvent, ChainHead, Tenant
 
 
 def needs_attention(tenant_ids: Iterable[int]) -> QuerySet[Attempt]:
@@ -51,3 +52,15 @@ def events_of_attempts(attempts: list[Attempt], events: QuerySet[AttemptEvent] |
     for row in rows:
         runs.setdefault(row.attempt_id, []).append(row)
     return list(heapq.merge(*runs.values(), key=lambda event: (event.created_at, event.seq)))
+
+
+def chain_heads(tenants: Iterable[Tenant]) -> dict[int, list[tuple[int, str]]]:
+    """Each tenant's chain heads, ``(seq, hash)`` for each of its chains in
+    chain order (``(0, GENESIS)`` for a chain without events), in one query."""
+    heads = {t.pk: [(0, chain.GENESIS)] * t.chain_stripes for t in tenants}
+    for tenant_id, stripe, seq, digest in ChainHead.objects.filter(tenant_id__in=list(heads)).values_list(
+        "tenant_id", "stripe", "seq", "hash"
+    ):
+        if stripe < len(heads[tenant_id]):
+            heads[tenant_id][stripe] = (seq, digest)
+    return heads

@@ -47,7 +47,8 @@ from django.db.models import F, Q
 from django.db.models.functions import Mod
 
 from ledgerdash.ledger import chain, clock
-from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, Membership, Role, Tenant
+from ledgerdash.ledger.models import Attempt, AttemptEvent, Membership, Role, Tenant
+from ledgerdash.ledger.queries import chain_heads
 from ledgerdash.notify.happenings import CONDITIONS, Happening, TokenOf, agent_decision, attempt_url, matches
 from ledgerdash.notify.models import (
     TIMED_EVENTS,
@@ -66,18 +67,11 @@ EVENT_BATCH = 500
 
 def start_seqs(tenant: Tenant) -> list[int]:
     """Where a rule made now starts: the head seq of each of the tenant's chains."""
-    return _heads([tenant.pk], {tenant.pk: tenant.chain_stripes})[tenant.pk]
+    return _head_seqs([tenant])[tenant.pk]
 
 
-def _heads(tenant_ids: list[int], stripes: dict[int, int]) -> dict[int, list[int]]:
-    """The head seq of each chain of each tenant (0 for a chain without events)."""
-    heads = {tenant_id: [0] * stripes[tenant_id] for tenant_id in tenant_ids}
-    for tenant_id, stripe, seq in ChainHead.objects.filter(tenant_id__in=tenant_ids).values_list(
-        "tenant_id", "stripe", "seq"
-    ):
-        if stripe < len(heads[tenant_id]):
-            heads[tenant_id][stripe] = seq
-    return heads
+def _head_seqs(tenants: list[Tenant]) -> dict[int, list[int]]:
+    return {tenant_id: [seq for seq, _ in heads] for tenant_id, heads in chain_heads(tenants).items()}
 
 
 # --- events -> deliveries -------------------------------------------------------------------------
@@ -103,7 +97,7 @@ def _skip_unheard(tenants: set[int]) -> None:
     idle = list(Cursor.objects.exclude(tenant_id__in=tenants).select_related("tenant"))
     if not idle:
         return
-    heads = _heads([c.tenant_id for c in idle], {c.tenant_id: c.tenant.chain_stripes for c in idle})
+    heads = _head_seqs([c.tenant for c in idle])
     behind = [c for c in idle if c.positions != heads[c.tenant_id]]
     now = clock.now()
     for cursor in behind:
