@@ -47,7 +47,7 @@ from django.utils import timezone
 from ledgerdash.ledger import chain
 from ledgerdash.ledger.events import Actor, EventKind, event_record
 from ledgerdash.ledger.models import Attempt, AttemptEvent, Tenant
-from ledgerdash.ledger.queries import chain_heads, events_by_seq
+from ledgerdash.ledger.queries import chain_heads, events_by_seq, per_chain
 from reviews.queries import ListQuery, attempt_filter
 
 log = logging.getLogger(__name__)
@@ -290,12 +290,7 @@ def _link_record(row: dict[str, Any], tenant: Tenant) -> dict[str, Any]:
 
 def _up_to(tenant: Tenant, heads: list[tuple[int, str]]) -> QuerySet[AttemptEvent]:
     """The tenant's events up to its chains' heads (one per chain, in chain order)."""
-    if len(heads) == 1:
-        return AttemptEvent.objects.filter(tenant_id=tenant.pk, seq__lte=heads[0][0])
-    within = Q()
-    for stripe, (seq, _) in enumerate(heads):
-        within |= Q(chain=stripe, seq__lte=seq)
-    return AttemptEvent.objects.filter(tenant_id=tenant.pk).annotate(chain=Mod(F("seq") - 1, len(heads))).filter(within)
+    return per_chain(AttemptEvent.objects.filter(tenant_id=tenant.pk), [seq for seq, _ in heads], "lte")
 
 
 def _chain_rows(

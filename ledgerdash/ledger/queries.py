@@ -6,7 +6,8 @@ import heapq
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import F, Q, QuerySet
+from django.db.models.functions import Mod
 
 from ledgerdash.ledger import chain
 from ledgerdash.ledger.models import OWNED_STATES, Attempt, AttemptEvent, ChainHead, Tenant
@@ -64,3 +65,17 @@ def chain_heads(tenants: Iterable[Tenant]) -> dict[int, list[tuple[int, str]]]:
         if stripe < len(heads[tenant_id]):
             heads[tenant_id][stripe] = (seq, digest)
     return heads
+
+
+def per_chain(events: QuerySet[AttemptEvent], seqs: list[int], lookup: str) -> QuerySet[AttemptEvent]:
+    """``events`` (one tenant's) whose seq stands in ``lookup`` (``gt``,
+    ``lte``, …) to the seq ``seqs`` gives for its chain (one seq per chain,
+    in chain order): past a reader's positions, up to the heads, … A tenant
+    with several chains numbers them side by side, so one bound cannot
+    stand for all of them."""
+    if len(seqs) == 1:
+        return events.filter(**{f"seq__{lookup}": seqs[0]})
+    bounds = Q()
+    for stripe, seq in enumerate(seqs):
+        bounds |= Q(chain=stripe, **{f"seq__{lookup}": seq})
+    return events.annotate(chain=Mod(F("seq") - 1, len(seqs))).filter(bounds)

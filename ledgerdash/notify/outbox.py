@@ -43,12 +43,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
-from django.db.models.functions import Mod
 
 from ledgerdash.ledger import chain, clock
 from ledgerdash.ledger.models import Attempt, AttemptEvent, Membership, Role, Tenant
-from ledgerdash.ledger.queries import chain_heads
+from ledgerdash.ledger.queries import chain_heads, per_chain
 from ledgerdash.notify.happenings import CONDITIONS, Happening, TokenOf, agent_decision, attempt_url, matches
 from ledgerdash.notify.models import (
     TIMED_EVENTS,
@@ -113,16 +111,6 @@ def _per_chain(seqs: list[int], chains: int) -> list[int]:
     return (list(seqs) + [0] * chains)[:chains]
 
 
-def _unread(tenant_id: int, positions: list[int]) -> Q:
-    """The tenant's events past ``positions`` (one per chain)."""
-    if len(positions) == 1:
-        return Q(tenant_id=tenant_id, seq__gt=positions[0])
-    past = Q()
-    for stripe, seq in enumerate(positions):
-        past |= Q(chain=stripe, seq__gt=seq)
-    return Q(tenant_id=tenant_id) & past
-
-
 def _collect_tenant(tenant_id: int, limit: int) -> int:
     rules = list(
         Rule.objects.filter(tenant_id=tenant_id, enabled=True, channel__enabled=True)
@@ -148,13 +136,10 @@ def _collect_tenant(tenant_id: int, limit: int) -> int:
         if cursor is None:
             return 0
         positions = _per_chain(cursor.positions, n)
-        unread = AttemptEvent.objects.all()
-        if n > 1:
-            unread = unread.annotate(chain=Mod(F("seq") - 1, n))
         # In seq order, and each chain's events in seq order: what a batch
         # takes of each chain is where that chain's reading left off.
         events = list(
-            unread.filter(_unread(tenant_id, positions))
+            per_chain(AttemptEvent.objects.filter(tenant_id=tenant_id), positions, "gt")
             .select_related("attempt", "attempt__owner")
             .order_by("seq")[:limit]
         )
