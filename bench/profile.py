@@ -135,6 +135,16 @@ def _alternate(
     return p50s, totals
 
 
+def _say_rounds(p50s: list[dict[str, float]], mine: tuple[str, str], other: tuple[str, str]) -> None:
+    """One line per round: ``mine`` (its key and its name) beside ``other``, and their ratio."""
+    (key, name), (other_key, other_name) = mine, other
+    for round_no, p50 in enumerate(p50s):
+        say(
+            f"  round {round_no + 1}: {name} p50 {p50[key]:.2f} ms, {other_name} {p50[other_key]:.2f} ms:"
+            f" {p50[key] / p50[other_key]:.2f}x"
+        )
+
+
 def compare_with_floor(ours: Any, floor: Any, *, rounds: int = 3, calls: int = 400) -> None:
     """Each agent's p50 per call, the two alternating round by round, and
     the mean time of a call inside its statements and outside them."""
@@ -165,11 +175,7 @@ def compare_with_floor(ours: Any, floor: Any, *, rounds: int = 3, calls: int = 4
         calls=calls,
         first=30_000_000,
     )
-    for round_no, p50 in enumerate(p50s):
-        say(
-            f"  round {round_no + 1}: ledgerdash p50 {p50['ledgerdash']:.2f} ms, the minimal peer "
-            f"{p50['floor']:.2f} ms: {p50['ledgerdash'] / p50['floor']:.2f}x"
-        )
+    _say_rounds(p50s, ("ledgerdash", "ledgerdash"), ("floor", "the minimal peer"))
     n = rounds * calls
     for who in ("ledgerdash", "floor"):
         inside, total = spent[who] / n * 1000, totals[who] / n * 1000
@@ -255,11 +261,7 @@ def compare_api_in_process(ours: Any, api: Any, *, rounds: int = 3, calls: int =
         calls=calls,
         first=40_000_000,
     )
-    for round_no, p50 in enumerate(p50s):
-        say(
-            f"  round {round_no + 1}: the API p50 {p50['api']:.2f} ms, in process {p50['in process']:.2f} ms:"
-            f" {p50['api'] / p50['in process']:.2f}x"
-        )
+    _say_rounds(p50s, ("api", "the API"), ("in process", "in process"))
     n = rounds * calls
     total = totals["api"] / n * 1000
     per_call = {what: seconds / n * 1000 for what, seconds in spent.items()}
