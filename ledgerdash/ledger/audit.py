@@ -256,8 +256,8 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = ()) -> ChainResul
             )
             break
         prev[stripe], expected[stripe], count = row["hash"], row["seq"] + step, count + 1
-    reached = {stripe: expected[stripe] - step for stripe in range(step)}  # 0 or less: no events
-    reached = {stripe: max(end, 0) for stripe, end in reached.items()}
+    # Where each chain's walk ended: the seq before the one it expected next (0: no events).
+    reached = {stripe: max(expected[stripe] - step, 0) for stripe in range(step)}
     if broken is None:
         broken = _head_problem(tenant, heads, reached, prev)
     if broken is None:

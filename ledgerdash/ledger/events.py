@@ -131,6 +131,9 @@ def append_events(events: list[EventDraft], *, now: datetime | None = None) -> l
         row = _append_one_postgres(events[0], now)
         if row is not None:
             return [row]
+    # Read now, not from chains_of: this path makes a tenant's first event,
+    # and a tenant id that a rolled-back transaction used (SQLite hands it
+    # out again) may have had another number of chains.
     stripes = dict(Tenant.objects.filter(pk__in={e.tenant_id for e in events}).values_list("pk", "chain_stripes"))
     chains: dict[tuple[int, int], list[EventDraft]] = {}
     for event in events:
