@@ -184,7 +184,8 @@ def test_a_lookup_timeout_is_unavailable_not_an_answer(tenant_a: Tenant, sandbox
     reconcile()
     attempt.refresh_from_db()
     assert attempt.state == S.UNKNOWN
-    assert "timed out" in last_event(attempt).details["lookup"]["detail"]
+    assert "TimeoutError" in last_event(attempt).details["lookup"]["detail"]
+    assert "no complete answer within" in last_event(attempt).details["lookup"]["detail"]
 
 
 def test_exhausted_checks_go_to_a_person(tenant_a: Tenant, sandbox: Sandbox) -> None:

@@ -258,6 +258,9 @@ class HttpAdapter(ProviderAdapter):
                 chunks.append(chunk)
                 size += len(chunk)
             return response.status, b"".join(chunks)[:MAX_RESPONSE_BYTES]
+        except TimeoutError as exc:
+            # A socket's "timed out" says nothing of which bound ran out: name it.
+            raise TimeoutError(f"no complete answer within {timeout:g}s") from exc
         finally:
             conn.close()
 
