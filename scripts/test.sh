@@ -16,9 +16,9 @@ set -eu
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 PG_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/ledgerdash}
-# The slow tests (drills, processes of their own) stay on one worker, one at a
-# time, as they ran before the suite was parallel: the drills' recovery rounds
-# must not share the machine with each other (tests/conftest.py).
+# The crash drills stay on one worker, one after another: each starts agents,
+# a provider and reconcilers of its own (tests/test_crashdrill.py). Every
+# other test, slow ones included, is spread over the workers beside them.
 XDIST="-n ${WORKERS:-auto} --dist loadgroup"
 
 echo "== ruff"

@@ -111,14 +111,6 @@ def django_db_modify_db_settings_xdist_suffix(request: pytest.FixtureRequest) ->
         test["NAME"] = name
 
 
-def pytest_itemcollected(item: pytest.Item) -> None:
-    # Under `--dist loadgroup` (make test) the slow tests run one after another
-    # on one worker while the rest spread over the others: the crash drills and
-    # process tests keep the machine about as they had it running alone.
-    if item.get_closest_marker("slow"):
-        item.add_marker(pytest.mark.xdist_group("slow"))
-
-
 def _bench_peers_missing() -> bool:
     import importlib.util
 
@@ -127,15 +119,16 @@ def _bench_peers_missing() -> bool:
 
 def _grouping_lost(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In an xdist worker under ``--dist loadgroup``, fail the run when the
-    grouping did not reach the node ids xdist schedules by: the slow tests
-    would then run side by side, unannounced (it happened with pytest 9.2)."""
+    grouping did not reach the node ids xdist schedules by: the crash drills
+    (tests/test_crashdrill.py) would then run side by side, unannounced (it
+    happened with pytest 9.2)."""
     if not getattr(config.option, "loadgroup", False):
         return
     lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
     if lost:
         message = (
             f"--dist loadgroup: {len(lost)} grouped tests carry no group in their node id ({lost[0]}, ...); "
-            "this pytest and pytest-xdist do not group, and the slow tests would run side by side"
+            "this pytest and pytest-xdist do not group, and the grouped tests would run side by side"
         )
         # xdist reports a worker that stops in its collection only as an
         # internal error naming a test; its own stderr reaches the terminal.

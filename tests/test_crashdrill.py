@@ -21,6 +21,12 @@ from ledgerdash.ledger.providers.registry import ToolProfile
 from ledgerdash.ledger.reconciler import Reconciler
 from tests.live import PYTHON, ROOT
 
+#: Under `--dist loadgroup` (make test) the drills run one after another on
+#: one worker: each starts agents, a provider and reconcilers of its own, and
+#: one of them takes both cores with busy loops on purpose. The rest of the
+#: suite, slow tests included, spreads over the workers beside them.
+pytestmark = pytest.mark.xdist_group("drill")
+
 
 def test_the_fixed_plan_is_every_case_for_both_kinds_of_tool_and_the_crash_points_over_http() -> None:
     plan = fixed_plan()
@@ -148,8 +154,8 @@ def test_random_cases_pass_on_postgres(tmp_path: Path, capsys: Any) -> None:
 
 
 @pytest.mark.postgres
-# Slow, so it runs in the slow tests' group, one after another: its busy
-# loops take both cores, which no test beside it should have to share.
+# Its busy loops take both cores: the other worker's tests share a loaded
+# machine for a minute, which their verdicts, like this drill's, must bear.
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_drill_gives_the_same_verdict_on_a_loaded_machine(tmp_path: Path) -> None:
