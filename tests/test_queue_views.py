@@ -10,11 +10,16 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext_lazy
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ledgerdash.ledger import moves, recording
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, State, Tenant
-from reviews import queries
+from reviews import queries, rows
 from reviews.queries import Cursor, ListQuery
 from tests.conftest import AGENT, as_user, ledger_snapshot, record
 from tests.factories import attempt_in
@@ -338,3 +343,19 @@ def test_search_never_crosses_tenants(stuck: dict[str, Attempt], outsider_b: Any
     assert f'data-attempt="{a.pk}"' not in page
     page = as_user(outsider_b).get(SEARCH, {"q": "a-unknown"}).content.decode()
     assert "Nothing here" in page
+
+
+class _Markup:
+    """Markup of another library (markupsafe's convention): ``__html__`` only."""
+
+    def __html__(self) -> str:
+        return "<em>kept</em>"
+
+
+@given(value=st.one_of(st.text(), st.integers(), st.none(), st.floats(allow_nan=False)))
+def test_a_rows_markup_is_escaped_as_format_html_escapes_it(value: Any) -> None:
+    template = '<td title="{0}" data-n="{n}">{0}</td>{safe}{lazy}{other}'
+    values = {"n": value, "safe": mark_safe("<b>&amp;</b>"), "lazy": gettext_lazy("<i>'x'</i>"), "other": _Markup()}
+    ours = rows.format_markup(template, value, **values)
+    assert ours == format_html(template, value, **values)
+    assert isinstance(ours, SafeString)
