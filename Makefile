@@ -34,7 +34,7 @@ test: venv
 
 ## Benchmarks beside the peers, on PostgreSQL (BENCH_DATABASE_URL, default the local
 ## server; scratch databases ledgerdash_bench*): under 15 minutes; bench-quick is the
-## smoke run (under 2). Figures print as a table and land in bench/results/.
+## smoke run (3 to 6 minutes). Figures print as a table and land in bench/results/.
 bench: bench-venv
 	.venv-bench/bin/python -m bench
 
