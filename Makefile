@@ -33,8 +33,9 @@ test: venv
 	@./scripts/test.sh
 
 ## Benchmarks beside the peers, on PostgreSQL (BENCH_DATABASE_URL, default the local
-## server; scratch databases ledgerdash_bench*): under 15 minutes; bench-quick is the
-## smoke run (3 to 6 minutes). Figures print as a table and land in bench/results/.
+## server; scratch databases ledgerdash_bench*): 12 to 15 minutes, 22 on the slowest
+## machine yet; bench-quick is the smoke run (3 to 6 minutes). Figures print as a
+## table and land in bench/results/.
 bench: bench-venv
 	.venv-bench/bin/python -m bench
 
