@@ -28,6 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 from django.utils import timezone
+from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -151,6 +152,24 @@ def _escape(text: str) -> str:
     # directly because a queue page shows hundreds of values and Django's
     # lazy-string wrapper made each call about twenty times slower.
     return html.escape(text, quote=True)
+
+
+def _escaped(value: Any) -> str:
+    """``value`` as ``conditional_escape`` gives it: markup as it is, anything else escaped."""
+    if isinstance(value, Promise):
+        value = str(value)
+    if hasattr(value, "__html__"):
+        return value.__html__()
+    return _escape(str(value))
+
+
+def format_markup(template: str, /, *args: Any, **kwargs: Any) -> SafeString:
+    """``format_html``, value for value, without Django's lazy-string wrapper
+    around each value's escaping (about half of a queue row's time; see
+    ``_escape``). ``tests/test_queue_views.py`` holds the two equal on
+    arbitrary values."""
+    escaped = {name: _escaped(value) for name, value in kwargs.items()}
+    return SafeString(template.format(*map(_escaped, args), **escaped))
 
 
 def _markers(scan: _Scan) -> str:

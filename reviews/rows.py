@@ -5,7 +5,7 @@ each row cost some 70 variable lookups, three URL reversals, a CSRF tag and
 the partial's own context, which made the rows most of the page's time
 (and the page's time is rendering, not SQL: the keyset read takes a few
 milliseconds at a million attempts). Here a row is a handful of
-:func:`format_markup` calls, and what is the same for every row of the page
+:func:`reviews.display.format_markup` calls, and what is the same for every row of the page
 (the CSRF field, the user, the tenants they operate, the URL patterns) is
 worked out once per page and kept on the template's render context.
 
@@ -16,7 +16,6 @@ the same escaping as ``format_html``'s, as the template's autoescape did.
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,35 +23,17 @@ from django.middleware.csrf import get_token
 from django.template import Context
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.functional import Promise
 from django.utils.safestring import SafeString, mark_safe
 
 from ledgerdash.ledger.models import Attempt
 from reviews import display
+from reviews.display import format_markup
 
 #: A placeholder id: reverse() once, then put each row's id in its place.
 _PK = 2_147_483_647
 _MUTED_NONE = mark_safe('<span class="muted">none</span>')
 _MUTED_NOBODY = mark_safe('<span class="muted">nobody</span>')
 _YOURS = mark_safe('<span class="mine">yours</span>')
-
-
-def _escaped(value: Any) -> str:
-    if isinstance(value, Promise):
-        value = str(value)
-    if hasattr(value, "__html__"):
-        return value.__html__()
-    return html.escape(str(value), quote=True)
-
-
-def format_markup(template: str, /, *args: Any, **kwargs: Any) -> SafeString:
-    """``format_html``, value for value: markup (``__html__``) goes in as it
-    is, every other value escaped by the standard library's ``html.escape``,
-    which Django's ``escape`` wraps. Called directly: Django's lazy-string
-    wrapper around each value's escaping was about half of a row's time
-    (``tests/test_queue_views.py`` holds the two equal on hostile values)."""
-    escaped = {name: _escaped(value) for name, value in kwargs.items()}
-    return mark_safe(template.format(*map(_escaped, args), **escaped))  # noqa: S308 (every value escaped)
 
 
 @dataclass(frozen=True)

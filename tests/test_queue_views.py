@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ledgerdash.ledger import moves, recording
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, State, Tenant
-from reviews import queries, rows
+from reviews import display, queries
 from reviews.queries import Cursor, ListQuery
 from tests.conftest import AGENT, as_user, ledger_snapshot, record
 from tests.factories import attempt_in
@@ -356,6 +356,6 @@ class _Markup:
 def test_a_rows_markup_is_escaped_as_format_html_escapes_it(value: Any) -> None:
     template = '<td title="{0}" data-n="{n}">{0}</td>{safe}{lazy}{other}'
     values = {"n": value, "safe": mark_safe("<b>&amp;</b>"), "lazy": gettext_lazy("<i>'x'</i>"), "other": _Markup()}
-    ours = rows.format_markup(template, value, **values)
+    ours = display.format_markup(template, value, **values)
     assert ours == format_html(template, value, **values)
     assert isinstance(ours, SafeString)
