@@ -224,7 +224,7 @@ class HttpAdapter(ProviderAdapter):
         def remaining() -> float:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"no complete answer within {timeout:g}s")
+                raise TimeoutError  # named below, with a socket's own timeout
             return left
 
         try:
@@ -259,7 +259,8 @@ class HttpAdapter(ProviderAdapter):
                 size += len(chunk)
             return response.status, b"".join(chunks)[:MAX_RESPONSE_BYTES]
         except TimeoutError as exc:
-            # A socket's "timed out" says nothing of which bound ran out: name it.
+            # The whole request's bound ran out, or a socket's (set to what was
+            # left of it), whose "timed out" says nothing of which: name it.
             raise TimeoutError(f"no complete answer within {timeout:g}s") from exc
         finally:
             conn.close()
