@@ -298,14 +298,15 @@ def start_gunicorn(
     database_url: str, *, workers: int = 2, settings_module: str = "ledgerdash.settings", port: int = GUNICORN_PORT
 ) -> subprocess.Popen[bytes]:
     """gunicorn serving the project against ``database_url`` on loopback, as
-    deployed (static files collected first, sync workers, DEBUG off), once it
-    answers ``/healthz``; stop it with :func:`ledgerdash.processes.stop_group`."""
+    deployed (static files collected first, deploy/gunicorn.conf.py, DEBUG
+    off), once it answers ``/healthz``; stop it with
+    :func:`ledgerdash.processes.stop_group`."""
     run_manage(["collectstatic", "--noinput", "-v", "0"], database_url)
     env = django_env(database_url, DJANGO_SETTINGS_MODULE=settings_module)
     venv_gunicorn = ROOT / ".venv" / "bin" / "gunicorn"
     cmd = [
         str(venv_gunicorn) if venv_gunicorn.exists() else "gunicorn",
-        "ledgerdash.wsgi:application",
+        "--config", str(ROOT / "deploy" / "gunicorn.conf.py"), "ledgerdash.wsgi:application",
         "--workers", str(workers), "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)

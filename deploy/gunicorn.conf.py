@@ -3,8 +3,8 @@
 Every value can be overridden from the environment named beside it, or with
 GUNICORN_CMD_ARGS. The timeouts are chosen together with the database's:
 
-- ``timeout`` (GUNICORN_TIMEOUT, 60 s) is the last resort: a sync worker
-  silent for that long is killed and its client gets no answer at all. The
+- ``timeout`` (GUNICORN_TIMEOUT, 60 s) is the last resort: a worker silent
+  for that long is killed and its clients get no answer at all. The
   database gives up first: ``DATABASE_LOCK_TIMEOUT_MS`` (5 s) and
   ``DATABASE_STATEMENT_TIMEOUT_MS`` (20 s) end a stalled statement with an
   error that the app answers as a 503 with ``Retry-After`` (the API's
@@ -12,8 +12,10 @@ GUNICORN_CMD_ARGS. The timeouts are chosen together with the database's:
   worker nothing.
 - ``graceful_timeout`` (30 s): on SIGTERM a worker finishes the request it is
   serving; tool-call recording requests are short, exports stream.
-- ``keepalive`` (5 s): behind a proxy that reuses connections; sync workers
-  close idle ones after this.
+- ``keepalive`` (5 s): how long a client's connection may sit idle between
+  requests before the worker closes it. An agent's tool call is two or
+  three requests in a row; the Python client sends them on one connection
+  and never reuses one idle for more than 1.5 s (ledgerdash/httpconn.py).
 """
 
 from __future__ import annotations
@@ -23,17 +25,24 @@ import tempfile
 from pathlib import Path
 
 bind = os.environ.get("LEDGERDASH_BIND", "127.0.0.1:8000")
-# Sync workers: each request holds one database connection for its length, so
-# workers x web hosts must stay below the server's max_connections (or the
-# pool's max_size; see DATABASE_POOL_MAX_SIZE).
+# Threaded workers (gthread): each worker serves up to `threads` requests at
+# once, and keeps idle client connections open without holding a thread. A
+# recording request spends most of its time waiting for its commit to reach
+# the disk, so requests of several agents overlap there (the commits are
+# flushed together) instead of queueing behind one request per worker.
+# Each thread holds its own database connection: workers x threads x web
+# hosts must stay below the server's max_connections (with DATABASE_POOL,
+# the pool's max_size per worker caps it). GUNICORN_THREADS=1 gives sync workers.
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
-worker_class = "sync"
+threads = int(os.environ.get("GUNICORN_THREADS", "4"))
 timeout = int(os.environ.get("GUNICORN_TIMEOUT", "60"))
 graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", "30"))
 keepalive = int(os.environ.get("GUNICORN_KEEPALIVE", "5"))
 # A worker is replaced after this many requests (with jitter, so they don't all
-# restart at once): a guard against slow leaks in the PDF renderer.
-max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", "2000"))
+# restart at once): a guard against slow leaks in the PDF renderer. Agents make
+# two or three requests per tool call, so the bound is high: a replaced worker
+# starts with cold caches (checked tokens, the authority, prepared statements).
+max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", "50000"))
 max_requests_jitter = max_requests // 10
 # Load the app once in the master: a broken deployment (no collected static
 # files, a bad setting) stops gunicorn at start with the reason, instead of

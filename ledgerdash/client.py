@@ -25,7 +25,8 @@ errors: reads, recording an intent (the same key and arguments return the
 same attempt), recording a request id, and reporting an outcome with the
 same fence (a report that already landed is answered 200). Claiming an
 attempt for dispatch is retried only when the request certainly never left
-(the connection was refused). The tool itself is never called again by the
+(no connection could be made, or the kept connection turned out closed
+before the request went out: :mod:`ledgerdash.httpconn`). The tool itself is never called again by the
 client: a re-run learns from the ledger whether it may.
 
 This module needs only the standard library (and small stdlib-only modules
@@ -44,18 +45,16 @@ import os
 import random
 import socket
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from http.client import HTTPException
 from typing import Any
 
 from ledgerdash import errorcodes, toolcalls
+from ledgerdash.httpconn import Connections, MaybeSent, NotSent
 from ledgerdash.ledger import keys
 from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
 from ledgerdash.toolcalls import ToolCall
@@ -240,24 +239,13 @@ class Recorded:
         return self.created and self.attempt.state == "DISPATCHED"
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    # urllib would turn a redirected POST into a GET without its body.
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
 def _default_agent() -> str:
     return os.environ.get(ENV_AGENT) or f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _never_sent(exc: BaseException) -> bool:
-    """True when the request certainly did not reach the server."""
-    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-    return isinstance(reason, (ConnectionRefusedError, socket.gaierror))
-
-
 class LedgerClient:
-    """One ledger server, one token. Thread-safe: it keeps no per-request state."""
+    """One ledger server, one token. Thread-safe: each thread keeps its own
+    connection to the server open between requests (:mod:`ledgerdash.httpconn`)."""
 
     def __init__(
         self,
@@ -285,10 +273,14 @@ class LedgerClient:
         self.timeout = timeout
         self.retries = max(0, retries)
         self.backoff = backoff
-        self._opener = urllib.request.build_opener(_NoRedirects)
+        self._connections = Connections(self.base_url)
 
     def __repr__(self) -> str:
         return f"LedgerClient({self.base_url!r}, agent={self.agent!r})"
+
+    def close(self) -> None:
+        """Close this thread's kept connection (the next request opens a new one)."""
+        self._connections.close()
 
     def with_agent(self, agent: str) -> LedgerClient:
         """The same client, naming another agent in the ledger's events."""
@@ -331,32 +323,31 @@ class LedgerClient:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(random.uniform(0, min(5.0, self.backoff * 2**attempt)))  # noqa: S311 - jitter
-            request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310
             try:
-                with self._opener.open(request, timeout=timeout or self.timeout) as response:
-                    return response.status, self._json(response.read(), response.status)
-            except urllib.error.HTTPError as exc:
-                status, payload = exc.code, self._json(exc.read(), exc.code)
-                if 300 <= status < 400:
-                    raise ConfigurationError(
-                        f"the ledger answered {status} with a redirect to {exc.headers.get('Location')}; "
-                        f"point {ENV_URL} at that address"
-                    ) from None
-                if status in (502, 503, 504):
-                    last = LedgerUnavailable(str(payload.get("message") or f"HTTP {status}"), sent=True, status=status)
-                    if retry_if_sent:
-                        continue
-                    raise last from None
-                raise error_for(status, payload) from None
-            except (urllib.error.URLError, OSError, HTTPException) as exc:
-                never_sent = _never_sent(exc)
-                last = LedgerUnavailable(
-                    f"{method} {url}: {getattr(exc, 'reason', exc)}", sent=False if never_sent else None
+                answer = self._connections.request(
+                    method, url, body=data, headers=headers, timeout=timeout or self.timeout
                 )
+            except (NotSent, MaybeSent) as exc:
+                never_sent = isinstance(exc, NotSent)
+                last = LedgerUnavailable(f"{method} {url}: {exc}", sent=False if never_sent else None)
                 if never_sent or retry_if_sent:
                     log.info("ledger request failed (%s); retrying", last)
                     continue
                 raise last from None
+            status, payload = answer.status, self._json(answer.body, answer.status)
+            if status < 300:
+                return status, payload
+            if status < 400:
+                raise ConfigurationError(
+                    f"the ledger answered {status} with a redirect to {answer.headers.get('Location')}; "
+                    f"point {ENV_URL} at that address"
+                )
+            if status in (502, 503, 504):
+                last = LedgerUnavailable(str(payload.get("message") or f"HTTP {status}"), sent=True, status=status)
+                if retry_if_sent:
+                    continue
+                raise last
+            raise error_for(status, payload)
         assert last is not None
         raise last
 

@@ -17,6 +17,7 @@ CLIENT_MODULES = {
     "ledgerdash",
     "ledgerdash.client",
     "ledgerdash.errorcodes",
+    "ledgerdash.httpconn",
     "ledgerdash.toolcalls",
     "ledgerdash.ledger",
     "ledgerdash.ledger.crashpoints",
