@@ -99,7 +99,8 @@ def post(connections: Connections, url: str, body: str) -> dict[str, Any]:
 def wait_until_readable(connections: Connections) -> None:
     """Until the client's kept socket has something to read (the server's FIN or RST arrived)."""
     held = connections._local.held
-    assert held is not None and held.conn.sock is not None
+    assert held is not None
+    assert held.conn.sock is not None
     ready, _, _ = select.select([held.conn.sock], [], [], 30)
     assert ready, "the server's close never reached the client"
 
