@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import models, transaction
 from django.db.models import NOT_PROVIDED, Field
 
-from ledgerdash.ledger import chain, clock
+from ledgerdash.ledger import chain, clock, copies
 from ledgerdash.ledger.models import (
     ActorKind,
     Attempt,
@@ -232,7 +232,7 @@ INSERT INTO {event} (
     fence, reason, details, created_at, content_hash, prev_hash, hash
 )
 {rows}
-RETURNING id, seq, prev_hash, hash
+RETURNING id, seq, prev_hash, hash, xmin::text
 """
 
 
@@ -328,8 +328,13 @@ def chains_of(tenant_id: int) -> int:
     return int(row[0])
 
 
-def _execute_append[R: (AttemptEvent, _Linked)](sql: str, params: list[Any], rows: list[R]) -> list[R] | None:
-    """Run an append statement; the event rows as written (in chain order), or None if none were."""
+def _execute_append[R: (AttemptEvent, _Linked)](
+    sql: str, params: list[Any], rows: list[R]
+) -> tuple[list[R], str] | None:
+    """Run an append statement: the event rows as written (in chain order)
+    and the version (``xmin``) of what it wrote, or None if it wrote nothing.
+    The events and the attempt row a change wrote with them were written by
+    one transaction: they share the version (:mod:`ledgerdash.ledger.copies`)."""
     connection = transaction.get_connection()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -337,12 +342,12 @@ def _execute_append[R: (AttemptEvent, _Linked)](sql: str, params: list[Any], row
     if not returned:
         return None
     assert len(returned) == len(rows)
-    for row, (pk, seq, prev_hash, this_hash) in zip(rows, returned, strict=True):
+    for row, (pk, seq, prev_hash, this_hash, _version) in zip(rows, returned, strict=True):
         row.pk, row.seq, row.prev_hash, row.hash = pk, seq, prev_hash, this_hash
         if isinstance(row, AttemptEvent):
             row._state.adding = False
             row._state.db = connection.alias
-    return rows
+    return rows, returned[0][4]
 
 
 def _append_one_postgres(event: EventDraft, now: datetime) -> AttemptEvent | None:
@@ -351,7 +356,7 @@ def _append_one_postgres(event: EventDraft, now: datetime) -> AttemptEvent | Non
     rows = [_event_row(event, now)]
     sql = _append_sql(chains=chains_of(event.tenant_id))
     written = _execute_append(sql, _append_params(rows, transaction.get_connection(), change=False), rows)
-    return written[0] if written else None
+    return written[0][0] if written else None
 
 
 def outside_any_transaction() -> bool:
@@ -459,22 +464,29 @@ def cas_with_event(
 ) -> bool:
     """Compare-and-set ``attempt`` on (id, state, fence), bump its fence, write
     ``values`` and append ``event``, in one statement. False if the row had
-    moved on, or ``guard`` did not hold (nothing was written)."""
+    moved on, or ``guard`` did not hold (nothing was written). On a
+    speculative copy (:mod:`ledgerdash.ledger.copies`) the row must also
+    still be the version the copy was written as."""
     connection = transaction.get_connection()
     columns = [_column(name) for name in values]
     sets = ", ".join(f"{column.sql} = %s" for column in columns)
     guard_sql, guard_params = guard or ("", [])
+    version = copies.speculative_version(attempt)
     # Table and column names come from the model; every value is a parameter.
     table = Attempt._meta.db_table
     change = (
         f"UPDATE {table} SET fence = fence + 1, {sets} WHERE id = %s AND state = %s AND fence = %s"  # noqa: S608
-        f"{' AND ' + guard_sql if guard else ''} RETURNING id, tenant_id"
+        f"{' AND xmin::text = %s' if version else ''}{' AND ' + guard_sql if guard else ''} RETURNING id, tenant_id"
     )
     rows = [_Linked(event, now)]
     params = [column.db_value(value, connection) for column, value in zip(columns, values.values(), strict=True)]
-    params += [attempt.pk, attempt.state, attempt.fence, *guard_params]
+    params += [attempt.pk, attempt.state, attempt.fence, *([version] if version else []), *guard_params]
     sql = _append_sql(change, chains=chains_of(attempt.tenant_id))
-    return _execute_append(sql, params + _append_params(rows, connection), rows) is not None
+    written = _execute_append(sql, params + _append_params(rows, connection), rows)
+    if written is None:
+        return False
+    copies.written(attempt, written[1])
+    return True
 
 
 #: How many attempt ids a process takes from the sequence at once.
@@ -511,11 +523,13 @@ def forget_database() -> None:
     of ids came from the old database's sequence; used against the new one
     they would also be handed out by its sequence to plain inserts (a linked
     attempt's), which would then collide with them. A tenant id of the new
-    database may keep another number of chains."""
+    database may keep another number of chains, an attempt id name another
+    attempt."""
     with _ids_lock:
         _ids.clear()
     with _chains_lock:
         _chains.clear()
+    copies.forget()
 
 
 def reserved_id_taken(error: Exception) -> bool:
@@ -554,9 +568,11 @@ def insert_with_events(
         event.attempt_id = attempt.pk
     rows = [_Linked(event, now) for event in events]
     sql = _insert_sql(tuple(names), guard_sql, len(rows), chains_of(attempt.tenant_id))
-    if _execute_append(sql, values + guard_params + _append_params(rows, connection), rows) is None:
+    written = _execute_append(sql, values + guard_params + _append_params(rows, connection), rows)
+    if written is None:
         attempt.pk = None
         return False
+    copies.written(attempt, written[1])
     attempt._state.adding = False
     attempt._state.db = connection.alias
     return True

@@ -5,6 +5,7 @@ response schemas (:mod:`ledgerdash.ledger.api_schemas`) render."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.db.models import QuerySet
@@ -12,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router
 from ninja.responses import Status
 
-from ledgerdash.ledger import moves, recording
+from ledgerdash.ledger import copies, moves, recording
 from ledgerdash.ledger.api.auth import READ, WRITE, BearerToken, actor_of, token_of
 from ledgerdash.ledger.api.errors import ApiError
 from ledgerdash.ledger.api_schemas import (
@@ -54,6 +55,15 @@ router = Router()
 def _attempt_for(request: HttpRequest, attempt_id: int) -> Attempt:
     """The caller's tenant's attempt, or 404: another tenant's looks like none at all."""
     return moves.get_attempt(attempt_id, tenant_id=token_of(request).tenant_id)
+
+
+def _act(request: HttpRequest, attempt_id: int, op: Callable[[Attempt], Attempt]) -> Attempt:
+    """``op`` on the caller's tenant's attempt: on the copy this process's
+    last write of it left, when the write ``op`` makes confirms the copy is
+    current (an agent's next step usually comes to the process that served
+    its last: :mod:`ledgerdash.ledger.copies`), else on the row read now."""
+    tenant_id = token_of(request).tenant_id
+    return copies.act(attempt_id, tenant_id, op, lambda: _attempt_for(request, attempt_id))
 
 
 def _only_params(request: HttpRequest, allowed: frozenset[str] = frozenset()) -> None:
@@ -100,6 +110,7 @@ def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentI
     recording.refuse_while_approval_pending(recorded.attempt)
     if not recorded.created:
         response[REPLAYED_HEADER] = "true"
+    copies.keep(recorded.attempt)
     return Status(201 if recorded.created else 200, recorded.attempt)
 
 
@@ -118,15 +129,19 @@ def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentI
 )
 def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: DispatchIn | None = None) -> Attempt:
     _only_params(request)
-    attempt = _attempt_for(request, attempt_id)
-    recording.refuse_unless_dispatchable(attempt)
-    if payload is not None and payload.fence is not None and payload.fence != attempt.fence:
-        raise ClaimLost(
-            ClaimLost.FENCE_MESSAGE.format(
-                attempt_id=attempt.pk, state=attempt.state, current=attempt.fence, given=payload.fence
+    actor = actor_of(request)
+
+    def claim(attempt: Attempt) -> Attempt:
+        recording.refuse_unless_dispatchable(attempt)
+        if payload is not None and payload.fence is not None and payload.fence != attempt.fence:
+            raise ClaimLost(
+                ClaimLost.FENCE_MESSAGE.format(
+                    attempt_id=attempt.pk, state=attempt.state, current=attempt.fence, given=payload.fence
+                )
             )
-        )
-    return recording.mark_dispatched(attempt, actor=actor_of(request))
+        return recording.mark_dispatched(attempt, actor=actor)
+
+    return _act(request, attempt_id, claim)
 
 
 @router.post(
@@ -174,7 +189,6 @@ def report_outcome(
     request: HttpRequest, response: HttpResponse, payload: OutcomeIn, attempt_id: int = AttemptId
 ) -> Attempt:
     _only_params(request)
-    attempt = _attempt_for(request, attempt_id)
     fields: dict[str, Any] = {"reason": getattr(payload, "reason", "")}
     if isinstance(payload, ConfirmedIn):
         fields = {
@@ -182,14 +196,21 @@ def report_outcome(
             "result_ref": payload.result_ref,
             "result": _storable_result(payload.result),
         }
-    report = recording.report_outcome(
-        attempt, outcome=payload.outcome, fence=payload.fence, actor=actor_of(request), **fields
-    )
-    if report.replayed:
+    actor = actor_of(request)
+    reports: list[moves.Report] = []
+
+    def report(attempt: Attempt) -> Attempt:
+        reports[:] = [
+            recording.report_outcome(attempt, outcome=payload.outcome, fence=payload.fence, actor=actor, **fields)
+        ]
+        return reports[0].attempt
+
+    attempt = _act(request, attempt_id, report)
+    if reports[0].replayed:
         response[REPLAYED_HEADER] = "true"
-    if report.late:
+    if reports[0].late:
         response[LATE_HEADER] = "true"
-    return report.attempt
+    return attempt
 
 
 @router.post(

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 
-from ledgerdash.ledger import clock
+from ledgerdash.ledger import clock, copies
 from ledgerdash.ledger.authority import authority_for_change, authority_of, standing_under
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
@@ -200,6 +200,7 @@ def _as_holder(
             return Report(op(attempt))
         except StaleFence:
             pass
+    copies.refuse_speculative(attempt)  # a copy that does not fit: the caller reads the row itself
     fresh = get_attempt(attempt.pk)
     if _already_reported(fresh, fence, evidence):
         return Report(fresh, replayed=True)

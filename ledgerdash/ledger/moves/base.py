@@ -15,7 +15,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from ledgerdash.ledger import clock
+from ledgerdash.ledger import clock, copies
 from ledgerdash.ledger.errors import (
     AttemptNotFound,
     IllegalTransition,
@@ -253,6 +253,7 @@ def move(
             # The tenant's first event: the path below creates its chain head.
     if guard is not None:
         raise_stale(attempt, stale_error)  # a guard is kept by one statement only: the caller reads afresh
+    copies.refuse_speculative(attempt)  # only the one statement checks a copy's row version
     with transaction.atomic():
         changed = Attempt.objects.filter(pk=attempt.pk, state=attempt.state, fence=attempt.fence).update(
             fence=F("fence") + 1, **values
@@ -260,6 +261,7 @@ def move(
         if changed != 1:
             raise_stale(attempt, stale_error)
         append_events([event, *(extra_events or [])], now=now)
+    copies.written(attempt, None)
     return moved(attempt, values)
 
 
@@ -272,6 +274,7 @@ def moved(attempt: Attempt, values: dict[str, Any]) -> Attempt:
 
 
 def raise_stale(attempt: Attempt, stale_error: type[StaleFence]) -> None:
+    copies.refuse_speculative(attempt)  # the copy was out of date: the caller reads the row, not this
     current = Attempt.objects.filter(pk=attempt.pk).values_list("state", "fence").first()
     if current is None:
         raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=attempt.pk))
