@@ -34,9 +34,7 @@ def statements(run: Any) -> tuple[Any, list[str]]:
     with CaptureQueriesContext(connection) as captured:
         result = run()
     table = Attempt._meta.db_table
-    return result, [
-        q["sql"] for q in captured.captured_queries if f'"{table}" ' in q["sql"] or f"{table} " in q["sql"]
-    ]
+    return result, [q["sql"] for q in captured.captured_queries if f'"{table}" ' in q["sql"] or f"{table} " in q["sql"]]
 
 
 def test_a_tool_calls_next_steps_send_one_statement_each(api_a: Api) -> None:
