@@ -1,0 +1,1 @@
+"""The project's database backend (see :mod:`ledgerdash.db.postgresql`)."""
