@@ -48,8 +48,20 @@ INSTALLED_APPS = [
     "reviews",
 ]
 
+#: The ingest API's requests take their own chain (ledgerdash.middleware.ApiRequests):
+#: logged and timed, a database that is away answered with a 503, the security
+#: headers, never cached. No session, CSRF check or sign-in: a bearer token
+#: authenticates each request.
+API_MIDDLEWARE = [
+    "ledgerdash.ops.requests.RequestLogMiddleware",
+    "ledgerdash.ops.unavailable.DatabaseUnavailableMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "ledgerdash.middleware.NoStoreMiddleware",
+]
 MIDDLEWARE = [
-    # First: it times and logs every request, redirects and refusals included.
+    # First: the API's requests go through API_MIDDLEWARE instead of what follows.
+    "ledgerdash.middleware.ApiRequests",
+    # It times and logs every request, redirects and refusals included.
     "ledgerdash.ops.requests.RequestLogMiddleware",
     # Its process_exception turns a database that is down or too slow into a 503.
     "ledgerdash.ops.unavailable.DatabaseUnavailableMiddleware",

@@ -6,6 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from ledgerdash.ledger import api
+from ledgerdash.middleware import API_ROOT
 from ledgerdash.ops import health, metrics
 
 urlpatterns = [
@@ -15,7 +16,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(extra_context={"sso": settings.OIDC_ENABLED}), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    path("api/v1/", api.urls()),
+    path(API_ROOT.removeprefix("/"), api.urls()),
     path("", include("reviews.urls")),
 ]
 

@@ -495,6 +495,30 @@ def test_a_session_cookie_never_authenticates_and_csrf_does_not_apply(tenant_a: 
     assert with_token.post("/attempts", intent()).status_code == 201  # no CSRF token needed
 
 
+def test_api_requests_take_the_apis_own_middleware_not_the_dashboards(
+    tenant_a: Tenant, operator_a: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.contrib.sessions.backends.base import SessionBase
+
+    from tests.conftest import as_user
+
+    def no_session(self: Any, *args: Any) -> None:
+        raise AssertionError("an API request read the session")
+
+    browser = as_user(operator_a)  # a signed-in person's cookie goes with the request
+    page = browser.get("/")
+    monkeypatch.setattr(SessionBase, "_get_session", no_session)
+    answer = Api(issue_token(tenant_a), client=browser).record("k")
+    response = Api(issue_token(tenant_a), client=browser).get(f"/attempts/{answer['id']}")
+    assert response.status_code == 200
+    assert "no-store" in response["Cache-Control"]  # still never cached,
+    assert response["X-Content-Type-Options"] == "nosniff"  # still the security headers,
+    assert response["X-Request-ID"]  # still logged with a request id
+    for header in ("Set-Cookie", "Vary", "X-Frame-Options", "Content-Security-Policy"):
+        assert header not in response, header  # but no session, CSRF cookie or page headers
+    assert "X-Frame-Options" in page  # which pages keep
+
+
 # --- the document ----------------------------------------------------------------------
 
 
