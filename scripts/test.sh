@@ -40,9 +40,10 @@ echo "== pytest on PostgreSQL (with the browser tests)"
 # shellcheck disable=SC2086
 DATABASE_URL=$PG_URL $BIN/pytest $XDIST $COV --cov-append -m "not bench" "$@"
 
-echo "== the benchmark smoke test, on PostgreSQL beside the peers (.venv-bench)"
+echo "== the benchmark smoke tests, on PostgreSQL beside the peers (.venv-bench)"
 ./scripts/venv.sh bench
-DATABASE_URL=$PG_URL .venv-bench/bin/pytest -m bench "$@"
+# One module a worker: the quick benchmark's tests share its one run.
+DATABASE_URL=$PG_URL .venv-bench/bin/pytest -n "${WORKERS:-auto}" --dist loadfile -m bench "$@"
 
 echo "== coverage of the SQLite and PostgreSQL passes"
 $BIN/coverage report

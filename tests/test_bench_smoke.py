@@ -10,40 +10,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
 from bench.common import DatabaseExists, Databases
-from tests.database_roles import admin_url
-from tests.live import PYTHON, ROOT, free_port
+from tests.bench_runs import bench_url, run_bench
+from tests.live import free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.bench, pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def _bench_url() -> str:
-    """The test server as the superuser the suite was given (the benchmarks
-    create and drop databases), and a prefix for the benchmark's database
-    names that says they are this test run's (the run adds an id of its own)."""
-    name = str(settings.DATABASES["default"]["NAME"]).removeprefix("test_")[:20]
-    return admin_url(f"test_{name}_bench")
-
-
-def _bench(args: list[str], *, timeout: float, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    """``python -m <args>`` on the benchmark's databases of this test run, as
-    a user runs it (the project's settings, not the tests'); it must succeed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_") and k != "DATABASE_URL"}
-    env.update(BENCH_DATABASE_URL=_bench_url(), **extra_env)
-    result = subprocess.run(
-        [PYTHON, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return result
 
 
 def _existing(dbs: Databases, names: list[str]) -> list[str]:
@@ -59,7 +35,7 @@ def _positive(value: Any) -> bool:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench") / "quick.json"
-    result = _bench(
+    result = run_bench(
         ["bench", "--quick", "--json", str(out)],
         timeout=800,
         BENCH_GUNICORN_PORT=str(free_port()),
@@ -78,7 +54,7 @@ def test_it_describes_the_machine(report: dict[str, Any]) -> None:
 
 
 def test_the_run_drops_its_own_databases_and_no_others(report: dict[str, Any]) -> None:
-    dbs = Databases(_bench_url())
+    dbs = Databases(bench_url())
     names = report["databases"]
     assert all(name.startswith(dbs.main.removesuffix(dbs.run_id)) for name in names)
     assert report["run_id"] in names[0]
@@ -86,11 +62,11 @@ def test_the_run_drops_its_own_databases_and_no_others(report: dict[str, Any]) -
 
 
 def test_it_refuses_a_database_it_did_not_create_and_leaves_it_alone() -> None:
-    taken = Databases(_bench_url())
+    taken = Databases(bench_url())
     with taken.admin() as conn:
         conn.execute(f'CREATE DATABASE "{taken.template}"')
     try:
-        again = Databases(_bench_url(), taken.run_id)
+        again = Databases(bench_url(), taken.run_id)
         with pytest.raises(DatabaseExists, match="left alone"):
             again.prepare_template()
         again.drop_all()
@@ -101,7 +77,7 @@ def test_it_refuses_a_database_it_did_not_create_and_leaves_it_alone() -> None:
 
 
 def test_two_runs_never_share_a_database_name() -> None:
-    first, second = Databases(_bench_url()), Databases(_bench_url())
+    first, second = Databases(bench_url()), Databases(bench_url())
     assert {first.main, first.template, first.dbos}.isdisjoint({second.main, second.template, second.dbos})
 
 
@@ -133,6 +109,11 @@ def test_recording_reports_every_peer_at_its_levels(report: dict[str, Any]) -> N
         f = figures[f"DBOS@{agents}"]
         assert _positive(f.get("calls_per_s")) or f.get("unavailable")
     assert 0 < recording["connections_max"] <= 50
+    # What a request costs that needs no database, stated beside each HTTP target.
+    assert _positive(recording["no_op_request_ms"])
+    http = [t for t in recording["targets"] if t["name"].startswith("HTTP tool call")]
+    assert len(http) == 4
+    assert all("before any ledger work" in t["detail"] for t in http), http
 
 
 def test_queue_reports_both_sides_of_each_view(report: dict[str, Any]) -> None:
@@ -183,30 +164,3 @@ def test_notify_reports_the_overhead_and_the_delivery_rates(report: dict[str, An
     assert _positive(notify["collected_per_s"])
     assert _positive(notify["sent_per_s"])
     assert notify["received"] >= notify["deliveries"]
-
-
-def test_the_profile_splits_a_call_beside_the_minimal_peer_and_through_the_api() -> None:
-    result = _bench(["bench.profile", "--calls", "20"], timeout=600)
-    assert "one call sends 3 statements" in result.stdout
-    for who in ("ledgerdash", "the minimal peer"):
-        pattern = rf"  {who}: ([\d.]+) ms a call, ([\d.]+) ms in its statements, ([\d.]+) ms outside"
-        split = re.search(pattern, result.stdout)
-        assert split, result.stdout[-3000:]
-        total, inside, outside = (float(x) for x in split.groups())
-        assert 0 < inside < total
-        assert outside > 0
-    assert len(re.findall(r"round \d: ledgerdash p50 [\d.]+ ms, the minimal peer [\d.]+ ms", result.stdout)) == 3
-    assert len(re.findall(r"round \d: the API p50 [\d.]+ ms, in process [\d.]+ ms", result.stdout)) == 3
-    pattern = (
-        r"the API: ([\d.]+) ms a call, ([\d.]+) ms in its statements, ([\d.]+) ms in the connection's health"
-        r" checks \((\d+) sent to the server in (\d+) requests\), (-?[\d.]+) ms in Django"
-    )
-    split = re.search(pattern, result.stdout)
-    assert split, result.stdout[-3000:]
-    total, statements, checks, sent, requests, rest = (float(x) for x in split.groups())
-    assert 0 < statements < total
-    assert 0 <= checks < total
-    # Three requests a call, one after another: a kept connection used a moment ago is not asked again.
-    assert requests > 0
-    assert sent < requests / 10
-    assert rest > 0
