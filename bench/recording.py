@@ -10,7 +10,8 @@ for the whole benchmark (connections warm, nothing imported twice):
   its own committed transaction with its event appended to the tenant's
   hash chain, every transition a compare-and-set on (id, state, fence).
 - ``ledgerdash HTTP``: the same three steps over the ingest API with the
-  Python client, against gunicorn (2 sync workers, as ``make run`` serves).
+  Python client (one kept connection per agent), against gunicorn as
+  deployed (deploy/gunicorn.conf.py: 2 workers of 4 threads each).
 - ``minimal psycopg``, the floor every ratio is stated against: the same
   rows, hashes and chain links, and the same authority checks, in three
   autocommitted statements per call (one round trip each).
@@ -95,7 +96,7 @@ LEDGER_PEERS = tuple(peer for peer in PEERS if peer != "DBOS")
 STARTED_PER_TURN = frozenset({"DBOS"})
 HTTP_PEERS = ("ledgerdash HTTP", "ledgerdash HTTP 2-commit")
 AGENTS_MAX = 8
-#: gunicorn workers serving the HTTP peer: as ``make run`` serves.
+#: gunicorn workers serving the HTTP peer (each with deploy/gunicorn.conf.py's threads): as ``make run`` serves.
 HTTP_WORKERS = 2
 
 
@@ -310,6 +311,7 @@ def run(ctx: Any) -> dict[str, Any]:
         f" gunicorn with {HTTP_WORKERS} workers for the HTTP peer; starting agents"
     )
     server = start_gunicorn(database_url, workers=HTTP_WORKERS)
+    no_op: list[float] = []
     pools: dict[str, Pool] = {}
     connections: list[int] = []
     raw: dict[tuple[str, str], list[dict[str, Any]]] = {(p, label): [] for p in PEERS for label in RUNS_AT[p]}
@@ -334,6 +336,8 @@ def run(ctx: Any) -> dict[str, Any]:
             # let go of their pools and pollers: they are started for DBOS's
             # turn and stopped after it, so they never run beside another peer.
             order = peers[round_no % len(peers) :] + peers[: round_no % len(peers)]
+            if any(peer in HTTP_PEERS for peer in peers):
+                no_op += no_op_requests(cfg["base_url"], 100)  # while every agent is idle
             for peer in order:
                 if peer in pools and pools[peer].error:
                     continue
@@ -358,13 +362,14 @@ def run(ctx: Any) -> dict[str, Any]:
     from django.db import connections as django_connections
 
     django_connections.close_all()
-    result = _summarize(raw, pools, rounds, duration)
+    result = _summarize(raw, pools, rounds, duration, percentile(no_op, 50) * 1000)
     result["connections_max"] = max(connections)
     result["startup_s"] = round(startup, 1)
     result["notes"] = [
         f"connections to the run's databases: at most {max(connections)} (the server allows"
         f" {ctx.dbs.server_facts()['max_connections']}): the running peer's {AGENTS_MAX} agents,"
-        f" {HTTP_WORKERS} gunicorn workers and this process; a peer's agents connect when its turn comes and"
+        f" {HTTP_WORKERS} gunicorn workers (a connection for each of their threads that served) and this process;"
+        " a peer's agents connect when its turn comes and"
         " disconnect after it (DBOS's processes, which keep a pool and a LISTEN connection, are started for"
         " its turn and stopped after it)"
     ]
@@ -398,6 +403,43 @@ def run(ctx: Any) -> dict[str, Any]:
     return result
 
 
+def no_op_requests(base_url: str, count: int) -> list[float]:
+    """Seconds each of ``count`` ``GET /healthz`` took, sent one after another
+    on one kept connection as the Python client sends its requests (after a
+    few untimed ones): what a request costs that needs no database, through
+    gunicorn, Django's handler and the dashboard's middleware (more than an
+    API request passes). An API request cannot cost less."""
+    from ledgerdash.httpconn import Connections
+
+    connections = Connections(base_url)
+    took: list[float] = []
+    try:
+        for i in range(count + 10):
+            began = time.perf_counter()
+            answer = connections.request(
+                "GET", f"{base_url}/healthz", body=None, headers={"Accept": "application/json"}, timeout=10
+            )
+            if answer.status != 200:
+                raise RuntimeError(f"GET /healthz answered {answer.status}: {answer.body[:200]!r}")
+            if i >= 10:
+                took.append(time.perf_counter() - began)
+    finally:
+        connections.close()
+    return took
+
+
+def _http_floor(no_op_ms: float, requests: int, in_process_ms: float) -> str:
+    """What a call's requests cost before any ledger work, beside what the target allows."""
+    if math.isnan(no_op_ms) or math.isnan(in_process_ms):
+        return ""
+    floor = requests * no_op_ms
+    return (
+        f"{requests} requests a call; one that needs no database (GET /healthz) p50 {no_op_ms:.2f} ms, so"
+        f" {floor:.2f} ms a call before any ledger work; the target allows {0.5 * in_process_ms:.2f} ms over the"
+        f" in-process {in_process_ms:.2f} ms"
+    )
+
+
 def _floor_of(peer: str) -> str:
     """The floor a peer's figures are stated against: the minimal peer on the same path."""
     return FLOOR_TWO if peer.endswith("2-commit") else FLOOR
@@ -418,8 +460,14 @@ def _spread(values: list[float]) -> str:
 
 
 def _summarize(
-    raw: dict[tuple[str, str], list[dict[str, Any]]], pools: dict[str, Pool], rounds: int, duration: float
+    raw: dict[tuple[str, str], list[dict[str, Any]]],
+    pools: dict[str, Pool],
+    rounds: int,
+    duration: float,
+    no_op_ms: float = math.nan,
 ) -> dict[str, Any]:
+    """The figures, the table and the targets of a run; ``no_op_ms``: the p50 of
+    :func:`no_op_requests` in it (NaN when no HTTP peer ran)."""
     figures: dict[str, dict[str, Any]] = {}
     for (peer, label), bursts in raw.items():
         key = f"{peer}@{label}"
@@ -513,6 +561,7 @@ def _summarize(
                 "<=",
                 "x",
                 future=True,
+                detail=_http_floor(no_op_ms, 2 if path else 3, get(f"ledgerdash{path}", label, "p50_ms")),
             )
             for path in ("", " 2-commit")
             for label, what in (("1", "1 agent"), ("8", "8 agents in one tenant"))
@@ -552,6 +601,7 @@ def _summarize(
         "seconds_per_burst": duration,
         "floor": FLOOR,
         "http_workers": HTTP_WORKERS,
+        "no_op_request_ms": no_op_ms,
         "dbos_ratio_rounds": {"8": dbos_one, "8, 8 tenants": dbos_spread},
         "figures": figures,
         "table": text,
