@@ -295,14 +295,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def start_gunicorn(
-    database_url: str, *, workers: int = 2, settings_module: str = "ledgerdash.settings", port: int = GUNICORN_PORT
+    database_url: str,
+    *,
+    workers: int = 2,
+    threads: int = 1,
+    settings_module: str = "ledgerdash.settings",
+    port: int = GUNICORN_PORT,
 ) -> subprocess.Popen[bytes]:
     """gunicorn serving the project against ``database_url`` on loopback, as
     deployed (static files collected first, deploy/gunicorn.conf.py, DEBUG
-    off), once it answers ``/healthz``; stop it with
-    :func:`ledgerdash.processes.stop_group`."""
+    off; ``threads`` as ``GUNICORN_THREADS``), once it answers ``/healthz``;
+    stop it with :func:`ledgerdash.processes.stop_group`."""
     run_manage(["collectstatic", "--noinput", "-v", "0"], database_url)
-    env = django_env(database_url, DJANGO_SETTINGS_MODULE=settings_module)
+    env = django_env(database_url, DJANGO_SETTINGS_MODULE=settings_module, GUNICORN_THREADS=str(threads))
     venv_gunicorn = ROOT / ".venv" / "bin" / "gunicorn"
     cmd = [
         str(venv_gunicorn) if venv_gunicorn.exists() else "gunicorn",

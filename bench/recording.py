@@ -10,8 +10,9 @@ for the whole benchmark (connections warm, nothing imported twice):
   its own committed transaction with its event appended to the tenant's
   hash chain, every transition a compare-and-set on (id, state, fence).
 - ``ledgerdash HTTP``: the same three steps over the ingest API with the
-  Python client (one kept connection per agent), against gunicorn as
-  deployed (deploy/gunicorn.conf.py: 2 workers of 4 threads each).
+  Python client (one kept connection per agent), against gunicorn as a
+  host serving agents is deployed (deploy/gunicorn.conf.py: 2 workers of 4
+  threads each, ``GUNICORN_THREADS=4``).
 - ``minimal psycopg``, the floor every ratio is stated against: the same
   rows, hashes and chain links, and the same authority checks, in three
   autocommitted statements per call (one round trip each).
@@ -96,8 +97,10 @@ LEDGER_PEERS = tuple(peer for peer in PEERS if peer != "DBOS")
 STARTED_PER_TURN = frozenset({"DBOS"})
 HTTP_PEERS = ("ledgerdash HTTP", "ledgerdash HTTP 2-commit")
 AGENTS_MAX = 8
-#: gunicorn workers serving the HTTP peer (each with deploy/gunicorn.conf.py's threads): as ``make run`` serves.
+#: gunicorn workers serving the HTTP peer, as ``make run`` serves, each with
+#: the threads deploy/gunicorn.conf.py advises for hosts serving mostly agents.
 HTTP_WORKERS = 2
+HTTP_THREADS = 4
 
 
 def serve(peer: str, index: int, cfg: dict[str, Any], conn: Any) -> None:
@@ -308,9 +311,9 @@ def run(ctx: Any) -> dict[str, Any]:
     bursts = sum(len(RUNS_AT[peer]) for peer in peers)
     say(
         f"recording: {rounds} rounds x {bursts} bursts (peers x agents), {duration:g}s each;"
-        f" gunicorn with {HTTP_WORKERS} workers for the HTTP peer; starting agents"
+        f" gunicorn with {HTTP_WORKERS} workers of {HTTP_THREADS} threads for the HTTP peer; starting agents"
     )
-    server = start_gunicorn(database_url, workers=HTTP_WORKERS)
+    server = start_gunicorn(database_url, workers=HTTP_WORKERS, threads=HTTP_THREADS)
     no_op: list[float] = []
     pools: dict[str, Pool] = {}
     connections: list[int] = []
@@ -601,6 +604,7 @@ def _summarize(
         "seconds_per_burst": duration,
         "floor": FLOOR,
         "http_workers": HTTP_WORKERS,
+        "http_threads": HTTP_THREADS,
         "no_op_request_ms": no_op_ms,
         "dbos_ratio_rounds": {"8": dbos_one, "8, 8 tenants": dbos_spread},
         "figures": figures,

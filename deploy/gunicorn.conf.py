@@ -12,10 +12,12 @@ GUNICORN_CMD_ARGS. The timeouts are chosen together with the database's:
   worker nothing.
 - ``graceful_timeout`` (30 s): on SIGTERM a worker finishes the request it is
   serving; tool-call recording requests are short, exports stream.
-- ``keepalive`` (5 s): how long a client's connection may sit idle between
-  requests before the worker closes it. An agent's tool call is two or
-  three requests in a row; the Python client sends them on one connection
-  and never reuses one idle for more than 1.5 s (ledgerdash/httpconn.py).
+- ``keepalive`` (5 s): with threaded workers, how long a client's
+  connection may sit idle between requests before the worker closes it
+  (sync workers close it after each answer). An agent's tool call is two
+  or three requests in a row; the Python client sends them on one
+  connection and never reuses one idle for more than 1.5 s
+  (ledgerdash/httpconn.py).
 """
 
 from __future__ import annotations
@@ -25,16 +27,22 @@ import tempfile
 from pathlib import Path
 
 bind = os.environ.get("LEDGERDASH_BIND", "127.0.0.1:8000")
-# Threaded workers (gthread): each worker serves up to `threads` requests at
-# once, and keeps idle client connections open without holding a thread. A
-# recording request spends most of its time waiting for its commit to reach
-# the disk, so requests of several agents overlap there (the commits are
-# flushed together) instead of queueing behind one request per worker.
-# Each thread holds its own database connection: workers x threads x web
-# hosts must stay below the server's max_connections (with DATABASE_POOL,
-# the pool's max_size per worker caps it). GUNICORN_THREADS=1 gives sync workers.
+# Sync workers by default: each serves one request at a time, and the kernel
+# hands each new request to a worker that is free. GUNICORN_THREADS=n makes
+# threaded workers (gthread), for hosts that mostly serve agents: each worker
+# serves up to n requests at once and keeps clients' connections open between
+# their requests, and a recording request mostly waits for its commit to
+# reach the disk, so several agents' requests overlap there. Measured on two
+# cores (docs/benchmarks.md): with 4 threads, 8 agents recorded 25% to 37%
+# more tool calls per second over HTTP; but a kept connection stays with the
+# worker that accepted it, so two clients can land on one worker and share
+# its interpreter while the other idles: the dashboard's queue page, with two
+# such clients, answered half as many requests (42 -> 21 a second). Each
+# thread holds its own database connection: workers x threads x web hosts
+# must stay below the server's max_connections (with DATABASE_POOL, the
+# pool's max_size per worker caps it).
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
-threads = int(os.environ.get("GUNICORN_THREADS", "4"))
+threads = int(os.environ.get("GUNICORN_THREADS", "1"))
 timeout = int(os.environ.get("GUNICORN_TIMEOUT", "60"))
 graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", "30"))
 keepalive = int(os.environ.get("GUNICORN_KEEPALIVE", "5"))

@@ -60,4 +60,4 @@ supervise notify $PY manage.py notify --interval 5
 echo
 echo "ledgerdash: http://$HOST:$PORT/ (log in with a demo user above; Ctrl-C stops)"
 echo "sandbox provider: http://127.0.0.1:$SANDBOX_PORT/ ; reconciler log: $VAR/reconciler.log; notifications log: $VAR/notify.log"
-.venv/bin/gunicorn ledgerdash.wsgi --bind "$HOST:$PORT" --workers 2 --threads 4 --access-logfile - --log-level warning
+.venv/bin/gunicorn ledgerdash.wsgi --bind "$HOST:$PORT" --workers 2 --access-logfile - --log-level warning
