@@ -410,8 +410,9 @@ def no_op_requests(base_url: str, count: int) -> list[float]:
     """Seconds each of ``count`` ``GET /healthz`` took, sent one after another
     on one kept connection as the Python client sends its requests (after a
     few untimed ones): what a request costs that needs no database, through
-    gunicorn, Django's handler and the dashboard's middleware (more than an
-    API request passes). An API request cannot cost less."""
+    gunicorn, Django's handler and the dashboard's middleware (a few more
+    layers than an API request passes, all of them cheap for a GET without
+    a session cookie)."""
     from ledgerdash.httpconn import Connections
 
     connections = Connections(base_url)
