@@ -9,6 +9,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -18,6 +19,9 @@ import pytest
 from ledgerdash import httpconn
 from ledgerdash.httpconn import Connections, MaybeSent, NotSent
 from tests.live import free_port
+
+#: tcpi_state of a socket TCP has closed (include/net/tcp_states.h)
+TCP_CLOSE = 7
 
 
 class KeepAliveServer(ThreadingHTTPServer):
@@ -105,6 +109,22 @@ def wait_until_readable(connections: Connections) -> None:
     assert ready, "the server's close never reached the client"
 
 
+def wait_until_reset(connections: Connections) -> None:
+    """Until the server's RST reached the client's kept socket, which TCP
+    then closes (Linux's TCP_INFO state). The server half-closes (FIN)
+    before its close sends the RST, so a socket is readable, at its end of
+    stream, while the reset may still be on its way."""
+    held = connections._local.held
+    assert held is not None
+    sock = held.conn.sock
+    assert sock is not None
+    for _ in range(3000):
+        if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == TCP_CLOSE:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the server's reset never reached the client")
+
+
 def test_requests_in_a_row_share_one_connection(server: KeepAliveServer) -> None:
     connections = Connections(server.url, reuse_within=60)
     for i in range(5):
@@ -137,7 +157,7 @@ def test_a_request_that_could_not_be_sent_on_a_kept_connection_goes_on_a_new_one
     connections = Connections(server.url, reuse_within=60)
     server.then = "reset"
     post(connections, server.url, "first")
-    wait_until_readable(connections)
+    wait_until_reset(connections)
     # As if the reset had not arrived yet when the client looked: sending on the socket fails.
     monkeypatch.setattr(httpconn, "_readable", lambda sock: False)
     assert post(connections, server.url, "second")["seen"] == 2
