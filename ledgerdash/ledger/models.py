@@ -18,6 +18,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from ledgerdash.ledger import clock
 from ledgerdash.ledger.audited import AuditedModel
 from ledgerdash.ledger.providers.factory import build_adapter
 
@@ -190,7 +191,7 @@ class Policy(AuditedModel):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
-    created_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=clock.now)
 
     class Meta:
         ordering = ["tenant", "-version"]
@@ -342,8 +343,8 @@ class Attempt(models.Model):
     result_source = models.CharField(max_length=16, blank=True, choices=ResultSource.choices, default="", db_default="")
     #: The reason given by the last transition, shown in the queues.
     last_note = models.TextField(blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    updated_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=clock.now)
+    updated_at = models.DateTimeField(default=clock.now)
 
     class Meta:
         ordering = ["-created_at", "-id"]

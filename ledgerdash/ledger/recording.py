@@ -46,7 +46,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from ledgerdash import toolcalls
-from ledgerdash.ledger import keys, moves, rules
+from ledgerdash.ledger import clock, keys, moves, rules
 from ledgerdash.ledger.authority import authority_for_change, authorize
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
@@ -463,7 +463,7 @@ def refuse_unless_dispatchable(attempt: Attempt) -> None:
     if state == State.DISPATCHED:
         raise AttemptInFlight(AttemptInFlight.MESSAGE.format(attempt_id=attempt.pk, holder="another worker"), attempt)
     if state == State.FAILED_RETRYABLE:
-        if attempt.next_check_at is None or attempt.next_check_at <= _now():
+        if attempt.next_check_at is None or attempt.next_check_at <= clock.now():
             return
         raise RetryPending(RetryPending.MESSAGE.format(attempt_id=attempt.pk, due=attempt.next_check_at), attempt)
     if state == State.FAILED:
@@ -492,12 +492,6 @@ def refuse_while_approval_pending(attempt: Attempt) -> None:
         raise ApprovalRejected(
             ApprovalRejected.MESSAGE.format(attempt_id=attempt.pk, reason=attempt.last_note or "rejected"), attempt
         )
-
-
-def _now() -> Any:
-    from django.utils import timezone
-
-    return timezone.now()
 
 
 # --- the one-line wrapper -------------------------------------------------------------

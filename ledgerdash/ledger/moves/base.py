@@ -296,10 +296,8 @@ def validate_ref(value: str, name: str, limit: int) -> str:
 
 def backoff(attempt_number: int, *, base: float = 5.0, cap: float = 3600.0) -> timedelta:
     """Exponential back-off with full jitter (AWS architecture blog's form)."""
-    import random
-
     ceiling = min(cap, base * (2 ** max(0, attempt_number)))
-    return timedelta(seconds=random.uniform(base / 2, ceiling))  # noqa: S311 - jitter, not security
+    return timedelta(seconds=clock.jitter(base / 2, ceiling))
 
 
 def required(text: str, what: str) -> str:
