@@ -298,6 +298,24 @@ def test_a_late_report_after_the_lease_expired_is_accepted_as_evidence(api_a: Ap
     assert last.details.get("late_report") is True
 
 
+def test_a_late_retryable_failure_of_an_unknown_attempt_is_recorded_never_refused(api_a: Api) -> None:
+    # The dispatcher was paused past its lease; the reconciler made the attempt UNKNOWN and
+    # its lookups found the provider unavailable. Then the dispatcher reports what it heard.
+    attempt = _dispatched(api_a)
+    stored = Attempt.objects.get(pk=attempt["id"])
+    unknown = moves.attempt_expire_lease(attempt=stored, actor=RECONCILER, fence=stored.fence)
+    moves.attempt_check_later(
+        attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="503", lookup={"status": "unavailable"}
+    )
+    response = api_a.outcome(attempt["id"], "failed_retryable", attempt["fence"], reason="rejected before acting")
+    assert response.status_code == 200, response.json()
+    assert response["Ledgerdash-Late-Report"] == "true"
+    assert response.json()["state"] == S.FAILED_RETRYABLE
+    last = AttemptEvent.objects.filter(attempt_id=attempt["id"]).order_by("-seq").first()
+    assert last is not None
+    assert (last.from_state, last.to_state, last.actor_kind) == (S.UNKNOWN, S.FAILED_RETRYABLE, "agent")
+
+
 # --- reads --------------------------------------------------------------------------------
 
 

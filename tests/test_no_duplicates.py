@@ -118,7 +118,7 @@ def test_a_heartbeat_extends_the_lease_and_the_time_the_request_may_land(tenant_
     with clock.frozen_at(later):
         beaten = recording.heartbeat(dispatched, actor=AGENT)
     assert beaten.next_check_at == later + timedelta(seconds=30)
-    assert beaten.lands_by == later + timedelta(seconds=10)
+    assert beaten.lands_by == later + timedelta(seconds=30 + 10)  # it may send until the new lease ends
     assert beaten.last_heartbeat_at == later
     assert (beaten.state, beaten.fence) == (S.DISPATCHED, dispatched.fence)  # the dispatcher's fence stays valid
 
@@ -238,7 +238,7 @@ def test_approving_a_retry_over_an_early_not_found_needs_a_reason(
     retry = moves.retry_request(attempt=original, actor=Actor.user(operator_a), reason="resend")
     with clock.frozen_at(escalated.lands_by + timedelta(seconds=1)), pytest.raises(ApprovalRefused) as caught:
         moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok")
-    assert "was made before its request could no longer land" in str(caught.value)
+    assert "was asked before its request could no longer land" in str(caught.value)
     with clock.frozen_at(escalated.lands_by + timedelta(seconds=1)):
         approved = moves.retry_approve(
             attempt=retry,

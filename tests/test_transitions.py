@@ -45,6 +45,7 @@ EXPECTED_MOVES = {
     (S.FAILED_RETRYABLE, S.FAILED): {"agent"},
     (S.UNKNOWN, S.OUTCOME_CONFIRMED): {"agent", "reconciler"},
     (S.UNKNOWN, S.FAILED): {"agent"},
+    (S.UNKNOWN, S.FAILED_RETRYABLE): {"agent"},
     (S.UNKNOWN, S.DISPATCHED): {"reconciler"},
     (S.UNKNOWN, S.UNKNOWN): {"reconciler"},
     (S.UNKNOWN, S.MANUAL_REVIEW): {"reconciler"},
@@ -261,18 +262,18 @@ def test_dispatch_returns_a_fence_and_sets_the_lease(tenant_a: Any, settings: An
     assert attempt.next_check_at is not None
     assert attempt.lands_by is not None
     assert (attempt.next_check_at - attempt.updated_at).total_seconds() == 30
-    # The request may land until the maximum request time after it was sent.
-    assert (attempt.lands_by - attempt.updated_at).total_seconds() == 10
+    # The dispatcher may send until its lease ends; the request may land until the maximum request time after.
+    assert (attempt.lands_by - attempt.updated_at).total_seconds() == 30 + 10
 
 
-def test_a_lease_never_ends_before_the_request_could_land(tenant_a: Any, settings: Any) -> None:
+def test_a_lease_is_stretched_past_a_long_request_time(tenant_a: Any, settings: Any) -> None:
     settings.LEDGER_DISPATCH_LEASE_SECONDS = 30
     Tool.objects.create(name="send_email", config={"lookup_url": "http://127.0.0.1:9/x"}, max_request_seconds=40)
     attempt = recording.mark_dispatched(record(tenant_a), actor=AGENT)
     assert attempt.next_check_at is not None
     assert attempt.lands_by is not None
-    assert attempt.next_check_at > attempt.lands_by
-    assert (attempt.lands_by - attempt.updated_at).total_seconds() == 40
+    assert (attempt.next_check_at - attempt.updated_at).total_seconds() == 40 + 10
+    assert (attempt.lands_by - attempt.updated_at).total_seconds() == 40 + 10 + 40
 
 
 def test_a_tool_refuses_a_lease_that_does_not_exceed_its_request_time(db: None) -> None:
@@ -304,12 +305,19 @@ def test_the_fence_refuses_a_stale_worker(tenant_a: Any) -> None:
     moves.attempt_expire_lease(attempt=claimed[0], actor=RECONCILER, fence=claimed[0].fence)
     reclaimed = moves.attempts_claim_due(limit=10, now=claimed[0].next_check_at)
     retried = moves.attempt_dispatch(attempt=reclaimed[0], actor=RECONCILER, fence=reclaimed[0].fence)
-    # The original worker comes back with its old fence: refused, nothing written.
+    # The original worker comes back with its old fence: its report is evidence, never a move.
+    report = recording.report_outcome(
+        attempt, outcome="confirmed", provider_request_id="late", fence=stale_fence, actor=AGENT
+    )
+    assert report.late
+    now = Attempt.objects.get(pk=attempt.pk)
+    assert (now.state, now.fence, now.provider_request_id) == (S.DISPATCHED, retried.fence, "")
+    assert events_of(attempt)[-1].kind == "late_report"
+    # A fence no dispatch of this attempt ever held is refused, and nothing is written.
     snapshot = ledger_snapshot()
     with pytest.raises(StaleFence):
-        recording.confirm(attempt, provider_request_id="late", fence=stale_fence, actor=AGENT)
+        recording.confirm(attempt, provider_request_id="forged", fence=retried.fence + 7, actor=AGENT)
     assert ledger_snapshot() == snapshot
-    assert Attempt.objects.get(pk=attempt.pk).fence == retried.fence
 
 
 def test_a_stale_reconciler_cannot_complete_a_superseded_claim(tenant_a: Any) -> None:
@@ -337,13 +345,18 @@ def test_a_late_outcome_report_from_the_original_dispatcher_is_accepted(tenant_a
     assert (last.from_state, last.to_state) == (S.UNKNOWN, S.OUTCOME_CONFIRMED)
 
 
-def test_a_late_report_after_a_re_dispatch_is_refused(tenant_a: Any) -> None:
+def test_a_late_report_after_a_re_dispatch_is_evidence_about_the_earlier_dispatch(tenant_a: Any) -> None:
     dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
     (claimed,) = moves.attempts_claim_due(limit=1, now=dispatched.next_check_at)
     unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
-    moves.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
-    with pytest.raises(StaleFence):
-        recording.confirm(dispatched, provider_request_id="req-late", actor=AGENT)
+    resent = moves.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
+    report = recording.report_outcome(dispatched, outcome="confirmed", provider_request_id="req-late", actor=AGENT)
+    assert report.late
+    assert (report.attempt.state, report.attempt.fence) == (S.DISPATCHED, resent.fence)
+    (event,) = events_of(dispatched)[-1:]
+    assert event.kind == "late_report"
+    assert "an earlier dispatcher" in event.reason
+    assert event.details["report"]["provider_request_id"] == "req-late"
 
 
 def test_confirming_needs_evidence(tenant_a: Any) -> None:

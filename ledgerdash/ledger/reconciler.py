@@ -59,7 +59,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from ledgerdash.ledger import clock, crashpoints, moves
+from ledgerdash.ledger import clock, crashpoints, landing, moves
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
@@ -262,9 +262,11 @@ class Reconciler:
             },
         )
 
-    def _escalate(self, attempt: Attempt, reason: str, lookup: dict[str, Any] | None = None) -> str:
+    def _escalate(
+        self, attempt: Attempt, reason: str, lookup: dict[str, Any] | None = None, looked_at: datetime | None = None
+    ) -> str:
         attempt = moves.attempt_escalate(
-            attempt=attempt, actor=self.actor, fence=attempt.fence, reason=reason, lookup=lookup
+            attempt=attempt, actor=self.actor, fence=attempt.fence, reason=reason, lookup=lookup, looked_at=looked_at
         )
         self._log(attempt, "escalated")
         return "escalated"
@@ -301,24 +303,28 @@ class Reconciler:
             return self._escalate(
                 attempt, f"no provider adapter is configured for {attempt.tool_name}: nothing can look it up"
             )
+        # The provider may have looked any time until it answered: a lookup
+        # counts from when it was asked (ledgerdash.ledger.landing).
+        asked_at = clock.now()
         lookup = safe_lookup(tool.adapter, attempt)
         details = lookup.as_details()
         if lookup.status == LookupStatus.FOUND:
             return self._found(attempt, lookup, details)
         if lookup.status == LookupStatus.NOT_FOUND:
-            if attempt.lands_by is not None and clock.now() < attempt.lands_by:
+            if landing.could_still_land(attempt, asked_at):
                 attempt = moves.attempt_wait_for_landing(
-                    attempt=attempt, actor=self.actor, fence=attempt.fence, lookup=details
+                    attempt=attempt, actor=self.actor, fence=attempt.fence, lookup=details, looked_at=asked_at
                 )
                 self._log(attempt, "waiting for the request to land")
                 return "waiting"
-            return self._retry(attempt, tool, lookup)
+            return self._retry(attempt, tool, lookup, asked_at)
         if attempt.check_count + 1 >= tool.max_checks:
             return self._escalate(
                 attempt,
                 f"checks exhausted: the provider did not answer {attempt.check_count + 1} lookups "
                 f"(last: {lookup.detail or 'unavailable'})",
                 details,
+                asked_at,
             )
         attempt = moves.attempt_check_later(
             attempt=attempt,
@@ -328,6 +334,7 @@ class Reconciler:
             lookup=details,
             error=lookup.detail,
             backoff_base=tool.backoff_base,
+            looked_at=asked_at,
         )
         self._log(attempt, "backed off")
         return "backed_off"
@@ -378,19 +385,25 @@ class Reconciler:
         self._log(attempt, "confirmed")
         return "confirmed"
 
-    def _retry(self, attempt: Attempt, tool: ToolProfile | None, lookup: Lookup | None) -> str:
-        """A retry is needed (not found, or rejected before acting). Decide whether it is safe."""
+    def _retry(
+        self, attempt: Attempt, tool: ToolProfile | None, lookup: Lookup | None, looked_at: datetime | None = None
+    ) -> str:
+        """A retry is needed (not found once the request could no longer land,
+        or rejected before acting). Decide whether it is safe."""
         details = lookup.as_details() if lookup is not None else None
         said = "not found at the provider" if lookup is not None else "the provider rejected it before acting"
         if tool is None or not tool.adapter.can_dispatch:
-            return self._escalate(attempt, f"{said}, and no adapter can send {attempt.tool_name} again", details)
+            return self._escalate(
+                attempt, f"{said}, and no adapter can send {attempt.tool_name} again", details, looked_at
+            )
         if attempt.state == S.UNKNOWN:
             if not tool.adapter.idempotent:
                 return self._escalate(
                     attempt,
-                    f"{said}, but {attempt.tool_name} is not idempotent: the first request may still land, "
+                    f"{said}, but {attempt.tool_name} is not idempotent: the ledger never sends it again by itself, "
                     "so a person decides",
                     details,
+                    looked_at,
                 )
             if tool.adapter.key_retention is not None and attempt.first_dispatched_at is not None:
                 expires = attempt.first_dispatched_at + tool.adapter.key_retention
@@ -401,17 +414,24 @@ class Reconciler:
                         f"past the provider's key retention ({tool.adapter.key_retention}): not found proves nothing "
                         "and a retry could repeat the effect",
                         details,
+                        looked_at,
                     )
         if attempt.dispatch_count >= tool.max_dispatches:
             return self._escalate(
                 attempt,
                 f"{said}; sent {attempt.dispatch_count} times already (limit {tool.max_dispatches}): a person decides",
                 details,
+                looked_at,
             )
         standing = standing_of(attempt)
         if not standing.holds:
             original, linked = moves.attempt_escalate_for_retry(
-                attempt=attempt, actor=self.actor, fence=attempt.fence, changes=standing.changes, lookup=details
+                attempt=attempt,
+                actor=self.actor,
+                fence=attempt.fence,
+                changes=standing.changes,
+                lookup=details,
+                looked_at=looked_at,
             )
             self._log(original, f"linked attempt #{linked.pk}" if linked else "escalated")
             return "linked" if linked else "escalated"

@@ -15,7 +15,7 @@ import jmespath
 from django.db.models import Q
 from jmespath.exceptions import JMESPathError
 
-from ledgerdash.ledger import clock, tenancy
+from ledgerdash.ledger import clock, landing, tenancy
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.models import (
     IN_FLIGHT_STATES,
@@ -52,8 +52,9 @@ def when(moment: datetime) -> str:
 
 def original_standing(original: Attempt, *, now: datetime | None = None) -> OriginalStanding:
     """Only the provider's word (or never having sent it) proves an original
-    did not happen: a definitive refusal, or a "not found" observed after the
-    request could no longer land. A person's "failed" is a claim."""
+    did not happen: a definitive refusal, or a "not found" asked after the
+    request could no longer land (:mod:`ledgerdash.ledger.landing`, the one
+    rule the reconciler follows too). A person's "failed" is a claim."""
     now = now or clock.now()
     if original.state in IN_FLIGHT_STATES:
         return OriginalStanding(
@@ -68,7 +69,8 @@ def original_standing(original: Attempt, *, now: datetime | None = None) -> Orig
         )
     if original.dispatch_count == 0:
         return OriginalStanding(proof=f"the original #{original.pk} was never sent")
-    if original.lands_by is not None and original.lands_by > now:
+    if landing.could_still_land(original, now):
+        assert original.lands_by is not None
         return OriginalStanding(
             risk=f"the original #{original.pk}'s request may still land at the provider until "
             f"{when(original.lands_by)} (its dispatcher is still waiting on it)"
@@ -76,14 +78,15 @@ def original_standing(original: Attempt, *, now: datetime | None = None) -> Orig
     if original.state == S.FAILED and original.failed_because == FailedBecause.PROVIDER:
         return OriginalStanding(proof=f"the provider refused the original #{original.pk}: it did not act")
     if original.last_lookup == "not_found" and original.last_lookup_at is not None:
-        if original.lands_by is None or original.last_lookup_at >= original.lands_by:
+        if landing.not_found_is_evidence(original):
             return OriginalStanding(
                 proof=f"the provider did not have the original #{original.pk} at {when(original.last_lookup_at)}, "
                 "after its request could no longer land"
             )
+        assert original.lands_by is not None  # else the lookup would be evidence
         return OriginalStanding(
             risk=f"the provider's last lookup of the original #{original.pk} (not found, "
-            f"{when(original.last_lookup_at)}) was made before its request could no longer land "
+            f"{when(original.last_lookup_at)}) was asked before its request could no longer land "
             f"({when(original.lands_by)}): not evidence"
         )
     if original.state == S.FAILED and original.failed_because == FailedBecause.PERSON:

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 
-from ledgerdash.ledger import clock, copies
+from ledgerdash.ledger import clock, copies, landing
 from ledgerdash.ledger.authority import authority_for_change, authority_of, standing_under
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
@@ -27,6 +27,7 @@ from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events
 from ledgerdash.ledger.models import (
     ActorKind,
     Attempt,
+    AttemptEvent,
     FailedBecause,
     ResultSource,
 )
@@ -91,7 +92,7 @@ def attempt_dispatch(
                 "dispatch_count": attempt.dispatch_count + 1,
                 "check_count": 0,
                 "next_check_at": now + timedelta(seconds=timing.lease_seconds),
-                "lands_by": now + timedelta(seconds=timing.max_request_seconds),
+                "lands_by": landing.while_silent(now, timing),
                 "first_dispatched_at": attempt.first_dispatched_at or now,
             },
             details={
@@ -133,7 +134,8 @@ def _refuse_changed_authority(attempt: Attempt, *, actor: Actor, fence: int | No
 
 def attempt_heartbeat(*, attempt: Attempt, fence: int, actor: Actor) -> Attempt:
     """The dispatcher's work is still running: extend its lease, and the
-    time until which its request may still land.
+    time until which its request may still land (it may send until the new
+    lease ends: :func:`ledgerdash.ledger.landing.while_silent`).
 
     Only the current dispatcher (the holder of the dispatch ``fence``) may
     beat. A beat never moves the fence, so the dispatcher's outcome report
@@ -144,7 +146,7 @@ def attempt_heartbeat(*, attempt: Attempt, fence: int, actor: Actor) -> Attempt:
     """
     now = clock.now()
     timing = authority_of(attempt.tenant_id, attempt.tool_name).timing
-    lands_by = now + timedelta(seconds=timing.max_request_seconds)
+    lands_by = landing.while_silent(now, timing)
     lease_end = now + timedelta(seconds=timing.lease_seconds)
     changed = Attempt.objects.filter(pk=attempt.pk, dispatch_fence=fence).update(
         lands_by=Greatest(Coalesce(F("lands_by"), Value(lands_by)), Value(lands_by)),
@@ -174,14 +176,30 @@ def _late_report_allowed(attempt: Attempt, fence: int, actor: Actor) -> bool:
 
 def _already_reported(attempt: Attempt, fence: int, evidence: Evidence) -> bool:
     """This very report landed before: the attempt is in the state it
-    reports, from the dispatch that holds ``fence``, with the same receipt."""
+    reports, from the dispatch that holds ``fence``, with the same receipt,
+    and its dispatcher's report (not the reconciler, not a person) put it there."""
     if attempt.dispatch_fence != fence or attempt.state != OUTCOME_STATE[Outcome(evidence.outcome)]:
         return False
-    if evidence.outcome == Outcome.CONFIRMED:
-        return (not evidence.provider_request_id or evidence.provider_request_id == attempt.provider_request_id) and (
-            not evidence.result_ref or evidence.result_ref == attempt.result_ref
-        )
-    return True
+    if evidence.outcome == Outcome.CONFIRMED and not (
+        (not evidence.provider_request_id or evidence.provider_request_id == attempt.provider_request_id)
+        and (not evidence.result_ref or evidence.result_ref == attempt.result_ref)
+    ):
+        return False
+    last = (
+        AttemptEvent.objects.filter(attempt_id=attempt.pk, kind=EventKind.TRANSITION)
+        .order_by("-seq")
+        .values_list("actor_kind", "to_state")
+        .first()
+    )
+    return last == (ActorKind.AGENT, attempt.state)
+
+
+def _dispatched_with(attempt: Attempt, fence: int) -> bool:
+    """Whether ``fence`` was handed out by one of the attempt's dispatch
+    claims (an earlier one, when the attempt was sent again since)."""
+    return AttemptEvent.objects.filter(
+        attempt_id=attempt.pk, kind=EventKind.TRANSITION, to_state=S.DISPATCHED, fence=fence
+    ).exists()
 
 
 def _as_holder(
@@ -191,9 +209,10 @@ def _as_holder(
 
     Tries the caller's copy first (one compare-and-set, the common case);
     when that is stale, re-reads: the same report repeated is a replay;
-    a late report from the original dispatcher is accepted while the
-    attempt is DISPATCHED or UNKNOWN and recorded as evidence afterwards;
-    anyone else is refused.
+    a late report from the original dispatcher is applied while the
+    attempt is DISPATCHED or UNKNOWN, and otherwise (whatever the state,
+    and from an earlier dispatch of an attempt sent again since) recorded as
+    evidence: a dispatcher's report is never dropped. Anyone else is refused.
     """
     if attempt.fence == fence:
         try:
@@ -207,8 +226,11 @@ def _as_holder(
     if fresh.fence == fence:
         return Report(op(fresh))
     if _late_report_allowed(fresh, fence, actor):
-        return Report(op(fresh), late=True)
-    if actor.kind == ActorKind.AGENT and fresh.dispatch_fence is not None and fresh.dispatch_fence == fence:
+        try:
+            return Report(op(fresh), late=True)
+        except IllegalTransition:
+            pass  # no move fits this report now: it is evidence all the same
+    if actor.kind == ActorKind.AGENT and (fresh.dispatch_fence == fence or _dispatched_with(fresh, fence)):
         return Report(late_evidence(fresh, fence=fence, actor=actor, evidence=evidence), late=True)
     raise StaleFence(StaleFence.MESSAGE.format(attempt_id=attempt.pk, current=fresh.fence, given=fence))
 
@@ -260,7 +282,7 @@ def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, 
         return fresh
     if fresh.fence == fence or _late_report_allowed(fresh, fence, actor):
         return op(fresh)
-    if actor.kind == ActorKind.AGENT and fresh.dispatch_fence == fence:
+    if actor.kind == ActorKind.AGENT and (fresh.dispatch_fence == fence or _dispatched_with(fresh, fence)):
         # The attempt moved on; the request id is evidence all the same.
         return late_evidence(
             fresh, fence=fence, actor=actor, evidence=Evidence("request_id", provider_request_id=request_id)
@@ -316,7 +338,7 @@ def attempt_report(
             result=result,
             result_source=result_source,
             details=details,
-            late=target.fence != fence,
+            fence=fence,
         ),
         evidence,
     )
@@ -330,9 +352,10 @@ def _apply_report(
     result: Any,
     result_source: str,
     details: dict[str, Any] | None,
-    late: bool,
+    fence: int,
 ) -> Attempt:
     now = clock.now()
+    late = target.fence != fence
     reason = evidence.reason
     if evidence.outcome == Outcome.CONFIRMED:
         check_move(target, S.OUTCOME_CONFIRMED, actor)
@@ -372,14 +395,24 @@ def _apply_report(
         )
     if evidence.outcome == Outcome.UNKNOWN:
         if target.state == S.UNKNOWN and late:
-            return target  # the lease already said so
+            # The lease already said so; that the dispatcher was alive to say it is evidence.
+            return late_evidence(target, fence=fence, actor=actor, evidence=evidence)
+        # The dispatcher stopped waiting now: its request, if it left at all, left by now.
+        lands_by = landing.after_report(now, authority_of(target.tenant_id, target.tool_name).timing)
+        if late:
+            # A sign of life after its lease ran out pushes the time on, never back.
+            lands_by = max(lands_by, target.lands_by or lands_by)
         return move(
             target,
             to_state=S.UNKNOWN,
             actor=actor,
             fence=None,
             reason=reason,
-            updates={"next_check_at": (details or {}).get("check_at") or now, "last_error": clean_text(reason)},
+            updates={
+                "next_check_at": (details or {}).get("check_at") or now,
+                "last_error": clean_text(reason),
+                "lands_by": lands_by,
+            },
             now=now,
         )
     if evidence.outcome == Outcome.FAILED_RETRYABLE:

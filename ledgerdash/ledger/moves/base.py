@@ -51,8 +51,9 @@ A, R, U = ActorKind.AGENT, ActorKind.RECONCILER, ActorKind.USER
 
 #: (from, to) -> the kinds of actor that may make that move. DESIGN.md's
 #: table, plus the moves it implies: INTENT_RECORDED -> FAILED (an intent
-#: abandoned past its lease: nothing was sent), UNKNOWN -> FAILED (a late,
-#: definitive failure report from the original dispatcher),
+#: abandoned past its lease: nothing was sent), UNKNOWN -> FAILED and
+#: UNKNOWN -> FAILED_RETRYABLE (a late, definitive failure report from the
+#: original dispatcher),
 #: FAILED_RETRYABLE -> MANUAL_REVIEW (its retry needs review because the
 #: authority changed), and the reconciler reporting the outcome of a
 #: dispatch it made itself (DISPATCHED -> FAILED_RETRYABLE / FAILED).
@@ -73,7 +74,9 @@ LEGAL_MOVES: dict[tuple[str, str], frozenset[str]] = {
     (S.FAILED_RETRYABLE, S.OUTCOME_CONFIRMED): frozenset({A}),
     (S.FAILED_RETRYABLE, S.FAILED): frozenset({A}),
     (S.UNKNOWN, S.OUTCOME_CONFIRMED): frozenset({A, R}),
+    # the original dispatcher's late, definitive word: refused for good, or before acting
     (S.UNKNOWN, S.FAILED): frozenset({A}),
+    (S.UNKNOWN, S.FAILED_RETRYABLE): frozenset({A}),
     (S.UNKNOWN, S.DISPATCHED): frozenset({R}),
     (S.UNKNOWN, S.UNKNOWN): frozenset({R}),
     (S.UNKNOWN, S.MANUAL_REVIEW): frozenset({R}),

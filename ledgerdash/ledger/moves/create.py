@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from ledgerdash.ledger import clock
+from ledgerdash.ledger import clock, landing
 from ledgerdash.ledger.authority import Timing, scope_string
 from ledgerdash.ledger.errors import (
     IllegalTransition,
@@ -179,7 +179,7 @@ def _claim_with_intent(attempt: Attempt, actor: Actor, timing: Timing, now: date
     attempt.state, attempt.fence, attempt.last_note = S.DISPATCHED, 1, reason
     attempt.dispatch_fence, attempt.dispatch_count, attempt.check_count = 1, 1, 0
     attempt.next_check_at = now + timedelta(seconds=timing.lease_seconds)
-    attempt.lands_by = now + timedelta(seconds=timing.max_request_seconds)
+    attempt.lands_by = landing.while_silent(now, timing)
     attempt.first_dispatched_at = now
     return EventDraft(
         attempt.tenant_id,

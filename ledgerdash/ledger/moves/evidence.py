@@ -11,7 +11,8 @@ from typing import Any
 
 from django.db import models, transaction
 
-from ledgerdash.ledger import clock
+from ledgerdash.ledger import clock, landing
+from ledgerdash.ledger.authority import authority_of
 from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
 from ledgerdash.ledger.models import (
     Attempt,
@@ -116,6 +117,7 @@ def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evide
     now = clock.now()
     with transaction.atomic():
         current = get_attempt(attempt.pk, lock=True)
+        earlier = current.dispatch_fence != fence
         incident = _incident_for_late_report(current, evidence)
         events = [
             EventDraft(
@@ -124,29 +126,57 @@ def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evide
                 EventKind.LATE_REPORT,
                 actor,
                 fence=current.fence,
-                reason=f"late report from the original dispatcher (dispatch fence {fence}) after the attempt "
-                f"became {current.state}: {evidence.outcome}",
+                reason=f"late report from {'an earlier' if earlier else 'the original'} dispatcher (dispatch fence "
+                f"{fence}) after the attempt became {current.state}: {evidence.outcome}",
                 details={"report": evidence.as_details(), "dispatch_fence": fence, "state": current.state},
             )
         ]
         if incident is not None:
             events.append(incident_opened(incident, actor, now))
-        if evidence.outcome != Outcome.UNKNOWN:
-            # The dispatcher heard back: its request is no longer in flight.
-            Attempt.objects.filter(pk=current.pk).update(lands_by=now)
-            current.lands_by = now
+        lands_by = _lands_by_after_late_report(current, evidence, now, earlier=earlier)
+        if lands_by != current.lands_by:
+            Attempt.objects.filter(pk=current.pk).update(lands_by=lands_by)
+            current.lands_by = lands_by
         append_events(events, now=now)
     return current
 
 
+def _lands_by_after_late_report(
+    attempt: Attempt, evidence: Evidence, now: datetime, *, earlier: bool
+) -> datetime | None:
+    """Until when the attempt's request may land, given a late report.
+
+    "Unknown" says the dispatcher was alive now and may have sent until
+    now: the time moves on (never back). A definitive word from the last
+    dispatch says its request is no longer in flight; one from an earlier
+    dispatch says nothing about the last one's.
+    """
+    if evidence.outcome == Outcome.UNKNOWN:
+        pushed = landing.after_report(now, authority_of(attempt.tenant_id, attempt.tool_name).timing)
+        return max(pushed, attempt.lands_by) if attempt.lands_by is not None else pushed
+    return attempt.lands_by if earlier else now
+
+
 def _incident_for_late_report(attempt: Attempt, evidence: Evidence) -> Incident | None:
     """The incident a late report about a settled attempt calls for, saved;
-    None when the report agrees with the ledger."""
+    None when the report agrees with the ledger.
+
+    A receipt (or a request id) says the effect happened; "unknown" says
+    the dispatcher was still at work after the ledger had settled the
+    attempt as not happened, so it may have sent it after all. Either
+    contradicts a settlement as failed (other than the provider's own
+    refusal) or superseded, and is a possible duplicate when a retry of the
+    same side effect went out too.
+    """
     acted = evidence.outcome in (Outcome.CONFIRMED, "request_id")
+    may_have_acted = evidence.outcome == Outcome.UNKNOWN
+    settled_as_not_happened = attempt.state == S.RECONCILED or (
+        attempt.state == S.FAILED and attempt.failed_because != FailedBecause.PROVIDER
+    )
     summary = ""
     kind = Incident.Kind.CONTRADICTION
     retry: Attempt | None = None
-    if acted and attempt.state in (S.RECONCILED, S.FAILED):
+    if (acted and attempt.state in (S.RECONCILED, S.FAILED)) or (may_have_acted and settled_as_not_happened):
         retry = (
             Attempt.objects.filter(
                 tenant_id=attempt.tenant_id, idempotency_key=attempt.idempotency_key, dispatch_count__gt=0
@@ -156,14 +186,19 @@ def _incident_for_late_report(attempt: Attempt, evidence: Evidence) -> Incident 
             .order_by("id")
             .first()
         )
+        how = (
+            f"acted at the provider after all (late report: {evidence.outcome})"
+            if acted
+            else "may have acted at the provider after all: its dispatcher was still at work and reports it cannot "
+            "tell whether its request landed"
+        )
         if retry is not None:
             kind = Incident.Kind.DUPLICATE
             summary = (
-                f"#{attempt.pk} acted at the provider after all (late report: {evidence.outcome}), and #{retry.pk} "
-                f"was sent for the same side effect: it may have happened twice"
+                f"#{attempt.pk} {how}, and #{retry.pk} was sent for the same side effect: it may have happened twice"
             )
         else:
-            summary = f"#{attempt.pk} acted at the provider after all, although the ledger had it {attempt.state}"
+            summary = f"#{attempt.pk} {how}, although the ledger had it {attempt.state}"
     elif (
         acted
         and attempt.state == S.OUTCOME_CONFIRMED

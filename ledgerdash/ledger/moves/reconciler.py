@@ -115,6 +115,7 @@ def attempt_check_later(
     lookup: dict[str, Any],
     error: str = "",
     backoff_base: float = 5.0,
+    looked_at: datetime | None = None,
 ) -> Attempt:
     """UNKNOWN -> UNKNOWN: the provider could not answer; back off, decide nothing."""
     only_from(attempt, S.UNKNOWN, "a lookup is retried later")
@@ -129,7 +130,7 @@ def attempt_check_later(
             "check_count": attempt.check_count + 1,
             "next_check_at": now + backoff(attempt.check_count + 1, base=backoff_base),
             "last_lookup": lookup.get("status", ""),
-            "last_lookup_at": now,
+            "last_lookup_at": looked_at or now,
             "last_error": clean_text(error),
         },
         details={"lookup": lookup},
@@ -137,10 +138,12 @@ def attempt_check_later(
     )
 
 
-def attempt_wait_for_landing(*, attempt: Attempt, actor: Actor, fence: int, lookup: dict[str, Any]) -> Attempt:
-    """UNKNOWN -> UNKNOWN: the provider does not have it, but the request may
-    still be on its way (it was sent, or its dispatcher last beat, less than
-    the tool's maximum request time ago). A "not found" proves nothing yet:
+def attempt_wait_for_landing(
+    *, attempt: Attempt, actor: Actor, fence: int, lookup: dict[str, Any], looked_at: datetime | None = None
+) -> Attempt:
+    """UNKNOWN -> UNKNOWN: the provider does not have it, but the lookup was
+    asked (at ``looked_at``) while the request could still land (see
+    :mod:`ledgerdash.ledger.landing`). A "not found" proves nothing yet:
     look again once it could no longer land."""
     only_from(attempt, S.UNKNOWN, "waiting for a request to land")
     now = clock.now()
@@ -157,7 +160,7 @@ def attempt_wait_for_landing(*, attempt: Attempt, actor: Actor, fence: int, look
         updates={
             "next_check_at": max(attempt.lands_by, now) + timedelta(milliseconds=1),
             "last_lookup": lookup.get("status", ""),
-            "last_lookup_at": now,
+            "last_lookup_at": looked_at or now,
         },
         details={"lookup": lookup, "lands_by": attempt.lands_by.isoformat(), "counts_as_evidence": False},
         now=now,
@@ -165,13 +168,21 @@ def attempt_wait_for_landing(*, attempt: Attempt, actor: Actor, fence: int, look
 
 
 def attempt_escalate(
-    *, attempt: Attempt, actor: Actor, fence: int, reason: str, lookup: dict[str, Any] | None = None
+    *,
+    attempt: Attempt,
+    actor: Actor,
+    fence: int,
+    reason: str,
+    lookup: dict[str, Any] | None = None,
+    looked_at: datetime | None = None,
 ) -> Attempt:
-    """UNKNOWN, FAILED_RETRYABLE or a never-sent intent -> MANUAL_REVIEW: the facts cannot settle it."""
+    """UNKNOWN, FAILED_RETRYABLE or a never-sent intent -> MANUAL_REVIEW: the
+    facts cannot settle it. ``looked_at``: when the lookup it rests on was
+    asked (default: now)."""
     updates: dict[str, Any] = {}
     if lookup:
         updates["last_lookup"] = lookup.get("status", "")
-        updates["last_lookup_at"] = clock.now()
+        updates["last_lookup_at"] = looked_at or clock.now()
     return move(
         attempt,
         to_state=S.MANUAL_REVIEW,
@@ -190,6 +201,7 @@ def attempt_escalate_for_retry(
     fence: int,
     changes: Sequence[str],
     lookup: dict[str, Any] | None = None,
+    looked_at: datetime | None = None,
 ) -> tuple[Attempt, Attempt | None]:
     """A retry is needed but the authority changed: don't reuse the attempt.
 
@@ -218,6 +230,7 @@ def attempt_escalate_for_retry(
                 fence=fence,
                 reason=f"{needed}, and nothing can be authorized now: {summary}",
                 lookup=lookup,
+                looked_at=looked_at,
             )
             return original, None
         original = attempt_escalate(
@@ -226,6 +239,7 @@ def attempt_escalate_for_retry(
             fence=fence,
             reason=f"{needed} ({summary}); a linked attempt under the current policy awaits approval",
             lookup=lookup,
+            looked_at=looked_at,
         )
         linked = create_retry_under(
             policy,

@@ -1,0 +1,73 @@
+"""When a request can no longer land: the one rule for what a provider's
+"not found" proves.
+
+A provider acts on a request within the tool's maximum request time of
+receiving it, or never; and it receives a request only while its sender is
+still waiting on it. So a dispatch's request can land until the latest
+moment it could have left, plus the maximum request time. That moment is
+not the dispatch claim (a tool may prepare before it sends) but the
+dispatcher's last sign of life:
+
+- while it is silent (after its claim or a heartbeat), it may still send
+  until its lease ends: the request can land until the lease's end plus the
+  maximum request time;
+- once it reports (any outcome, "unknown" included) it has stopped waiting:
+  the request can land until the report plus the maximum request time, and
+  a definitive report (a receipt, a refusal) ends that at once;
+- a sign of life after its lease ran out (a late heartbeat or report from a
+  dispatcher that was paused) can only push the time on, never back.
+
+A lookup is evidence that the request did not land only when it was asked
+at or after that time: the moment it was *asked*, not when its answer
+arrived, since the provider may have looked any time in between.
+
+A dispatcher that sends after its lease ran out breaks the first rule: the
+ledger may by then have taken a "not found" for proof. The fence does not
+stop such a request (the provider knows nothing of fences); it stops the
+dispatcher's stale report from counting as current, and its late report
+or heartbeat is recorded as evidence that pushes the time on (and opens an
+incident where the attempt was settled on the earlier time).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from ledgerdash.ledger.authority import Timing
+
+
+class Landing(Protocol):
+    """What the rule reads of an attempt."""
+
+    lands_by: datetime | None
+    last_lookup: str
+    last_lookup_at: datetime | None
+
+
+def while_silent(at: datetime, timing: Timing) -> datetime:
+    """Until when a request may land, for a dispatcher that holds its lease
+    from ``at`` (a claim or a heartbeat) and has not reported: it may send
+    until the lease ends."""
+    return at + timedelta(seconds=timing.lease_seconds + timing.max_request_seconds)
+
+
+def after_report(at: datetime, timing: Timing) -> datetime:
+    """Until when a request may land, for a dispatcher that reported at
+    ``at`` that it cannot tell what happened: it sent, if at all, by then."""
+    return at + timedelta(seconds=timing.max_request_seconds)
+
+
+def could_still_land(attempt: Landing, at: datetime) -> bool:
+    """Whether the attempt's last request may still land at the provider at ``at``."""
+    return attempt.lands_by is not None and at < attempt.lands_by
+
+
+def not_found_is_evidence(attempt: Landing) -> bool:
+    """Whether the attempt's last lookup is the provider's word that its
+    request did not land: "not found", asked once it could no longer land."""
+    return (
+        attempt.last_lookup == "not_found"
+        and attempt.last_lookup_at is not None
+        and not could_still_land(attempt, attempt.last_lookup_at)
+    )
