@@ -11,16 +11,17 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils import timezone
 
-from ledgerdash.ledger import clock, moves, recording, rules
+from ledgerdash.ledger import authority, clock, moves, recording, rules
 from ledgerdash.ledger.errors import (
     ApprovalRefused,
     ApprovalRejected,
+    AuthorizationChanged,
     AwaitingApproval,
     IllegalTransition,
     SelfApproval,
 )
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, AttemptEvent, FailedBecause, State, Tenant
+from ledgerdash.ledger.models import Attempt, AttemptEvent, FailedBecause, State, Tenant, Tool
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash.ledger.tokens import token_create
@@ -63,15 +64,15 @@ def test_the_condition_decides_and_an_undecided_condition_waits(guarded: Tenant)
     from ledgerdash.ledger.authority import current_policy
 
     policy = current_policy(guarded.pk)
-    assert rules.approval_needed(policy, "charge_card", {"amount_cents": 50000}) == ""
-    assert "when amount_cents > `50000`" in rules.approval_needed(policy, "charge_card", {"amount_cents": 50001})
+    assert authority.approval_needed(policy, "charge_card", {"amount_cents": 50000}) == ""
+    assert "when amount_cents > `50000`" in authority.approval_needed(policy, "charge_card", {"amount_cents": 50001})
     # A string where a number was expected, or a missing field: it cannot tell, so it waits.
-    assert "could not be evaluated" in rules.approval_needed(policy, "charge_card", {"amount_cents": "90000"})
-    assert "did not yield true or false" in rules.approval_needed(policy, "charge_card", {"amount_cents": None})
-    assert rules.approval_needed(policy, "charge_card", {}) != ""
-    assert rules.approval_needed(policy, "send_email", {"amount_cents": 10**9}) == ""
+    assert "could not be evaluated" in authority.approval_needed(policy, "charge_card", {"amount_cents": "90000"})
+    assert "did not yield true or false" in authority.approval_needed(policy, "charge_card", {"amount_cents": None})
+    assert authority.approval_needed(policy, "charge_card", {}) != ""
+    assert authority.approval_needed(policy, "send_email", {"amount_cents": 10**9}) == ""
     always = policy_publish(tenant=guarded, tools=TOOLS_V1, approvals={"send_email": ""}, actor=Actor.system("t"))
-    assert rules.approval_needed(always, "send_email", {}) == "policy v3 requires approval for send_email"
+    assert authority.approval_needed(always, "send_email", {}) == "policy v3 requires approval for send_email"
 
 
 def test_a_policy_refuses_a_condition_that_is_not_jmespath_or_a_tool_it_does_not_allow(tenant_a: Tenant) -> None:
@@ -307,3 +308,64 @@ def test_parallel_approvals_and_rejections_decide_once_and_parallel_re_calls_sen
     assert sent == [78]
     assert set(answers) <= {"ok", "AttemptInFlight", "ClaimLost"}, answers
     assert Attempt.objects.get(pk=approved.pk).dispatch_count == 1
+
+
+# --- a policy that starts holding a call after its intent ---------------------------------------
+
+
+def _intent_then(tenant: Tenant, approvals: dict[str, str], amount: int) -> Any:
+    """An intent recorded while charge_card ran freely, then a policy version
+    with ``approvals`` (the same tools and scopes): the dispatch that follows."""
+    attempt = recording.record_intent(
+        tenant=tenant,
+        task_id="checkout-1",
+        tool_name="charge_card",
+        idempotency_key=f"order:{amount}:charge",
+        args={"order": amount, "amount_cents": amount},
+        actor=Actor.agent("shop-agent"),
+    ).attempt
+    assert attempt.state == S.INTENT_RECORDED
+    policy_publish(tenant=tenant, tools=TOOLS_V1, approvals=approvals, actor=Actor.system("t"), note="hold charges")
+    return attempt
+
+
+def test_a_policy_that_now_holds_the_call_for_approval_stops_its_dispatch(tenant_a: Tenant) -> None:
+    attempt = _intent_then(tenant_a, {"charge_card": ""}, 4200)
+    with pytest.raises(AuthorizationChanged) as refused:
+        recording.mark_dispatched(attempt, actor=Actor.agent("shop-agent"))
+    assert "requires approval for charge_card" in str(refused.value)
+    original = Attempt.objects.get(pk=attempt.pk)
+    assert (original.state, original.dispatch_count) == (S.MANUAL_REVIEW, 0)
+    linked = Attempt.objects.get(parent=original)
+    assert rules.awaiting_approval(linked)
+    assert linked.policy_version == 2
+
+
+def test_a_condition_that_now_holds_this_call_stops_it_and_one_that_does_not_lets_it_go(tenant_a: Tenant) -> None:
+    held = _intent_then(tenant_a, {"charge_card": "amount_cents > `5000`"}, 9000)
+    with pytest.raises(AuthorizationChanged):
+        recording.mark_dispatched(held, actor=Actor.agent("shop-agent"))
+    small = _intent_then(tenant_a, {"charge_card": "amount_cents > `5000`"}, 100)
+    assert recording.mark_dispatched(small, actor=Actor.agent("shop-agent")).state == S.DISPATCHED
+
+
+def test_a_retryable_failure_is_not_sent_again_once_the_policy_holds_it(tenant_a: Tenant) -> None:
+    # (The scripted provider fails the test if anything is sent to it.)
+    Tool.objects.create(
+        name="charge_card", adapter=Tool.Adapter.PYTHON, config={"class": "tests.scripted_provider.Scripted"}
+    )
+    attempt = recording.record_intent(
+        tenant=tenant_a,
+        task_id="checkout-1",
+        tool_name="charge_card",
+        idempotency_key="order:77:charge",
+        args={"order": 77, "amount_cents": 7700},
+        actor=Actor.agent("shop-agent"),
+    ).attempt
+    sent = recording.mark_dispatched(attempt, actor=Actor.agent("shop-agent"))
+    refused = recording.fail_retryable(sent, reason="rate limited", actor=Actor.agent("shop-agent"))
+    policy_publish(tenant=tenant_a, tools=TOOLS_V1, approvals={"charge_card": ""}, actor=Actor.system("t"))
+    with clock.frozen_at(refused.next_check_at + timedelta(seconds=1)):
+        Reconciler(label="r").run_pass()
+    assert Attempt.objects.get(pk=attempt.pk).state == S.MANUAL_REVIEW
+    assert rules.awaiting_approval(Attempt.objects.get(parent_id=attempt.pk))

@@ -11,8 +11,10 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+import jmespath
 from django.conf import settings
 from django.db import connection
+from jmespath.exceptions import JMESPathError
 
 from ledgerdash.ledger.errors import LedgerError, NoPolicy, ScopeNotAllowed, TenantInactive, ToolNotAllowed
 from ledgerdash.ledger.events import one_statement
@@ -33,12 +35,13 @@ class Standing:
     authority, and if not, what no longer holds.
 
     What authorizes an attempt is its tenant being active, its tool being
-    allowed and its credential scope being within what the tool may use.
-    The policy's version number alone is not authority: a new version that
-    leaves this tool's permission and scopes as they were (it added another
-    tool, say) changes nothing this attempt relies on, so it does not count
-    as a change. Every dispatch and approval records the version it was
-    re-checked under.
+    allowed, its credential scope being within what the tool may use, and,
+    for a call no approver has let through, the policy not holding this
+    call for approval. The policy's version number alone is not authority:
+    a new version that leaves what it would do with this call as it was (it
+    added another tool, say) changes nothing this attempt relies on, so it
+    does not count as a change. Every dispatch and approval records the
+    version it was re-checked under.
     """
 
     changes: tuple[str, ...]
@@ -49,13 +52,16 @@ class Standing:
         return not self.changes
 
 
-def standing_of(attempt: Attempt, *, original: Attempt | None = None) -> Standing:
+def standing_of(attempt: Attempt, *, original: Attempt | None = None, approving: bool = False) -> Standing:
     """Compare ``attempt``'s recorded authority with the tenant's current one.
 
     With ``original`` (the attempt a linked retry re-tries), also refuse a
     scope wider than the original's and a tenant other than the original's.
+    ``approving``: an approver is letting the attempt through now, which
+    meets any approval the policy asks for.
     """
-    return standing_under(attempt, authority_of(attempt.tenant_id, attempt.tool_name), original=original)
+    authority = authority_of(attempt.tenant_id, attempt.tool_name)
+    return standing_under(attempt, authority, original=original, approving=approving)
 
 
 @dataclass(frozen=True)
@@ -186,11 +192,13 @@ def authority_for_change(tenant_id: int, tool_name: str, *, fresh: bool = False)
     return read
 
 
-def standing_under(attempt: Attempt, authority: Authority, *, original: Attempt | None = None) -> Standing:
+def standing_under(
+    attempt: Attempt, authority: Authority, *, original: Attempt | None = None, approving: bool = False
+) -> Standing:
     """:func:`standing_of` against ``authority`` (read now, or remembered)."""
     if authority.tenant is None:
         raise Tenant.DoesNotExist(f"tenant {attempt.tenant_id} of attempt #{attempt.pk} does not exist")
-    return _compare(attempt, authority.tenant, authority.policy, original)
+    return _compare(attempt, authority.tenant, authority.policy, original, approved=approving)
 
 
 def authorize(
@@ -221,7 +229,9 @@ def authorize(
     return wanted
 
 
-def _compare(attempt: Attempt, tenant: Tenant, policy: Policy | None, original: Attempt | None) -> Standing:
+def _compare(
+    attempt: Attempt, tenant: Tenant, policy: Policy | None, original: Attempt | None, *, approved: bool
+) -> Standing:
     changes: list[str] = []
     if original is not None and original.tenant_id != attempt.tenant_id:
         changes.append(f"tenant differs from the original attempt's (tenant {original.tenant_id})")
@@ -231,8 +241,48 @@ def _compare(attempt: Attempt, tenant: Tenant, policy: Policy | None, original: 
         changes.append(str(exc))
     except LedgerError as exc:
         changes.append(f"{exc} (attempt recorded under v{attempt.policy_version})")
+    else:
+        held = (
+            ""
+            if approved or attempt.approved_at is not None
+            else approval_needed(policy, attempt.tool_name, attempt.args)
+        )
+        if held:
+            changes.append(
+                f"{held}, and no approver let this call through (attempt recorded under v{attempt.policy_version})"
+            )
     if original is not None:
         wider = attempt.scopes - original.scopes
         if wider:
             changes.append(f"scope {scope_string(wider)} is wider than the original attempt's")
     return Standing(tuple(changes), policy)
+
+
+def approval_needed(policy: Any, tool_name: str, args: Any) -> str:
+    """Why a call of ``tool_name`` with ``args`` must wait for an approver
+    before it is sent under ``policy``, or "" when it need not.
+
+    The policy's ``approvals`` name the tool with a JMESPath condition over
+    the arguments (empty: every call). The condition decides only when it
+    yields true or false; anything else (null, because a field is missing or
+    of another type; a number; a list) cannot tell, and an undecided
+    condition waits for approval: a risky call is never let through by a
+    typo or a string where a number was expected.
+    """
+    approvals = getattr(policy, "approvals", None) or {}
+    if tool_name not in approvals:
+        return ""
+    condition = str(approvals[tool_name] or "").strip()
+    where = f"policy v{policy.version} requires approval for {tool_name}"
+    if not condition:
+        return where
+    try:
+        result = jmespath.search(condition, args)
+    except (JMESPathError, TypeError, ValueError) as exc:
+        # e.g. a string compared with a number: the condition cannot tell.
+        return f"{where} when {condition}, and the condition could not be evaluated over these arguments ({exc})"
+    if result is True:
+        return f"{where} when {condition}"
+    if result is False:
+        return ""
+    return f"{where} when {condition}, and the condition did not yield true or false for these arguments"

@@ -185,7 +185,7 @@ class Policy(AuditedModel):
     #: ``{"tool_name": "condition", ...}``: tools whose calls wait for an
     #: approver before the first dispatch; the condition is a JMESPath
     #: expression over the call's arguments (e.g. ``amount_cents > `50000```),
-    #: empty for every call. See :func:`ledgerdash.ledger.rules.approval_needed`.
+    #: empty for every call. See :func:`ledgerdash.ledger.authority.approval_needed`.
     approvals = models.JSONField(default=dict, db_default={}, blank=True)
     note = models.CharField(max_length=500, blank=True)
     created_by = models.ForeignKey(

@@ -47,7 +47,7 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 
 from ledgerdash import toolcalls
 from ledgerdash.ledger import clock, keys, moves, rules
-from ledgerdash.ledger.authority import authority_for_change, authorize
+from ledgerdash.ledger.authority import approval_needed, authority_for_change, authorize
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
     ApprovalRejected,
@@ -222,7 +222,7 @@ def record_intent(
     it was, and the attempt is then DISPATCHED (skip :func:`mark_dispatched`).
 
     When the tenant's policy requires approval for this call (see
-    :func:`ledgerdash.ledger.rules.approval_needed`), the new attempt waits
+    :func:`ledgerdash.ledger.authority.approval_needed`), the new attempt waits
     in MANUAL_REVIEW for an approver instead (:func:`refuse_unless_dispatchable`
     then raises :class:`AwaitingApproval`); ``requested_by_id`` names the
     person behind the agent, who may not approve it.
@@ -276,7 +276,7 @@ def record_intent(
         created = moves.attempt_create_intent(
             new=new,
             actor=actor,
-            approval_required=rules.approval_needed(policy, tool_name, normalized),
+            approval_required=approval_needed(policy, tool_name, normalized),
             requested_by_id=requested_by_id,
             guard=authority.guard(tool_name) if authority.remembered else None,
             claim=authority.timing if claim and authority.claims_with_intent else None,

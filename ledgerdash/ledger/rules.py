@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import jmespath
 from django.db.models import Q
-from jmespath.exceptions import JMESPathError
 
 from ledgerdash.ledger import clock, landing, tenancy
 from ledgerdash.ledger.authority import standing_of
@@ -121,36 +119,6 @@ def awaiting_approval_filter(prefix: str = "") -> Q:
     return q(state=S.MANUAL_REVIEW, dispatch_count=0) & (q(parent__isnull=False) | first_call)
 
 
-def approval_needed(policy: Any, tool_name: str, args: Any) -> str:
-    """Why a call of ``tool_name`` with ``args`` must wait for an approver
-    before it is sent under ``policy``, or "" when it need not.
-
-    The policy's ``approvals`` name the tool with a JMESPath condition over
-    the arguments (empty: every call). The condition decides only when it
-    yields true or false; anything else (null, because a field is missing or
-    of another type; a number; a list) cannot tell, and an undecided
-    condition waits for approval: a risky call is never let through by a
-    typo or a string where a number was expected.
-    """
-    approvals = getattr(policy, "approvals", None) or {}
-    if tool_name not in approvals:
-        return ""
-    condition = str(approvals[tool_name] or "").strip()
-    where = f"policy v{policy.version} requires approval for {tool_name}"
-    if not condition:
-        return where
-    try:
-        result = jmespath.search(condition, args)
-    except (JMESPathError, TypeError, ValueError) as exc:
-        # e.g. a string compared with a number: the condition cannot tell.
-        return f"{where} when {condition}, and the condition could not be evaluated over these arguments ({exc})"
-    if result is True:
-        return f"{where} when {condition}"
-    if result is False:
-        return ""
-    return f"{where} when {condition}, and the condition did not yield true or false for these arguments"
-
-
 @dataclass(frozen=True)
 class ApprovalCheck:
     """What the approval of a linked retry (or of a first call) would find
@@ -192,7 +160,7 @@ def approval_check(retry: Attempt, original: Attempt | None, approver: Person) -
         denied = tenancy.refusal(approver, retry.tenant_id, Role.APPROVER)
         if denied:
             authority.append(denied)
-    standing_now = standing_of(retry, original=original)
+    standing_now = standing_of(retry, original=original, approving=True)
     authority.extend(standing_now.changes)
     return ApprovalCheck(
         tuple(authority),
