@@ -51,6 +51,16 @@ def break_midway(note: str) -> str:
 
 
 @app.tool()
+def slow_send(note: str, seconds: float) -> dict[str, Any]:
+    """Take ``seconds`` before acting: longer than the gateway may wait, the call is lost to it."""
+    import time
+
+    time.sleep(seconds)
+    n = _effect("slow_send", note=note)
+    return {"id": f"eff_{n}"}
+
+
+@app.tool()
 def refuse(reason: str) -> str:
     """Answer with the tool's own error (nothing happens)."""
     raise ValueError(reason)

@@ -27,7 +27,7 @@ from ledgerdash.ledger import crashpoints
 from ledgerdash.ledger.drill.processes import child_environment
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.gateway.keys import META_ATTEMPT, META_ERROR, META_REPEAT, META_REPLAYED, META_TASK
-from ledgerdash.ledger.models import Attempt, State, Tenant
+from ledgerdash.ledger.models import Attempt, State, Tenant, Tool
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.reconciler import Reconciler
 from tests.live import PYTHON, ROOT, free_port, running
@@ -43,6 +43,7 @@ TOOLS = {
     "post_note": [],
     "break_midway": [],
     "refuse": [],
+    "slow_send": [],
     "remote_send_invoice": ["payments:charge"],
 }
 
@@ -166,7 +167,7 @@ def test_it_lists_every_upstreams_tools_as_its_own(tenant: Tenant, config: Path)
         async with Client(_stdio_gateway(config), cache=None) as client:
             return sorted(t.name for t in (await client.list_tools()).tools)
 
-    names = ["send_invoice", "post_note", "break_midway", "refuse"]
+    names = ["send_invoice", "post_note", "break_midway", "slow_send", "refuse"]
     assert anyio.run(listing) == sorted([*names, *(f"remote_{name}" for name in names)])
 
 
@@ -313,3 +314,31 @@ def test_a_bad_configuration_is_refused_before_anything_starts(tmp_path: Path) -
     )
     assert result.returncode != 0
     assert "give exactly one of command (stdio) or url (streamable HTTP)" in result.stderr
+
+
+def test_the_gateway_waits_no_longer_than_the_tools_maximum_request_time(
+    tenant: Tenant, config: Path, effects: Effects
+) -> None:
+    # The ledger counts on no request landing later than 2 s after the gateway gave up on it.
+    Tool.objects.create(name="slow_send", config={"lookup_url": "http://127.0.0.1:9/x"}, max_request_seconds=2)
+    [lost] = _calls(_stdio_gateway(config), ("slow_send", {"note": "n", "seconds": 8}, None))
+    assert _error_code(lost) == "outcome_unknown"
+    assert "no answer from the upstream within 2 s" in lost["_meta"][META_ERROR]["message"]
+    assert Attempt.objects.get(tool_name="slow_send").state == S.UNKNOWN
+
+
+def test_a_timeout_longer_than_the_tools_maximum_request_time_is_refused_at_start(tenant: Tenant, config: Path) -> None:
+    Tool.objects.create(name="send_invoice", config={"lookup_url": "http://127.0.0.1:9/x"}, max_request_seconds=6)
+    result = subprocess.run(
+        [PYTHON, "manage.py", "mcp_gateway", str(config), "--check"],
+        cwd=ROOT,
+        env=_gateway_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert (
+        "tools.send_invoice.timeout: 20 s exceeds the maximum request time of the ledger tool send_invoice (6 s)"
+        in (result.stderr)
+    )

@@ -22,7 +22,8 @@ the calls, which upstream MCP servers it fronts, and per-tool settings.
     ledger_tool = "send_invoice"                 # the tool's name in the tenant's policy
     request_id = "structuredContent.id"          # JMESPath to the provider's request id in the result
     on_error = "failed"                          # an isError result: failed | failed_retryable | unknown
-    timeout = 30                                 # seconds before an upstream call counts as lost
+    timeout = 30                                 # seconds before an upstream call counts as lost (at most,
+                                                 # and by default, the ledger tool's maximum request time)
 
 Every mistake is reported with where it is, before anything starts.
 """
@@ -41,7 +42,6 @@ import jmespath.exceptions
 from ledgerdash.ledger import keys
 
 ON_ERROR = ("failed", "failed_retryable", "unknown")
-DEFAULT_TIMEOUT = 60.0
 
 
 class ConfigError(ValueError):
@@ -69,7 +69,13 @@ class ToolConfig:
     ledger_tool: str = ""
     request_id: str = ""
     on_error: str = "failed"
-    timeout: float = DEFAULT_TIMEOUT
+    #: Seconds before an upstream call counts as lost; None: the ledger tool's
+    #: maximum request time, which a configured timeout may not exceed.
+    timeout: float | None = None
+
+    def ledger_name(self, listed: str) -> str:
+        """The tool's name in the tenant's policy and the ledger."""
+        return self.ledger_tool or listed
 
 
 @dataclass(frozen=True)
@@ -166,8 +172,10 @@ def _tool(name: str, raw: Any) -> ToolConfig:
     on_error = raw.get("on_error", "failed")
     if on_error not in ON_ERROR:
         raise ConfigError(f"{where}.on_error: expected one of {', '.join(ON_ERROR)}, got {on_error!r}")
-    timeout = raw.get("timeout", DEFAULT_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 86400:
+    timeout = raw.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 86400
+    ):
         raise ConfigError(f"{where}.timeout: expected seconds between 0 and 86400, got {timeout!r}")
     return ToolConfig(
         key=key,
@@ -175,7 +183,7 @@ def _tool(name: str, raw: Any) -> ToolConfig:
         ledger_tool=_str(raw.get("ledger_tool"), f"{where}.ledger_tool", required=False),
         request_id=request_id,
         on_error=on_error,
-        timeout=float(timeout),
+        timeout=None if timeout is None else float(timeout),
     )
 
 

@@ -43,7 +43,7 @@ from mcp.shared.exceptions import MCPError
 from ledgerdash.ledger import crashpoints, errors, recording
 from ledgerdash.ledger.errors import AttemptBlocked, AttemptInFlight, ClaimLost, LedgerError
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.gateway import keys
+from ledgerdash.ledger.gateway import checks, keys
 from ledgerdash.ledger.gateway.config import GatewayConfig, ToolConfig, UpstreamConfig
 from ledgerdash.ledger.models import Attempt, ResultSource, State
 
@@ -277,12 +277,14 @@ class Gateway:
     ) -> types.CallToolResult:
         crashpoints.reached(crashpoints.BEFORE_SEND)
         fence = attempt.fence
+        limit = await in_thread(lambda: checks.max_request_seconds(attempt.tool_name))
+        timeout = checks.timeout_for(settings, limit)
         try:
             client = await route.upstream.connected(timeout=1.0)
             async with anyio.create_task_group() as beats:
                 beats.start_soon(self._heartbeat, attempt, fence)
                 try:
-                    with anyio.fail_after(settings.timeout):
+                    with anyio.fail_after(timeout):
                         result = await client.call_tool(route.upstream_name, arguments, read_timeout_seconds=None)
                 finally:
                     beats.cancel_scope.cancel()
@@ -295,7 +297,12 @@ class Gateway:
             return await self._lost(route, attempt, f"the upstream answered with error {exc.code}: {exc.message}")
         except Exception as exc:  # the connection broke, the process died, the time ran out
             route.upstream.broken()
-            return await self._lost(route, attempt, f"the upstream call broke mid-way: {type(exc).__name__}: {exc}")
+            cause = _cause(exc)
+            if isinstance(cause, TimeoutError):
+                why = f"no answer from the upstream within {timeout:g} s (the tool's maximum request time or less)"
+            else:
+                why = f"the upstream call broke mid-way: {type(cause).__name__}: {cause}"
+            return await self._lost(route, attempt, why)
         crashpoints.reached(crashpoints.AFTER_RESPONSE)
         return await self._settle(route, attempt, fence, result, settings)
 
@@ -397,6 +404,13 @@ class Gateway:
                 for upstream in self.upstreams:
                     upstream.close()
                 group.cancel_scope.cancel()
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """What went wrong, out of the task groups that wrap it."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _storable(value: Any) -> tuple[Any, str]:

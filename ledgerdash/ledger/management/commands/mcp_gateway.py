@@ -26,6 +26,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
+            from ledgerdash.ledger.gateway import checks
             from ledgerdash.ledger.gateway.config import ConfigError, load
             from ledgerdash.ledger.gateway.server import Gateway
         except ImportError as exc:
@@ -34,6 +35,9 @@ class Command(BaseCommand):
             config = load(options["config"])
         except ConfigError as exc:
             raise CommandError(str(exc)) from None
+        refused = checks.problems(config)
+        if refused:
+            raise CommandError(f"{options['config']}: " + "; ".join(refused))
         if options["check"]:
             self.stdout.write(
                 f"tenant {config.tenant}, task {config.task_id}: {len(config.upstreams)} upstream(s), "
