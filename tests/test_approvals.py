@@ -258,3 +258,24 @@ def test_a_never_sent_retry_cannot_be_rechecked_or_verified_around_its_approval(
     with pytest.raises(IllegalTransition, match="never sent"):
         moves.attempt_verify(attempt=retry, actor=Actor.user(operator_a), evidence="looks sent")
     assert ledger_snapshot() == snapshot
+
+
+def test_a_retry_of_a_reworded_call_weighs_every_attempt_at_the_side_effect(tenant_a: Tenant, approver_a: Any) -> None:
+    # The first call went out and happened; the agent re-ran twice with other arguments.
+    first = recording.confirm(
+        recording.mark_dispatched(record(tenant_a, "k-chain"), actor=AGENT), provider_request_id="r-1", actor=AGENT
+    )
+    reworded = []
+    for amount in (8, 9):
+        with pytest.raises(IdempotencyConflict) as conflict:
+            record(tenant_a, "k-chain", args={"to": "ap@example.com", "invoice": amount})
+        reworded.append(conflict.value.attempt)
+    second, third = reworded
+    assert (second.parent_id, third.parent_id) == (first.pk, second.pk)
+    # Its own parent was never sent, but the side effect happened through the first call.
+    refused = _refused(Attempt.objects.get(pk=third.pk), approver_a)
+    assert f"#{first.pk} (another attempt at the same side effect) happened" in str(refused)
+    approved = approve(
+        Attempt.objects.get(pk=third.pk), approver_a, safe_because="the customer wants the corrected invoice as well"
+    )
+    assert approved.state == S.INTENT_RECORDED

@@ -61,41 +61,86 @@ def original_standing(original: Attempt, *, now: datetime | None = None) -> Orig
         )
     if original.state == S.RECONCILED:
         return OriginalStanding(blocked=f"the original #{original.pk} was already superseded by an approved retry")
-    if original.state == S.OUTCOME_CONFIRMED:
+    return _by_the_facts(original, now, f"the original #{original.pk}")
+
+
+def _by_the_facts(attempt: Attempt, now: datetime, name: str) -> OriginalStanding:
+    """Whether ``attempt`` (settled, or waiting on people: nothing sends it
+    any more) may have performed its side effect, by the provider's word."""
+    if attempt.state == S.OUTCOME_CONFIRMED:
+        return OriginalStanding(risk=f"{name} happened (confirmed): a retry performs it a second time")
+    if attempt.dispatch_count == 0:
+        return OriginalStanding(proof=f"{name} was never sent")
+    if landing.could_still_land(attempt, now):
+        assert attempt.lands_by is not None
         return OriginalStanding(
-            risk=f"the original #{original.pk} happened (confirmed): a retry performs it a second time"
+            risk=f"{name}'s request may still land at the provider until {when(attempt.lands_by)} (its dispatcher "
+            "is still waiting on it)"
         )
-    if original.dispatch_count == 0:
-        return OriginalStanding(proof=f"the original #{original.pk} was never sent")
-    if landing.could_still_land(original, now):
-        assert original.lands_by is not None
-        return OriginalStanding(
-            risk=f"the original #{original.pk}'s request may still land at the provider until "
-            f"{when(original.lands_by)} (its dispatcher is still waiting on it)"
-        )
-    if original.state == S.FAILED and original.failed_because == FailedBecause.PROVIDER:
-        return OriginalStanding(proof=f"the provider refused the original #{original.pk}: it did not act")
-    if original.last_lookup == "not_found" and original.last_lookup_at is not None:
-        if landing.not_found_is_evidence(original):
+    if attempt.state == S.FAILED and attempt.failed_because == FailedBecause.PROVIDER:
+        return OriginalStanding(proof=f"the provider refused {name}: it did not act")
+    if attempt.last_lookup == "not_found" and attempt.last_lookup_at is not None:
+        if landing.not_found_is_evidence(attempt):
             return OriginalStanding(
-                proof=f"the provider did not have the original #{original.pk} at {when(original.last_lookup_at)}, "
-                "after its request could no longer land"
+                proof=f"the provider did not have {name} at {when(attempt.last_lookup_at)}, after its request could "
+                "no longer land"
             )
-        assert original.lands_by is not None  # else the lookup would be evidence
+        assert attempt.lands_by is not None  # else the lookup would be evidence
         return OriginalStanding(
-            risk=f"the provider's last lookup of the original #{original.pk} (not found, "
-            f"{when(original.last_lookup_at)}) was asked before its request could no longer land "
-            f"({when(original.lands_by)}): not evidence"
+            risk=f"the provider's last lookup of {name} (not found, {when(attempt.last_lookup_at)}) was asked "
+            f"before its request could no longer land ({when(attempt.lands_by)}): not evidence"
         )
-    if original.state == S.FAILED and original.failed_because == FailedBecause.PERSON:
+    if attempt.state == S.FAILED and attempt.failed_because == FailedBecause.PERSON:
         return OriginalStanding(
-            risk=f"the original #{original.pk} was marked failed by a person, not by the provider: a claim, "
-            "not evidence that it did not happen"
+            risk=f"{name} was marked failed by a person, not by the provider: a claim, not evidence that it did not "
+            "happen"
         )
-    said = original.last_lookup.replace("_", " ") if original.last_lookup else "no lookup yet"
-    return OriginalStanding(
-        risk=f"the provider has not said the original #{original.pk} did not happen (last lookup: {said})"
+    said = attempt.last_lookup.replace("_", " ") if attempt.last_lookup else "no lookup yet"
+    return OriginalStanding(risk=f"the provider has not said {name} did not happen (last lookup: {said})")
+
+
+def side_effect_standing(
+    retry: Attempt, original: Attempt, *, chain: Sequence[Attempt] | None = None, now: datetime | None = None
+) -> OriginalStanding:
+    """Whether sending ``retry`` could perform its side effect a second
+    time: its original's standing, and that of every other attempt at the
+    same side effect (``chain``: the key's attempts; read when not given).
+
+    A linked retry of a linked attempt that was never sent still performs
+    the side effect its key names: if the first attempt at it happened, the
+    retry duplicates it, whatever its own parent's standing. So every other
+    attempt of the key that was sent must be proven not to have happened
+    too, and one that may yet be sent blocks the approval like the original.
+    """
+    now = now or clock.now()
+    standing = original_standing(original, now=now)
+    if standing.blocked:
+        return standing
+    risks = [standing.risk] if standing.risk else []
+    proofs = [standing.proof] if standing.proof else []
+    others = (
+        list(chain)
+        if chain is not None
+        else list(
+            Attempt.objects.filter(tenant_id=retry.tenant_id, idempotency_key=retry.idempotency_key).order_by("id")
+        )
     )
+    for other in others:
+        if other.pk in (retry.pk, original.pk):
+            continue
+        name = f"#{other.pk} (another attempt at the same side effect)"
+        if other.state in IN_FLIGHT_STATES:
+            return OriginalStanding(blocked=f"{name} is {other.state} and may yet be sent: settle it first")
+        if other.dispatch_count == 0:
+            continue  # never sent, and nothing will send it now
+        found = _by_the_facts(other, now, name)
+        if found.risk:
+            risks.append(found.risk)
+        elif found.proof:
+            proofs.append(found.proof)
+    if risks:
+        return OriginalStanding(risk="; ".join(risks))
+    return OriginalStanding(proof="; ".join(proofs))
 
 
 def awaiting_approval(attempt: Attempt) -> bool:
@@ -147,9 +192,10 @@ def approval_check(retry: Attempt, original: Attempt | None, approver: Person) -
     """Everything approving ``retry`` re-checks: the approver holds the
     approver role in the tenant and did not ask for the retry themselves;
     the retry is still authorized by the current policy, never wider than
-    its original nor in another tenant; and the original cannot have
-    happened by the provider's word (or the approver says why approving is
-    safe anyway; an original that may yet be sent blocks whatever the
+    its original nor in another tenant; and neither the original nor any
+    other attempt at the same side effect can have happened, by the
+    provider's word (:func:`side_effect_standing`; or the approver says why
+    approving is safe anyway; one that may yet be sent blocks whatever the
     reason). The move asks it again under row locks; the dashboard shows it
     beforehand. Without ``original`` (a first call waiting for approval)
     there is no original standing to weigh: the rest is the same."""
@@ -164,7 +210,7 @@ def approval_check(retry: Attempt, original: Attempt | None, approver: Person) -
     authority.extend(standing_now.changes)
     return ApprovalCheck(
         tuple(authority),
-        original_standing(original) if original is not None else None,
+        side_effect_standing(retry, original) if original is not None else None,
         standing_now.policy.version if standing_now.policy else None,
     )
 

@@ -263,7 +263,14 @@ def retry_approve(
         peek = get_attempt(attempt_id)
         original: Attempt | None = None
         if peek.parent_id is not None:
-            # Lock parent before child: every path locks the older row first.
+            # Every attempt at the side effect, older rows first (as every path
+            # locks them): the approval weighs them all (rules.side_effect_standing).
+            list(
+                Attempt.objects.select_for_update()
+                .filter(tenant_id=peek.tenant_id, idempotency_key=peek.idempotency_key)
+                .order_by("id")
+                .values_list("pk", flat=True)
+            )
             original = get_attempt(peek.parent_id, lock=True)
         elif not peek.approval_required:
             raise IllegalTransition(f"attempt #{attempt_id} is neither a linked retry nor a call awaiting approval")
