@@ -171,3 +171,58 @@ def test_a_late_unknown_report_after_a_retry_went_out_opens_an_incident(
     incident = Incident.objects.get(attempt_id=dispatched.pk)
     assert incident.kind == Incident.Kind.DUPLICATE
     assert incident.retry_id == sent.pk
+
+
+@pytest.fixture
+def slow_email(tenant_a: Tenant) -> Iterator[Tool]:
+    """send_email: idempotent, the scripted provider's, a 6 s maximum request time and a 9 s lease."""
+    scripted_provider.reset()
+    yield Tool.objects.create(
+        name="send_email",
+        adapter=Tool.Adapter.PYTHON,
+        config={"class": "tests.scripted_provider.Scripted"},
+        idempotent=True,
+        max_request_seconds=6,
+        dispatch_lease_seconds=9,
+    )
+    scripted_provider.reset()
+
+
+def _sent_again_and_declined(tenant: Tenant, t0: datetime) -> tuple[Attempt, Attempt]:
+    """An email whose dispatcher went silent; recovery found nothing once it could
+    no longer land, sent it again with the same key, and the provider declined it."""
+    with at(t0):
+        first = recording.mark_dispatched(record(tenant, "mail:1"), actor=AGENT)
+    scripted_provider.DECLINED.add(first.provider_key)
+    with at(t0 + timedelta(seconds=9.5)):
+        Reconciler(label="r").run_pass()
+    with at(t0 + timedelta(seconds=16)):
+        Reconciler(label="r").run_pass()
+    declined = Attempt.objects.get(pk=first.pk)
+    assert (declined.state, declined.dispatch_count) == (S.FAILED, 2)
+    return first, declined
+
+
+def test_a_receipt_from_an_earlier_dispatch_is_recorded_as_evidence_and_opens_an_incident(
+    tenant_a: Tenant, slow_email: Tool
+) -> None:
+    t0 = timezone.now()
+    first, _declined = _sent_again_and_declined(tenant_a, t0)
+    # The first dispatcher, paused all along, sent late and hears back with a receipt.
+    with at(t0 + timedelta(seconds=600)):
+        recorded = recording.record_request_id(first, "msg-late", actor=AGENT)
+    assert recorded.state == S.FAILED
+    assert recorded.events.order_by("-seq").values_list("kind", flat=True)[:2][::-1] == ["late_report", "incident"]
+    assert Incident.objects.get(attempt_id=first.pk).kind == Incident.Kind.CONTRADICTION
+
+
+def test_an_unknown_from_an_earlier_dispatch_contradicts_the_refusal_of_a_later_one(
+    tenant_a: Tenant, slow_email: Tool
+) -> None:
+    t0 = timezone.now()
+    first, _declined = _sent_again_and_declined(tenant_a, t0)
+    with at(t0 + timedelta(seconds=600)):
+        report = recording.report_outcome(first, outcome="unknown", reason="timed out", actor=AGENT)
+    assert report.late
+    incident = Incident.objects.get(attempt_id=first.pk)
+    assert "may have acted at the provider after all" in incident.summary

@@ -277,11 +277,20 @@ def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, 
             )
         return target
 
-    fresh = attempt if attempt.fence == fence else get_attempt(attempt.pk)
+    if attempt.fence == fence:
+        try:
+            return op(attempt)  # the caller's copy, the common case
+        except StaleFence:
+            pass  # the attempt moved on since the caller read it
+    copies.refuse_speculative(attempt)
+    fresh = get_attempt(attempt.pk)
     if fresh.provider_request_id == request_id:
         return fresh
     if fresh.fence == fence or _late_report_allowed(fresh, fence, actor):
-        return op(fresh)
+        try:
+            return op(fresh)
+        except IllegalTransition:
+            pass  # no longer dispatched or unknown: evidence all the same
     if actor.kind == ActorKind.AGENT and (fresh.dispatch_fence == fence or _dispatched_with(fresh, fence)):
         # The attempt moved on; the request id is evidence all the same.
         return late_evidence(

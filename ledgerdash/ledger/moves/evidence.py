@@ -118,7 +118,7 @@ def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evide
     with transaction.atomic():
         current = get_attempt(attempt.pk, lock=True)
         earlier = current.dispatch_fence != fence
-        incident = _incident_for_late_report(current, evidence)
+        incident = _incident_for_late_report(current, evidence, earlier=earlier)
         events = [
             EventDraft(
                 current.tenant_id,
@@ -157,21 +157,21 @@ def _lands_by_after_late_report(
     return attempt.lands_by if earlier else now
 
 
-def _incident_for_late_report(attempt: Attempt, evidence: Evidence) -> Incident | None:
+def _incident_for_late_report(attempt: Attempt, evidence: Evidence, *, earlier: bool) -> Incident | None:
     """The incident a late report about a settled attempt calls for, saved;
     None when the report agrees with the ledger.
 
     A receipt (or a request id) says the effect happened; "unknown" says
     the dispatcher was still at work after the ledger had settled the
     attempt as not happened, so it may have sent it after all. Either
-    contradicts a settlement as failed (other than the provider's own
-    refusal) or superseded, and is a possible duplicate when a retry of the
-    same side effect went out too.
+    contradicts a settlement as failed or superseded (the provider's refusal
+    of a later dispatch, ``earlier``, says nothing of this one's), and is a
+    possible duplicate when a retry of the same side effect went out too.
     """
     acted = evidence.outcome in (Outcome.CONFIRMED, "request_id")
     may_have_acted = evidence.outcome == Outcome.UNKNOWN
     settled_as_not_happened = attempt.state == S.RECONCILED or (
-        attempt.state == S.FAILED and attempt.failed_because != FailedBecause.PROVIDER
+        attempt.state == S.FAILED and (attempt.failed_because != FailedBecause.PROVIDER or earlier)
     )
     summary = ""
     kind = Incident.Kind.CONTRADICTION
