@@ -680,3 +680,16 @@ def test_a_one_statement_change_sends_every_value_as_the_orm_would() -> None:
     assert (kinds["JSONField"], kinds["PositiveIntegerField"], kinds["ForeignKey"]) == (None, None, None)
     with pytest.warns(RuntimeWarning, match="naive datetime"):
         events._column("updated_at").db_value(aware.replace(tzinfo=None), connection)
+
+
+def test_a_late_report_sent_twice_is_recorded_once(tenant_a: Any) -> None:
+    dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    (claimed,) = moves.attempts_claim_due(limit=1, now=dispatched.next_check_at)
+    unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    moves.attempt_confirm(attempt=unknown, fence=unknown.fence, actor=RECONCILER, provider_request_id="req-1")
+    first = recording.report_outcome(dispatched, outcome="confirmed", provider_request_id="req-1", actor=AGENT)
+    # The answer was lost on the way back: the dispatcher sends the same report again.
+    again = recording.report_outcome(dispatched, outcome="confirmed", provider_request_id="req-1", actor=AGENT)
+    assert first.late
+    assert again.replayed
+    assert [e.kind for e in events_of(dispatched)].count("late_report") == 1

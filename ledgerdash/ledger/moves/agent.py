@@ -175,9 +175,21 @@ def _late_report_allowed(attempt: Attempt, fence: int, actor: Actor) -> bool:
 
 
 def _already_reported(attempt: Attempt, fence: int, evidence: Evidence) -> bool:
-    """This very report landed before: the attempt is in the state it
-    reports, from the dispatch that holds ``fence``, with the same receipt,
-    and its dispatcher's report (not the reconciler, not a person) put it there."""
+    """This very report landed before (a retry after a lost answer): its
+    dispatcher's report put the attempt in the state it reports (from the
+    dispatch that holds ``fence``, with the same receipt), or it was
+    recorded as late evidence and nothing happened to the attempt since."""
+    last = (
+        AttemptEvent.objects.filter(attempt_id=attempt.pk, kind__in=[EventKind.TRANSITION, EventKind.LATE_REPORT])
+        .order_by("-seq")
+        .values_list("kind", "actor_kind", "to_state", "details")
+        .first()
+    )
+    if last is None:
+        return False
+    kind, actor_kind, to_state, details = last
+    if kind == EventKind.LATE_REPORT:
+        return (details or {}).get("dispatch_fence") == fence and (details or {}).get("report") == evidence.as_details()
     if attempt.dispatch_fence != fence or attempt.state != OUTCOME_STATE[Outcome(evidence.outcome)]:
         return False
     if evidence.outcome == Outcome.CONFIRMED and not (
@@ -185,13 +197,7 @@ def _already_reported(attempt: Attempt, fence: int, evidence: Evidence) -> bool:
         and (not evidence.result_ref or evidence.result_ref == attempt.result_ref)
     ):
         return False
-    last = (
-        AttemptEvent.objects.filter(attempt_id=attempt.pk, kind=EventKind.TRANSITION)
-        .order_by("-seq")
-        .values_list("actor_kind", "to_state")
-        .first()
-    )
-    return last == (ActorKind.AGENT, attempt.state)
+    return (actor_kind, to_state) == (ActorKind.AGENT, attempt.state)
 
 
 def _dispatched_with(attempt: Attempt, fence: int) -> bool:
