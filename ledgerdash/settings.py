@@ -102,7 +102,8 @@ TEMPLATES = [
 ]
 
 
-def _database(url: str) -> dict[str, object]:
+def database_config(url: str) -> dict[str, object]:
+    """Django's settings for the database at ``url`` (SQLite or PostgreSQL), with the ledger's defaults."""
     try:
         config: dict[str, object] = dict(dj_database_url.parse(url))
     except (ValueError, dj_database_url.UnknownSchemeError) as exc:
@@ -166,7 +167,7 @@ def _database(url: str) -> dict[str, object]:
 
 
 DATABASE_URL = env_str("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'ledgerdash.sqlite3'}"
-DATABASES = {"default": _database(DATABASE_URL)}
+DATABASES = {"default": database_config(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

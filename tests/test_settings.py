@@ -120,7 +120,7 @@ def test_an_empty_var_dir_means_the_default(value: str, expected: object) -> Non
 def test_options_in_the_database_url_are_kept(url: str, kept: dict[str, object], added: str, tmp_path: Path) -> None:
     from ledgerdash import settings
 
-    options = settings._database(url.format(tmp=tmp_path))["OPTIONS"]
+    options = settings.database_config(url.format(tmp=tmp_path))["OPTIONS"]
     assert isinstance(options, dict)
     assert kept.items() <= options.items()
     assert added in options
@@ -151,7 +151,7 @@ def test_postgres_connections_get_the_statement_and_lock_timeouts(monkeypatch: p
 
     monkeypatch.setenv("DATABASE_STATEMENT_TIMEOUT_MS", "2500")
     monkeypatch.setenv("DATABASE_LOCK_TIMEOUT_MS", "0")
-    config = settings._database("postgres://u@db.example.com/ledger?options=-c%20search_path%3Dledger")
+    config = settings.database_config("postgres://u@db.example.com/ledger?options=-c%20search_path%3Dledger")
     options = config["OPTIONS"]
     assert isinstance(options, dict)
     # The URL's own server settings come last, so they win over the project's.
@@ -165,7 +165,7 @@ def test_the_connection_pool_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setenv("DATABASE_POOL", "true")
     monkeypatch.setenv("DATABASE_POOL_MAX_SIZE", "3")
-    config = settings._database("postgres://u@db.example.com/ledger")
+    config = settings.database_config("postgres://u@db.example.com/ledger")
     options = config["OPTIONS"]
     assert isinstance(options, dict)
     assert options["pool"] == {"min_size": 1, "max_size": 3, "timeout": 10}

@@ -161,6 +161,11 @@ def authority_of(tenant_id: int, tool_name: str) -> Authority:
 _remembered: dict[tuple[str, int, str], Authority] = {}
 
 
+def forget() -> None:
+    """Drop every authority this process remembers (its database was replaced)."""
+    _remembered.clear()
+
+
 def _remembered_key(tenant_id: int, tool_name: str) -> tuple[str, int, str]:
     return (str(connection.settings_dict["NAME"]), tenant_id, tool_name)
 

@@ -1,0 +1,563 @@
+"""The simulation's actors, each running the ledger's real code:
+
+- agents call their tools through the recording wrapper
+  (:func:`ledgerdash.toolcalls.wrap`), whose every step is a point where
+  they may be killed or paused; a killed agent restarts and re-runs its
+  task, sometimes with other arguments under the same key;
+- reconcilers run :class:`~ledgerdash.ledger.reconciler.Reconciler` passes,
+  and may be killed or paused in the middle of one;
+- people claim, reassign, re-check, verify, mark failed, request, approve and
+  reject retries and abandon intents through the moves, asking
+  :mod:`ledgerdash.ledger.rules` first, as the dashboard does;
+- a policy author publishes new policy versions and changes tools' timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.contrib.auth import get_user_model
+
+from ledgerdash import toolcalls
+from ledgerdash.ledger import moves, recording, rules
+from ledgerdash.ledger.errors import (
+    AttemptBlocked,
+    AwaitingApproval,
+    IdempotencyConflict,
+    LedgerError,
+    NothingHappened,
+    PermanentFailure,
+)
+from ledgerdash.ledger.events import Actor as LedgerActor
+from ledgerdash.ledger.gateway import checks
+from ledgerdash.ledger.gateway.config import ToolConfig
+from ledgerdash.ledger.models import Attempt, State, Tenant, Tool
+from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.reconciler import Reconciler
+from ledgerdash.ledger.simulation import provider as net
+from ledgerdash.ledger.simulation.scenario import (
+    APPROVERS,
+    OPERATORS,
+    PROVIDERS,
+    SCOPES,
+    TENANT,
+    Task,
+    _least_request_time,
+    arguments,
+)
+from ledgerdash.ledger.simulation.world import Actor, Killed, World
+
+if TYPE_CHECKING:
+    from ledgerdash.ledger.simulation.runner import Run
+
+S = State
+
+
+@dataclass
+class ReportMade:
+    """One outcome report a dispatcher made, and what the ledger did with it."""
+
+    attempt_id: int
+    fence: int
+    outcome: str
+    at: datetime
+    sender: str
+    answer: str  # applied, late, replayed, or the error's code
+
+
+@dataclass
+class Truth:
+    """What the simulation knows that the ledger may not: every report made,
+    every policy published, every decision people took, every fault injected."""
+
+    reports: list[ReportMade] = field(default_factory=list)
+    faults: dict[str, int] = field(default_factory=dict)
+    #: (step, tools, approvals, active) of every authority the tenant had, newest last.
+    authority: list[tuple[int, dict[str, list[str]], dict[str, str], bool]] = field(default_factory=list)
+    decisions: dict[str, int] = field(default_factory=dict)
+
+    def fault(self, kind: str) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+
+    def decided(self, what: str) -> None:
+        self.decisions[what] = self.decisions.get(what, 0) + 1
+
+
+# --- agents ------------------------------------------------------------------------------------
+
+
+class SimSession(recording._InProcess):
+    """The wrapper's way to the ledger for one simulated agent: the real
+    steps, with a yield point before and after each (where the agent may
+    be killed or paused) and a record of every report it makes."""
+
+    def __init__(self, context: recording.TaskContext, agent: AgentState) -> None:
+        super().__init__(context)
+        self.agent = agent
+
+    def _point(self, doing: str) -> None:
+        self.agent.alive()
+        self.agent.world.checkpoint(doing)
+
+    def record_intent(self, **kwargs: Any) -> tuple[Attempt, bool]:
+        self._point(f"recording the intent for {kwargs['idempotency_key']}")
+        attempt, claimed = super().record_intent(**kwargs)
+        if claimed:
+            self.agent.lease_end = attempt.next_check_at
+        self._point(f"recorded the intent for {kwargs['idempotency_key']}")
+        return attempt, claimed
+
+    def dispatch(self, attempt: Attempt) -> Attempt:
+        self._point(f"claiming #{attempt.pk}")
+        claimed = super().dispatch(attempt)
+        self.agent.lease_end = claimed.next_check_at
+        self._point(f"claimed #{attempt.pk}")
+        return claimed
+
+    def heartbeat_interval(self, attempt: Attempt) -> float:
+        return 0.0  # the tool beats by itself, on the virtual clock
+
+    def heartbeat(self, attempt: Attempt, fence: int) -> Attempt:
+        self.agent.alive()
+        beaten = super().heartbeat(attempt, fence)
+        if beaten.state == S.DISPATCHED and beaten.dispatch_fence == fence:
+            self.agent.lease_end = beaten.next_check_at
+        return beaten
+
+    def record_request_id(self, attempt: Attempt, request_id: str, fence: int) -> Attempt:
+        self.agent.alive()
+        try:
+            recorded = super().record_request_id(attempt, request_id, fence)
+        except LedgerError as exc:
+            self.agent.report(attempt, fence, "request_id", exc.code)
+            raise
+        self.agent.report(attempt, fence, "request_id", "applied")
+        return recorded
+
+    def _report(self, attempt: Attempt, fence: int, outcome: str, step: Callable[[], Any]) -> Any:
+        self._point(f"reporting #{attempt.pk} {outcome}")
+        answer = "applied"
+        try:
+            result = step()
+        except LedgerError as exc:
+            self.agent.report(attempt, fence, outcome, exc.code)
+            raise
+        if isinstance(result, moves.Report):
+            answer = "replayed" if result.replayed else "late" if result.late else "applied"
+        self.agent.report(attempt, fence, outcome, answer)
+        if self.agent.run.faults_on("repeat") and self.agent.world.rng.random() < 0.1:
+            # The answer was lost on the way back: the same report is sent again.
+            self.agent.run.truth.fault("repeat")
+            self._point(f"reporting #{attempt.pk} {outcome} again")
+            try:
+                again = step()
+            except LedgerError as exc:
+                self.agent.report(attempt, fence, outcome, exc.code)
+                raise
+            self.agent.report(attempt, fence, outcome, "replayed" if again.replayed else "applied-again")
+        self._point(f"reported #{attempt.pk} {outcome}")
+        return result
+
+    def confirm(
+        self, attempt: Attempt, *, fence: int, provider_request_id: str, result_ref: str, result: Any, storable: bool
+    ) -> Any:
+        return self._report(
+            attempt,
+            fence,
+            "confirmed",
+            lambda: recording.report_outcome(
+                attempt,
+                outcome="confirmed",
+                provider_request_id=provider_request_id,
+                result_ref=result_ref,
+                result=result,
+                result_source="tool" if storable else "",
+                fence=fence,
+                actor=self.context.actor,
+            ),
+        )
+
+    def fail(self, attempt: Attempt, *, fence: int, reason: str, retryable: bool) -> Any:
+        outcome = "failed_retryable" if retryable else "failed"
+        return self._report(
+            attempt,
+            fence,
+            outcome,
+            lambda: recording.report_outcome(
+                attempt, outcome=outcome, reason=reason, fence=fence, actor=self.context.actor
+            ),
+        )
+
+    def mark_unknown(self, attempt: Attempt, *, fence: int, reason: str) -> Any:
+        return self._report(
+            attempt,
+            fence,
+            "unknown",
+            lambda: recording.report_outcome(
+                attempt, outcome="unknown", reason=reason, fence=fence, actor=self.context.actor
+            ),
+        )
+
+
+@dataclass
+class AgentState:
+    """One agent process (and the ones it restarts as): its tasks and where it is in them."""
+
+    run: Run
+    name: str
+    tasks: list[Task]
+    incarnation: int = 0
+    task_index: int = 0
+    lease_end: datetime | None = None
+    actor: Actor | None = None
+    #: Re-running after a crash: the call in flight may come back with other arguments.
+    reword: bool = False
+
+    @property
+    def world(self) -> World:
+        return self.run.world
+
+    def alive(self) -> None:
+        if self.actor is not None and self.actor.killed:
+            raise Killed
+
+    def report(self, attempt: Attempt, fence: int, outcome: str, answer: str) -> None:
+        self.run.truth.reports.append(
+            ReportMade(attempt.pk, fence, outcome, self.world.now, f"{self.name}#{self.incarnation}", answer)
+        )
+
+    # --- the tool the wrapper runs --------------------------------------------------------
+
+    def tool(self, name: str) -> Callable[..., Any]:
+        world, run = self.world, self.run
+
+        def send(call: toolcalls.ToolCall, *, ref: str, amount_cents: int, tool: str) -> Any:
+            rng = world.rng
+            attempt = call.attempt
+            timing = Tool.objects.filter(name=name).values_list("dispatch_lease_seconds", flat=True).get()
+            lease = float(timing or 60.0)
+            # Prepare before sending: most at once, some for long, beating the lease as they go.
+            prepare = rng.choice([0.0, 0.0, rng.uniform(0, lease / 2), rng.uniform(lease, 2.5 * lease)])
+            while prepare > 0:
+                step = min(prepare, lease / 3)
+                world.sleep(step, f"preparing #{attempt.pk}")
+                prepare -= step
+                if prepare > 0:
+                    call.heartbeat()
+            self.alive()
+            licensed = self.lease_end is not None and world.now <= self.lease_end
+            if not licensed and rng.random() < 0.5:
+                # A careful tool checks its lease before the request leaves.
+                raise NothingHappened("not sent: the dispatch lease ran out before the request left")
+            provider = run.network.providers[name]
+            wait = checks.timeout_for(
+                ToolConfig(timeout=run.plan.timings[name].configured_timeout), checks.max_request_seconds(name)
+            )
+            keep_receipt = rng.random() > 0.05  # a tool that forgets its receipt leaves the outcome unknown
+            sent = net.call(
+                world,
+                provider,
+                key=call.key,
+                args=call.args,
+                attempt_id=attempt.pk,
+                fence=call.fence,
+                licensed=licensed,
+                wait=wait,
+                on_request_id=call.record_request_id if keep_receipt else None,
+            )
+            return sent.response
+
+        return toolcalls.wrap(send, name=name, key="{tool}:{ref}", scope=None, session=self._session)
+
+    def _session(self) -> SimSession:
+        assert self.session is not None, "a tool is called inside a task"
+        return self.session
+
+    def _actor(self) -> LedgerActor:
+        return self._session().context.actor
+
+    # --- the process -------------------------------------------------------------------------
+
+    session: SimSession | None = None
+
+    def body(self, actor: Actor) -> None:
+        self.actor = actor
+        tenant = Tenant.objects.get(slug=TENANT)
+        tools = {name: self.tool(name) for name in sorted(PROVIDERS)}
+        while self.task_index < len(self.tasks):
+            task = self.tasks[self.task_index]
+            context = recording.TaskContext(
+                tenant=tenant, task_id=task.task_id, actor=LedgerActor.agent(f"{self.name}#{self.incarnation}")
+            )
+            self.session = SimSession(context, self)
+            for call in task.calls:
+                args = arguments(call)
+                if self.reword and self.world.rng.random() < 0.5:
+                    self.run.truth.fault("reword")
+                    args = {**args, "amount_cents": args["amount_cents"] + 1}
+                self._call(tools[call.tool], args)
+            self.reword = False
+            self.task_index += 1
+            self.world.sleep(self.world.rng.uniform(0, 30), "between tasks")
+
+    def _call(self, tool: Callable[..., Any], args: dict[str, Any]) -> None:
+        """Call one tool until it is done, refused for good, or tried four times."""
+        for _try in range(4):
+            self.lease_end = None
+            if not self._try(tool, args):
+                return
+
+    def _try(self, tool: Callable[..., Any], args: dict[str, Any]) -> bool:
+        """One call and what the agent makes of its answer; whether to call again."""
+        rng = self.world.rng
+        try:
+            tool(**args)
+        except Killed:
+            raise
+        except Exception as exc:
+            self.run.trace.append(f"{'':>22}{self.name}#{self.incarnation} was told {type(exc).__name__}: {exc}"[:300])
+            return self._handle(exc)
+        if self.run.faults_on("repeat") and rng.random() < 0.2:
+            self.run.truth.fault("repeat")
+            return True  # the same call again: it must replay, never send
+        return False
+
+    def _handle(self, exc: Exception) -> bool:
+        world, rng = self.world, self.world.rng
+        if isinstance(exc, IdempotencyConflict):
+            linked = exc.attempt
+            parent = Attempt.objects.filter(pk=linked.parent_id).first() if linked and linked.parent_id else None
+            if parent is not None and parent.state == S.INTENT_RECORDED and rng.random() < 0.7:
+                # Reworded after a crash before dispatch: give the unsent original up.
+                world.checkpoint(f"abandoning #{parent.pk}")
+                with contextlib.suppress(LedgerError):  # it moved on meanwhile
+                    recording.abandon(parent, reason="re-ran with other arguments", actor=self._actor())
+            return False
+        if isinstance(exc, AwaitingApproval):
+            world.sleep(rng.uniform(30, 900), "waiting for an approver")
+            return True
+        if isinstance(exc, AttemptBlocked):
+            if exc.code in ("attempt_failed", "approval_rejected", "attempt_superseded", "result_unavailable"):
+                return False
+            world.sleep(rng.uniform(5, 600), f"waiting: {exc.code}")
+            return True
+        if isinstance(exc, NothingHappened | PermanentFailure | TimeoutError | ConnectionResetError):
+            world.sleep(rng.uniform(1, 120), "after the provider's answer")
+            return True
+        if isinstance(exc, LedgerError):
+            return False  # refused (authority changed, not allowed): the agent gives up the call
+        raise exc
+
+
+# --- reconcilers -----------------------------------------------------------------------------
+
+
+def reconciler_body(run: Run, name: str) -> Callable[[Actor], None]:
+    def body(actor: Actor) -> None:
+        world = run.world
+        reconciler = Reconciler(label=name, batch_size=world.rng.choice([1, 3, 50]))
+        while True:
+            reconciler.run_pass()
+            if run.settling:
+                due = (
+                    Attempt.objects.filter(next_check_at__isnull=False, state__in=list(moves.base.IN_FLIGHT_STATES))
+                    .order_by("next_check_at")
+                    .values_list("next_check_at", flat=True)
+                    .first()
+                )
+                if due is None:
+                    world.sleep(60.0, "nothing due")
+                else:
+                    world.sleep(max(0.5, (due - world.now).total_seconds() + 0.01), "until the next attempt is due")
+            else:
+                world.sleep(world.rng.uniform(1.0, 20.0), "between passes")
+
+    return body
+
+
+# --- people ----------------------------------------------------------------------------------
+
+
+def _person(username: str) -> Any:
+    return get_user_model().objects.get(username=username)
+
+
+def operator_body(run: Run, username: str) -> Callable[[Actor], None]:
+    def body(actor: Actor) -> None:
+        world, rng = run.world, run.world.rng
+        user = _person(username)
+        me = LedgerActor.user(user)
+        colleagues = [_person(name) for name in (*OPERATORS, *APPROVERS) if name != username]
+        while not run.settling:
+            world.sleep(rng.uniform(10, 400), "away from the dashboard")
+            if run.settling:
+                return
+            work = list(
+                Attempt.objects.filter(
+                    tenant__slug=TENANT, state__in=[S.UNKNOWN, S.MANUAL_REVIEW, S.INTENT_RECORDED]
+                ).order_by("id")
+            )
+            if not work:
+                continue
+            attempt = rng.choice(work)
+            allowed = rules.moves_for(user, attempt, children=list(attempt.children.order_by("id")))
+            choices = [
+                name
+                for name in (
+                    "claim",
+                    "assign",
+                    "recheck",
+                    "verify",
+                    "mark_failed",
+                    "request_retry",
+                    "abandon",
+                    "comment",
+                )
+                if getattr(allowed, name)
+            ]
+            if not choices:
+                continue
+            what = rng.choice(choices)
+            try:
+                _operate(run, what, attempt, me, rng.choice(colleagues))
+                run.truth.decided(what)
+            except LedgerError:
+                run.truth.decided(f"{what} refused")
+
+    return body
+
+
+def _operate(run: Run, what: str, attempt: Attempt, me: LedgerActor, colleague: Any) -> None:
+    if what == "claim":
+        moves.attempt_assign(attempt=attempt, owner=_person_of(me), actor=me, expected_owner_id=attempt.owner_id)
+    elif what == "assign":
+        moves.attempt_assign(attempt=attempt, owner=colleague, actor=me, expected_owner_id=attempt.owner_id)
+    elif what == "recheck":
+        moves.attempt_recheck(attempt=attempt, actor=me, reason="looking again")
+    elif what == "verify":
+        # People record true reasons: only what the provider has is verified.
+        effect = run.network.providers[attempt.tool_name].found(attempt.provider_key)
+        if effect is None:
+            return
+        moves.attempt_verify(
+            attempt=attempt,
+            actor=me,
+            evidence=f"seen in {attempt.tool_name}'s dashboard",
+            provider_request_id=effect.request_id if not attempt.provider_request_id else "",
+            fence=attempt.fence,
+        )
+    elif what == "mark_failed":
+        moves.attempt_mark_failed(
+            attempt=attempt, actor=me, reason="the customer says it never arrived", fence=attempt.fence
+        )
+    elif what == "request_retry":
+        moves.retry_request(attempt=attempt, actor=me, reason="the customer still needs it")
+    elif what == "abandon":
+        moves.intent_abandon(attempt=attempt, actor=me, reason="its agent is gone", fence=attempt.fence)
+    else:
+        moves.attempt_comment(attempt=attempt, actor=me, text="looking into it")
+
+
+def _person_of(actor: LedgerActor) -> Any:
+    assert actor.user_id is not None
+    return get_user_model().objects.get(pk=actor.user_id)
+
+
+def approver_body(run: Run, username: str) -> Callable[[Actor], None]:
+    def body(actor: Actor) -> None:
+        world, rng = run.world, run.world.rng
+        user = _person(username)
+        me = LedgerActor.user(user)
+        while not run.settling:
+            world.sleep(rng.uniform(10, 400), "away from the approvals queue")
+            if run.settling:
+                return
+            waiting = [
+                a
+                for a in Attempt.objects.filter(tenant__slug=TENANT, state=S.MANUAL_REVIEW).order_by("id")
+                if rules.awaiting_approval(a)
+            ]
+            if not waiting:
+                continue
+            attempt = rng.choice(waiting)
+            original = Attempt.objects.filter(pk=attempt.parent_id).first() if attempt.parent_id is not None else None
+            verdict = rules.approval_verdict(attempt, original, user)
+            try:
+                if rng.random() < 0.2:
+                    moves.retry_reject(attempt=attempt, actor=me, comment="not needed any more", fence=attempt.fence)
+                    run.truth.decided("reject")
+                elif verdict.needs_reason and rng.random() < 0.5:
+                    moves.retry_approve(
+                        attempt=attempt,
+                        actor=me,
+                        comment="the customer asked again",
+                        safe_because="checked with the provider's support",
+                        fence=attempt.fence,
+                    )
+                    run.truth.decided("approve over a risk, with a reason")
+                else:
+                    moves.retry_approve(attempt=attempt, actor=me, comment="approved", fence=attempt.fence)
+                    run.truth.decided("approve")
+            except LedgerError:
+                run.truth.decided("approval refused")
+
+    return body
+
+
+# --- the policy author -----------------------------------------------------------------------
+
+
+def author_body(run: Run) -> Callable[[Actor], None]:
+    def body(actor: Actor) -> None:
+        world, rng = run.world, run.world.rng
+        author = LedgerActor.system("policy-author")
+        tools = {name: list(scopes) for name, scopes in SCOPES.items()}
+        approvals: dict[str, str] = {}
+        while not run.settling:
+            world.sleep(rng.uniform(20, 600), "between policy changes")
+            if run.settling:
+                return
+            change = rng.choice(
+                ["drop", "restore", "narrow", "widen", "hold", "condition", "release", "timing", "deactivate"]
+            )
+            name = rng.choice(sorted(SCOPES))
+            run.truth.fault("policy")
+            tenant = Tenant.objects.get(slug=TENANT)
+            if change == "timing":
+                traits = PROVIDERS[name]
+                least = _least_request_time(traits)
+                max_request = round(least * rng.choice([1.0, 2.0, 4.0]), 2)
+                Tool.objects.filter(name=name).update(
+                    max_request_seconds=max_request,
+                    dispatch_lease_seconds=round(max_request + rng.choice([1, 5, 20]), 2),
+                )
+                continue
+            if change == "deactivate":
+                Tenant.objects.filter(pk=tenant.pk).update(is_active=False)
+                run.truth.authority.append((world.step, tools, approvals, False))
+                world.sleep(rng.uniform(5, 120), "with the tenant deactivated")
+                Tenant.objects.filter(pk=tenant.pk).update(is_active=True)
+                run.truth.authority.append((world.step, tools, approvals, True))
+                continue
+            tools, approvals = dict(tools), dict(approvals)
+            if change == "drop" and name in tools:
+                tools.pop(name)
+                approvals.pop(name, None)
+            elif change in ("restore", "widen"):
+                tools[name] = list(SCOPES[name])
+            elif change == "narrow" and tools.get(name):
+                tools[name] = tools[name][:-1]
+            elif change == "hold" and name in tools:
+                approvals[name] = ""
+            elif change == "condition" and name in tools:
+                approvals[name] = "amount_cents > `5000`"
+            elif change == "release":
+                approvals.pop(name, None)
+            policy_publish(tenant=tenant, tools=tools, approvals=approvals, actor=author, note=f"simulated: {change}")
+            run.truth.authority.append((world.step, tools, approvals, True))
+
+    return body

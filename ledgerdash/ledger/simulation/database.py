@@ -1,0 +1,166 @@
+"""The simulation's own databases.
+
+A template is migrated once per process and given the world every run
+starts from (:func:`ledgerdash.ledger.simulation.scenario.build_world`);
+each run then gets a fresh copy of it: a file copy on SQLite,
+``CREATE DATABASE … TEMPLATE`` on PostgreSQL. A run therefore starts from
+the very same rows, ids and sequences every time, so a seed replays the same
+history exactly, in this process or any other.
+
+Names are the process's own (``ledgerdash_sim_<pid>_<random>``), so runs side
+by side never touch each other's databases; every one is dropped at the end.
+Durability is traded for speed (``synchronous=OFF``, ``synchronous_commit=off``):
+the simulation kills agents and reconcilers, never the database server.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from django.core.management import call_command
+from django.db import connections
+
+from ledgerdash.ledger import authority, events
+
+
+def _forget() -> None:
+    """Drop what this process remembers of the database it used before."""
+    connections.close_all()
+    events.forget_database()
+    authority.forget()
+
+
+class ScratchDatabases:
+    """A template database and a fresh copy of it per run, for Django's
+    ``default`` connection; ``url`` None: SQLite files in a folder of their own."""
+
+    def __init__(self, url: str | None, *, prepare: Callable[[], None]) -> None:
+        from ledgerdash.settings import database_config
+
+        self.url = url
+        self.prepare = prepare
+        self.config: dict[str, Any] = database_config(url or "sqlite:///:memory:")
+        self.vendor = "postgresql" if "postgresql" in str(self.config["ENGINE"]) else "sqlite"
+        self.prefix = f"ledgerdash_sim_{os.getpid()}_{secrets.token_hex(3)}"
+        self.folder: Path | None = None
+        self._saved: dict[str, Any] | None = None
+        self.copies = 0
+
+    # --- the connection Django uses ---------------------------------------------------
+
+    def _use(self, name: str) -> None:
+        """Point Django's ``default`` connection (every thread's) at database ``name``."""
+        _forget()
+        settings = connections["default"].settings_dict
+        if self._saved is None:
+            self._saved = dict(settings)
+            settings.clear()
+            settings.update(self.config)
+            settings.setdefault("TEST", {})
+            settings.setdefault("TIME_ZONE", None)
+            settings.setdefault("CONN_HEALTH_CHECKS", False)
+            settings.setdefault("CONN_MAX_AGE", 0)
+            settings.setdefault("AUTOCOMMIT", True)
+            settings.setdefault("ATOMIC_REQUESTS", False)
+            options = dict(settings.get("OPTIONS") or {})
+            if self.vendor == "sqlite":
+                options["init_command"] = "PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA foreign_keys=ON;"
+            else:
+                options["options"] = f"{options.get('options', '')} -c synchronous_commit=off".strip()
+                options.pop("pool", None)
+            settings["OPTIONS"] = options
+            settings["CONN_MAX_AGE"] = 0 if self.vendor == "sqlite" else 600
+        settings["NAME"] = name
+        # This thread's connection object was made for the settings before
+        # (another backend, perhaps): the next use makes one for these.
+        del connections["default"]
+
+    # --- PostgreSQL -----------------------------------------------------------------------
+
+    def _admin(self, statement: str) -> None:
+        import psycopg
+
+        with psycopg.connect(
+            host=self.config.get("HOST") or None,
+            port=self.config.get("PORT") or None,
+            user=self.config.get("USER") or None,
+            password=self.config.get("PASSWORD") or None,
+            dbname="postgres",
+            autocommit=True,
+        ) as admin:
+            admin.execute(statement.encode())  # names of this process's own making
+
+    # --- the template and its copies ----------------------------------------------------
+
+    @property
+    def template(self) -> str:
+        assert self.folder is not None or self.vendor == "postgresql"
+        return str(self.folder / "template.sqlite3") if self.folder else f"{self.prefix}_t"
+
+    @property
+    def run_name(self) -> str:
+        return str(self.folder / "run.sqlite3") if self.folder else f"{self.prefix}_r"
+
+    def __enter__(self) -> ScratchDatabases:
+        if self.vendor == "sqlite":
+            self.folder = Path(tempfile.mkdtemp(prefix="ledgerdash-sim-"))
+        else:
+            self._admin(f'CREATE DATABASE "{self.template}"')
+        self._use(self.template)
+        call_command("migrate", verbosity=0, interactive=False)
+        self.prepare()
+        if self.vendor == "sqlite":
+            from django.db import connection
+
+            with connection.cursor() as cursor:
+                cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        _forget()
+        return self
+
+    def fresh(self) -> str:
+        """A new copy of the template for the next run, in use from now on; its name."""
+        _forget()
+        if self.vendor == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                Path(self.run_name + suffix).unlink(missing_ok=True)
+            shutil.copyfile(self.template, self.run_name)
+        else:
+            self._admin(f'DROP DATABASE IF EXISTS "{self.run_name}"')
+            self._admin(f'CREATE DATABASE "{self.run_name}" TEMPLATE "{self.template}"')
+        self._use(self.run_name)
+        self.copies += 1
+        return self.run_name
+
+    def keep(self, destination: Path) -> str:
+        """Keep the current run's database (to inspect a failure): where it is now."""
+        _forget()
+        if self.vendor == "sqlite":
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.run_name, destination)
+            return str(destination)
+        kept = f"{self.prefix}_kept{self.copies}"
+        self._admin(f'ALTER DATABASE "{self.run_name}" RENAME TO "{kept}"')
+        return f"postgres database {kept}"
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        _forget()
+        if self._saved is not None:
+            settings = connections["default"].settings_dict
+            settings.clear()
+            settings.update(self._saved)
+            del connections["default"]
+        if self.vendor == "sqlite":
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+        else:
+            self._admin(f'DROP DATABASE IF EXISTS "{self.run_name}"')
+            self._admin(f'DROP DATABASE IF EXISTS "{self.template}"')

@@ -1,0 +1,353 @@
+"""The protocol's invariants (``docs/protocol.md``), held against the
+providers' record and the ledger after every step of a simulated run, and
+once more at its end.
+
+These checks share no code with the rules they check: the authority a
+dispatch needed is worked out here from what the policy author published,
+the approval condition evaluated with JMESPath directly, and whether an
+effect happened is what the simulated provider recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jmespath
+
+from ledgerdash.ledger import audit
+from ledgerdash.ledger.canonical import normalize_args
+from ledgerdash.ledger.models import (
+    IN_FLIGHT_STATES,
+    OWNED_STATES,
+    Attempt,
+    AttemptEvent,
+    FailedBecause,
+    Incident,
+    State,
+    Tenant,
+)
+from ledgerdash.ledger.simulation.provider import Effect, Request
+from ledgerdash.ledger.simulation.scenario import TENANT
+
+if TYPE_CHECKING:
+    from ledgerdash.ledger.simulation.runner import Run
+
+S = State
+
+#: Every invariant, by the number docs/protocol.md gives it.
+INVARIANTS = {
+    "I1": "no side effect is performed twice",
+    "I2": "every effect the provider performed is known to the ledger",
+    "I3": "nothing is settled as not happened without grounds",
+    "I4": "a proof that an original did not happen is true",
+    "I5": "nothing is confirmed without the provider's effect or a person's word",
+    "I6": "every attempt settles once faults stop",
+    "I7": "the operator sees the arguments' hash and the provider's request id",
+    "I8": "a retry never widens credentials or crosses a tenant",
+    "I9": "work waiting on facts or people has an owner",
+    "I10": "recovery run again changes nothing",
+    "I11": "every dispatch is made under the tenant's current authority",
+    "I12": "a dispatcher's report is never dropped",
+    "I13": "the hash chain is whole",
+    "I14": "nothing fails unexpectedly",
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    step: int
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.invariant} ({INVARIANTS[self.invariant]}) broken at step {self.step}: {self.detail}"
+
+
+class Checker:
+    """Checks one run's invariants; keeps what it has seen of the event log."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.last_id = 0
+        self.reports_seen = 0
+        self.seen: tuple[int, ...] = ()
+        self.tenant_id = Tenant.objects.filter(slug=TENANT).values_list("pk", flat=True).get()
+
+    # --- the ground truth ------------------------------------------------------------------
+
+    def effects(self) -> list[Effect]:
+        return [e for p in self.run.network.providers.values() for e in p.effects]
+
+    def requests(self) -> list[Request]:
+        return [r for p in self.run.network.providers.values() for r in p.requests]
+
+    # --- after every step ------------------------------------------------------------------
+
+    def after_step(self) -> list[Violation]:
+        """The invariants, whenever the step changed what they look at: the
+        ledger (every change of an attempt's state or owner is an event),
+        the providers' record, or the reports made."""
+        step = self.run.world.step
+        # By id, not seq: the tenant keeps two chains, whose seqs interleave
+        # (one actor runs at a time, so ids follow the order of the commits).
+        newest = (
+            AttemptEvent.objects.filter(tenant_id=self.tenant_id).order_by("-id").values_list("id", flat=True).first()
+        ) or 0
+        seen = (newest, len(self.effects()), len(self.requests()), len(self.run.truth.reports))
+        if seen == self.seen:
+            return []
+        self.seen = seen
+        found: list[Violation] = []
+        attempts = {a.pk: a for a in Attempt.objects.filter(tenant_id=self.tenant_id).order_by("id")}
+        events = list(
+            AttemptEvent.objects.filter(tenant_id=self.tenant_id, id__gt=self.last_id, attempt__isnull=False).order_by(
+                "id"
+            )
+        )
+        self.last_id = newest
+        for event in events:
+            change = f"{event.from_state or 'new'}->{event.to_state}" if event.kind == "transition" else event.kind
+            self.run.trace.append(
+                f"{'':>22}ledger: #{event.attempt_id} {change} by {event.actor_label}: {event.reason[:160]}"
+            )
+        for attempt in attempts.values():
+            if attempt.state in OWNED_STATES and attempt.owner_id is None:
+                found.append(Violation("I9", step, f"#{attempt.pk} is {attempt.state} with nobody owning it"))
+        for event in events:
+            found += self._dispatch_authorized(event, attempts, step)
+            found += self._proof_true(event, attempts, step)
+        found += self._confirmed_with_evidence(attempts, step)
+        found += self._no_effect_twice(attempts, step)
+        found += self._failed_with_grounds(attempts, step)
+        found += self._reports_kept(step)
+        return found
+
+    def _dispatch_authorized(self, event: AttemptEvent, attempts: dict[int, Attempt], step: int) -> list[Violation]:
+        if event.kind != "transition" or event.to_state != S.DISPATCHED:
+            return []
+        assert event.attempt_id is not None
+        attempt = attempts[event.attempt_id]
+        _at, tools, approvals, active = self.run.truth.authority[-1]
+        problem = ""
+        if not active:
+            problem = "the tenant was deactivated"
+        elif attempt.tool_name not in tools:
+            problem = f"the current policy does not allow {attempt.tool_name}"
+        elif not attempt.scopes <= set(tools[attempt.tool_name]):
+            problem = f"scopes {sorted(attempt.scopes)} are wider than the current policy's {tools[attempt.tool_name]}"
+        elif attempt.tool_name in approvals and attempt.approved_at is None:
+            condition = approvals[attempt.tool_name]
+            if not condition or jmespath.search(condition, attempt.args) is not False:
+                problem = f"the current policy holds {attempt.tool_name} for approval ({condition or 'every call'})"
+        if not problem:
+            return []
+        return [Violation("I11", step, f"#{attempt.pk} was dispatched although {problem} (by {event.actor_label})")]
+
+    def _proof_true(self, event: AttemptEvent, attempts: dict[int, Attempt], step: int) -> list[Violation]:
+        """An approval that needed no reason rested on the proof that the
+        side effect has not happened: no attempt at it (but the retry) may
+        have performed it, and none sent within its lease can still."""
+        details = event.details or {}
+        standing = details.get("original_standing") or {}
+        if event.kind != "transition" or event.to_state != S.INTENT_RECORDED or not standing.get("proof"):
+            return []
+        if details.get("safe_because"):
+            return []
+        assert event.attempt_id is not None
+        retry = attempts[event.attempt_id]
+        chain = {a.pk for a in attempts.values() if a.idempotency_key == retry.idempotency_key} - {retry.pk}
+        acted = [r for r in self.requests() if r.attempt_id in chain and r.effect is not None]
+        pending = [
+            r for r in self.requests() if r.attempt_id in chain and r.licensed and r.outcome in ("in flight", "pending")
+        ]
+        if not acted and not pending:
+            return []
+        what = (
+            f"request {acted[0].n} of #{acted[0].attempt_id} acted at the provider"
+            if acted
+            else f"request {pending[0].n} of #{pending[0].attempt_id} (sent within its lease) could still act"
+        )
+        return [
+            Violation(
+                "I4",
+                step,
+                f"approving #{retry.pk} rested on the proof that its side effect did not happen "
+                f"({standing['proof']}), but {what}",
+            )
+        ]
+
+    def _confirmed_with_evidence(self, attempts: dict[int, Attempt], step: int) -> list[Violation]:
+        found = []
+        keys = {(e.provider, e.key) for e in self.effects()}
+        for attempt in attempts.values():
+            if attempt.state != S.OUTCOME_CONFIRMED or (attempt.tool_name, attempt.provider_key) in keys:
+                continue
+            by = (
+                AttemptEvent.objects.filter(attempt_id=attempt.pk, kind="transition", to_state=S.OUTCOME_CONFIRMED)
+                .values_list("actor_kind", flat=True)
+                .first()
+            )
+            if by != "user":
+                found.append(
+                    Violation("I5", step, f"#{attempt.pk} was confirmed by the {by}, but the provider has no effect")
+                )
+        return found
+
+    def _chains(self, attempts: dict[int, Attempt]) -> dict[str, list[Attempt]]:
+        chains: dict[str, list[Attempt]] = {}
+        for attempt in attempts.values():
+            chains.setdefault(attempt.idempotency_key, []).append(attempt)
+        return chains
+
+    def _no_effect_twice(self, attempts: dict[int, Attempt], step: int) -> list[Violation]:
+        found = []
+        effects = self.effects()
+        requests = {r.n: r for r in self.requests()}
+        for key, chain in self._chains(attempts).items():
+            provider_keys = {(a.tool_name, a.provider_key) for a in chain}
+            landed = [e for e in effects if (e.provider, e.key) in provider_keys]
+            if len(landed) < 2:
+                continue
+            late_sends = [e for e in landed if not requests[e.request].licensed]
+            overridden = AttemptEvent.objects.filter(
+                attempt_id__in=[a.pk for a in chain], details__has_key="safe_because"
+            ).exists()
+            if late_sends or overridden:
+                continue  # outside the promise: a dispatcher sent after its lease, or a person accepted the risk
+            found.append(
+                Violation(
+                    "I1",
+                    step,
+                    f"the side effect {key!r} happened {len(landed)} times at the provider "
+                    f"(requests {', '.join(str(e.request) for e in landed)}; attempts "
+                    f"{', '.join(f'#{a.pk} {a.state}' for a in chain)})",
+                )
+            )
+        return found
+
+    def _failed_with_grounds(self, attempts: dict[int, Attempt], step: int) -> list[Violation]:
+        found = []
+        requests = self.requests()
+        for attempt in attempts.values():
+            if attempt.state != S.FAILED:
+                continue
+            sent = [r for r in requests if r.attempt_id == attempt.pk]
+            if attempt.failed_because in (FailedBecause.ABANDONED, FailedBecause.REJECTED):
+                if sent or attempt.dispatch_count:
+                    found.append(
+                        Violation("I3", step, f"#{attempt.pk} failed as never sent, but request {sent[0].n} was sent")
+                        if sent
+                        else Violation("I3", step, f"#{attempt.pk} failed as never sent, but it was dispatched")
+                    )
+            elif attempt.failed_because == FailedBecause.PROVIDER:
+                last = [r for r in sent if r.fence == attempt.dispatch_fence]
+                if any(r.effect is not None and r.outcome == "acted" for r in last):
+                    found.append(
+                        Violation(
+                            "I3",
+                            step,
+                            f"#{attempt.pk} failed on the provider's word, but its last dispatch acted "
+                            f"(request {next(r.n for r in last if r.effect is not None)})",
+                        )
+                    )
+        return found
+
+    def _reports_kept(self, step: int) -> list[Violation]:
+        found = []
+        reports = self.run.truth.reports
+        for report in reports[self.reports_seen :]:
+            if report.answer not in ("applied", "late", "replayed", "applied-again"):
+                found.append(
+                    Violation(
+                        "I12",
+                        step,
+                        f"{report.sender}'s report ({report.outcome}) on #{report.attempt_id} with fence "
+                        f"{report.fence} was refused: {report.answer}",
+                    )
+                )
+            elif report.answer == "applied-again":
+                found.append(
+                    Violation(
+                        "I10",
+                        step,
+                        f"{report.sender}'s report ({report.outcome}) on #{report.attempt_id}, sent twice, was "
+                        "applied twice",
+                    )
+                )
+        self.reports_seen = len(reports)
+        return found
+
+    # --- at the end --------------------------------------------------------------------------
+
+    def at_end(self) -> list[Violation]:
+        step = self.run.world.step
+        found: list[Violation] = []
+        attempts = {a.pk: a for a in Attempt.objects.filter(tenant_id=self.tenant_id).order_by("id")}
+        for attempt in attempts.values():
+            if attempt.state in IN_FLIGHT_STATES:
+                found.append(
+                    Violation(
+                        "I6", step, f"#{attempt.pk} is still {attempt.state} after faults stopped: {attempt.last_note}"
+                    )
+                )
+            if attempt.args_hash != normalize_args(attempt.args)[1]:
+                found.append(Violation("I7", step, f"#{attempt.pk}'s arguments hash is not the hash of its arguments"))
+            if attempt.state == S.OUTCOME_CONFIRMED and not (attempt.provider_request_id or attempt.result_ref):
+                found.append(Violation("I7", step, f"#{attempt.pk} is confirmed with no request id or reference"))
+            if attempt.parent_id is not None:
+                parent = attempts[attempt.parent_id]
+                if not attempt.scopes <= parent.scopes or attempt.tenant_id != parent.tenant_id:
+                    found.append(Violation("I8", step, f"linked retry #{attempt.pk} is wider than #{parent.pk}"))
+        found += self._every_effect_known(attempts, step)
+        tenant = Tenant.objects.get(pk=self.tenant_id)
+        verdict = audit.verify_tenant(tenant)
+        if not verdict.ok:
+            found.append(Violation("I13", step, f"verify_audit: {verdict.broken}"))
+        return found
+
+    def _every_effect_known(self, attempts: dict[int, Attempt], step: int) -> list[Violation]:
+        found = []
+        incidents: set[int | None] = set(
+            Incident.objects.filter(tenant_id=self.tenant_id).values_list("attempt_id", flat=True)
+        )
+        chains = self._chains(attempts)
+        by_provider_key = {(a.tool_name, a.provider_key): a.idempotency_key for a in attempts.values()}
+        requests = {r.n: r for r in self.requests()}
+        for effect in self.effects():
+            request = requests[effect.request]
+            if not request.licensed and not self._heard_after(request):
+                continue  # sent after its dispatcher's lease, and never reported: the ledger cannot know
+            key = by_provider_key.get((effect.provider, effect.key))
+            chain = chains.get(key or "", [])
+            if any(_knows(a, incidents) for a in chain):
+                continue
+            states = ", ".join(f"#{a.pk} {a.state} ({a.failed_because or '-'})" for a in chain) or "no attempt"
+            found.append(
+                Violation(
+                    "I2",
+                    step,
+                    f"the provider performed request {effect.request} ({effect.provider} {effect.key}), "
+                    f"but the ledger has {states}",
+                )
+            )
+        return found
+
+    def _heard_after(self, request: Request) -> bool:
+        """Whether the sender of ``request`` reported on its attempt after sending it."""
+        return any(
+            r.sender == request.sender and r.attempt_id == request.attempt_id and r.at >= request.sent_at
+            for r in self.run.truth.reports
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {"effects": len(self.effects()), "requests": len(self.requests())}
+
+
+def _knows(attempt: Attempt, incidents: set[int | None]) -> bool:
+    """Whether ``attempt`` holds the ledger's knowledge that its effect may
+    have happened: confirmed, in front of a person, settled by a person, or
+    named by an incident."""
+    if attempt.pk in incidents or attempt.state in (S.OUTCOME_CONFIRMED, S.MANUAL_REVIEW, S.RECONCILED):
+        return True
+    return attempt.state == S.FAILED and attempt.failed_because == FailedBecause.PERSON

@@ -1,0 +1,374 @@
+"""Simulated providers, the network to them, and the adapter the ledger's
+``Tool`` rows name to reach them.
+
+A provider records every request it receives and every effect it performs,
+with the virtual time of each: that record is the ground truth the
+invariants are held against. Its behaviour follows the ledger's
+assumptions (``docs/protocol.md``): a request reaches it a moment after it
+left (``NETWORK`` at most), and it acts on it within its processing time
+of receiving it, or never; an idempotent provider performs one effect per
+key while it keeps the key. What varies is how: some refuse (before acting,
+or for good), some act late in their window, some answer lookups slowly or
+not at all, some keep working as long as their caller waits (an upstream
+behind the MCP gateway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from ledgerdash.ledger.canonical import normalize_args
+from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
+from ledgerdash.ledger.providers.base import Dispatched, Lookup, LookupStatus, ProviderAdapter
+from ledgerdash.ledger.simulation.world import Actor, World
+
+#: The longest one way over the network takes, in seconds.
+NETWORK = 0.05
+
+
+@dataclass(frozen=True)
+class Traits:
+    """How one simulated provider behaves."""
+
+    idempotent: bool
+    #: Seconds an idempotent provider keeps a key (None: for ever).
+    retention: float | None
+    #: The longest it takes to act after receiving a request.
+    processing: float
+    #: Acts late in its window (the last fifth), not anywhere in it.
+    acts_late: bool = False
+    #: Keeps working on a request as long as its caller waits on it.
+    works_while_caller_waits: bool = False
+    #: Chance a request is refused before anything is done (a 429: retryable).
+    refuses: float = 0.0
+    #: Chance a request is refused for good (a decline).
+    declines: float = 0.0
+    #: Lookups: "by_key" (answers at once), "slow" (takes up to 20 s), "flaky" (often unavailable).
+    lookup: str = "by_key"
+
+
+@dataclass
+class Request:
+    """One request as it left its sender, and what became of it."""
+
+    n: int
+    provider: str
+    key: str
+    args_hash: str
+    #: The attempt that sent it and the dispatch fence it held.
+    attempt_id: int | None
+    fence: int | None
+    sender: str
+    sent_at: datetime
+    #: Sent while its dispatcher's lease ran (the ledger's assumption); False: a late send.
+    licensed: bool
+    #: How long its sender waits for the answer.
+    wait: float
+    received_at: datetime | None = None
+    #: acted, deduplicated, in_progress, refused, declined
+    outcome: str = "in flight"
+    acted_at: datetime | None = None
+    effect: int | None = None
+    request_id: str = ""
+    #: What its sender learned: the answer, "lost", "reset", or "" (it stopped waiting first).
+    told: str = ""
+
+
+@dataclass
+class Effect:
+    n: int
+    provider: str
+    key: str
+    args_hash: str
+    request_id: str
+    at: datetime
+    request: int
+    attempt_id: int | None
+
+
+@dataclass
+class Reply:
+    """The answer on its way back to one sender."""
+
+    request: Request
+    waiter: Actor
+    kind: str = ""  # acted, deduplicated, refused, declined, in_progress, reset
+    arrived: bool = False
+
+
+class Faults:
+    """The provider-side faults a run has switched on, and their odds."""
+
+    def __init__(self, world: World, enabled: frozenset[str]) -> None:
+        self.world = world
+        self.enabled = set(enabled)
+        self.counts: dict[str, int] = {}
+
+    def hit(self, kind: str, chance: float) -> bool:
+        if kind not in self.enabled or self.world.rng.random() >= chance:
+            return False
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        return True
+
+
+class Provider:
+    """One simulated provider: the requests it received and the effects it performed."""
+
+    def __init__(self, name: str, traits: Traits, world: World, faults: Faults) -> None:
+        self.name = name
+        self.traits = traits
+        self.world = world
+        self.faults = faults
+        self.requests: list[Request] = []
+        self.effects: list[Effect] = []
+        #: key -> (first seen, the request deciding it) while the provider keeps it
+        self.keys: dict[str, tuple[datetime, Request]] = {}
+
+    # --- requests -----------------------------------------------------------------------
+
+    def kept(self, key: str) -> Request | None:
+        seen = self.keys.get(key)
+        if seen is None:
+            return None
+        first, request = seen
+        if self.traits.retention is not None and (self.world.now - first).total_seconds() > self.traits.retention:
+            del self.keys[key]
+            return None
+        return request
+
+    def send(self, request: Request, waiter: Actor) -> Reply:
+        """``request`` leaves its sender now; the answer comes back in the returned reply."""
+        self.requests.append(request)
+        reply = Reply(request, waiter)
+        rng = self.world.rng
+
+        def arrive() -> None:
+            self._receive(request, reply)
+
+        arrive.label = f"{self.name} receives request {request.n}"  # type: ignore[attr-defined]
+        self.world.at(rng.uniform(0, NETWORK), arrive)
+        return reply
+
+    def _receive(self, request: Request, reply: Reply) -> None:
+        world, rng, traits = self.world, self.world.rng, self.traits
+        request.received_at = world.now
+        if traits.idempotent:
+            earlier = self.kept(request.key)
+            if earlier is not None and earlier.outcome in ("acted", "deduplicated"):
+                request.outcome, request.effect, request.request_id = "deduplicated", earlier.effect, earlier.request_id
+                return self._answer(reply, "deduplicated", rng.uniform(0, NETWORK))
+            if earlier is not None and earlier.outcome == "pending":
+                request.outcome = "in_progress"
+                return self._answer(reply, "in_progress", rng.uniform(0, NETWORK))
+        if traits.refuses and self.faults.hit("refuse", traits.refuses):
+            request.outcome = "refused"
+            return self._answer(reply, "refused", rng.uniform(0, NETWORK))
+        if traits.declines and self.faults.hit("refuse", traits.declines):
+            request.outcome = "declined"
+            if traits.idempotent:
+                self.keys[request.key] = (world.now, request)
+            return self._answer(reply, "declined", rng.uniform(0, NETWORK))
+        window = traits.processing
+        if traits.works_while_caller_waits:
+            # until its caller stops waiting, however long that is
+            window = max(0.0, (request.sent_at + timedelta(seconds=request.wait) - world.now).total_seconds())
+        if traits.acts_late or self.faults.hit("late_act", 0.3):
+            delay = rng.uniform(0.8 * window, window)
+        else:
+            delay = rng.uniform(0, window)
+        request.outcome = "pending"
+        if traits.idempotent:
+            self.keys[request.key] = (world.now, request)
+
+        def act() -> None:
+            self._act(request, reply)
+
+        act.label = f"{self.name} acts on request {request.n}"  # type: ignore[attr-defined]
+        world.at(delay, act)
+
+    def _act(self, request: Request, reply: Reply) -> None:
+        effect = Effect(
+            n=len(self.effects) + 1,
+            provider=self.name,
+            key=request.key,
+            args_hash=request.args_hash,
+            request_id=f"{self.name}-{len(self.effects) + 1}",
+            at=self.world.now,
+            request=request.n,
+            attempt_id=request.attempt_id,
+        )
+        self.effects.append(effect)
+        request.outcome, request.acted_at = "acted", self.world.now
+        request.effect, request.request_id = effect.n, effect.request_id
+        self._answer(reply, "acted", self.world.rng.uniform(0, NETWORK))
+
+    def _answer(self, reply: Reply, kind: str, after: float) -> None:
+        if self.faults.hit("lost_answer", 0.15):
+            kind = "reset" if self.world.rng.random() < 0.5 else ""
+            if not kind:
+                return  # the answer never arrives: its sender waits until it gives up
+
+        def deliver() -> None:
+            reply.kind, reply.arrived = kind, True
+            if self.world.waiting.get(reply.waiter.name) is reply:
+                self.world.wake(reply.waiter)
+
+        deliver.label = f"the answer to request {reply.request.n} arrives ({kind})"  # type: ignore[attr-defined]
+        self.world.at(after, deliver)
+
+    # --- lookups ------------------------------------------------------------------------
+
+    def found(self, key: str) -> Effect | None:
+        """The effect the provider has for ``key`` now, as a lookup would find it."""
+        request = self.kept(key) if self.traits.idempotent else None
+        if self.traits.idempotent:
+            if request is None or request.effect is None:
+                return None
+            return self.effects[request.effect - 1]
+        matches = [e for e in self.effects if e.key == key]
+        return matches[-1] if matches else None
+
+
+def call(
+    world: World,
+    provider: Provider,
+    *,
+    key: str,
+    args: dict[str, Any],
+    attempt_id: int | None,
+    fence: int | None,
+    licensed: bool,
+    wait: float,
+    on_request_id: Callable[[str], None] | None = None,
+) -> Dispatched:
+    """Send one request from the running actor and wait for the answer, up to
+    ``wait`` seconds: the provider's receipt, or the exception a real client
+    would meet (refused before acting, declined, reset, timed out)."""
+    actor = world.current
+    assert actor is not None
+    request = Request(
+        n=sum(len(p.requests) for p in _providers(world)) + 1,
+        provider=provider.name,
+        key=key,
+        args_hash=normalize_args(args)[1],
+        attempt_id=attempt_id,
+        fence=fence,
+        sender=actor.name,
+        sent_at=world.now,
+        licensed=licensed,
+        wait=wait,
+    )
+    reply = provider.send(request, actor)
+    deadline = world.now + timedelta(seconds=wait)
+    world.waiting[actor.name] = reply
+    try:
+        while not reply.arrived and world.now < deadline:
+            world.sleep((deadline - world.now).total_seconds(), f"waiting on {provider.name} (request {request.n})")
+    finally:
+        world.waiting.pop(actor.name, None)
+    if not reply.arrived:
+        request.told = "timeout"
+        raise TimeoutError(f"no answer from {provider.name} within {wait:g} s")
+    request.told = reply.kind
+    if reply.kind == "reset":
+        raise ConnectionResetError(f"{provider.name} reset the connection")
+    if reply.kind in ("refused", "in_progress"):
+        raise NothingHappened(f"{provider.name} refused the request before acting ({reply.kind})")
+    if reply.kind == "declined":
+        raise PermanentFailure(f"{provider.name} declined the request")
+    if on_request_id is not None:
+        on_request_id(request.request_id)
+    return Dispatched(
+        request_id=request.request_id, payload_hash=request.args_hash, response={"id": request.request_id}
+    )
+
+
+def look_up(world: World, provider: Provider, key: str) -> Lookup:
+    """A lookup from the running actor: it reaches the provider a moment
+    after it was asked (a slow provider takes longer), sees the provider as
+    it is then, and its answer comes back a moment later."""
+    rng = world.rng
+    slow = provider.traits.lookup == "slow" or provider.faults.hit("lookup_down", 0.1)
+    world.sleep(rng.uniform(0, 10.0 if slow else NETWORK), f"looking {key} up at {provider.name}")
+    down = provider.traits.lookup == "flaky" and provider.faults.hit("lookup_down", 0.6)
+    effect = None if down else provider.found(key)
+    world.sleep(rng.uniform(0, 10.0 if slow else NETWORK), f"waiting on {provider.name}'s lookup of {key}")
+    if down:
+        return Lookup(LookupStatus.UNAVAILABLE, detail=f"{provider.name} answered 503")
+    if effect is None:
+        return Lookup(LookupStatus.NOT_FOUND)
+    return Lookup(
+        LookupStatus.FOUND,
+        request_id=effect.request_id,
+        payload_hash=effect.args_hash,
+        document={"id": effect.request_id},
+    )
+
+
+@dataclass
+class Network:
+    """The providers of the running simulation, by name (the adapter finds them here)."""
+
+    world: World
+    providers: dict[str, Provider] = field(default_factory=dict)
+
+
+#: The running simulation's network; the adapter of every simulated tool reaches it.
+_running: list[Network] = []
+
+
+def _providers(world: World) -> list[Provider]:
+    return list(_running[-1].providers.values()) if _running else []
+
+
+def running() -> Network:
+    if not _running:
+        raise RuntimeError("no simulation is running: simulated tools have no provider to reach")
+    return _running[-1]
+
+
+class SimulatedAdapter(ProviderAdapter):
+    """The adapter of a simulated tool (``{"class": "…SimulatedAdapter",
+    "provider": name}``): the reconciler looks effects up and sends again
+    through it, over the simulated network."""
+
+    def __init__(self, *, provider: str) -> None:
+        self.provider_name = provider
+
+    def _provider(self) -> tuple[World, Provider]:
+        network = running()
+        return network.world, network.providers[self.provider_name]
+
+    def dispatch(
+        self, *, key: str, args: dict[str, Any], on_request_id: Callable[[str], None] | None = None
+    ) -> Dispatched:
+        from ledgerdash.ledger.models import Attempt, State
+
+        world, provider = self._provider()
+        # The reconciler sends right after its claim committed; which attempt
+        # it is, and whether its lease still runs, is read for the record.
+        sending = (
+            Attempt.objects.filter(provider_key=key, state=State.DISPATCHED)
+            .order_by("-dispatch_fence")
+            .values_list("pk", "dispatch_fence", "next_check_at")
+            .first()
+        )
+        attempt_id, fence, lease_end = sending if sending is not None else (None, None, None)
+        return call(
+            world,
+            provider,
+            key=key,
+            args=args,
+            attempt_id=attempt_id,
+            fence=fence,
+            licensed=lease_end is not None and world.now <= lease_end,
+            wait=self.max_request_seconds,
+            on_request_id=on_request_id,
+        )
+
+    def lookup(self, *, key: str, args_hash: str) -> Lookup:
+        world, provider = self._provider()
+        return look_up(world, provider, key)

@@ -1,0 +1,310 @@
+"""Running simulated histories: one seed, many seeds, and the shortest
+reproduction of a failing one.
+
+A run: a fresh copy of the template database, a world whose clock and
+random numbers come from the seed, the providers, the actors the seed
+drew, then ``steps`` steps with faults on, each followed by the invariants;
+then faults stop, agents finish, and recovery runs until nothing is in
+flight (or the run gives up: that is a failure too); then the final
+invariants. The history (every step, and the event chain's heads) is
+digested: the same seed gives the same digest, on any machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import traceback
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from django.db import connection
+
+from ledgerdash.ledger import clock
+from ledgerdash.ledger.models import IN_FLIGHT_STATES, Attempt, AttemptEvent, ChainHead, Tenant
+from ledgerdash.ledger.moves import CREATE_MOVES, LEGAL_MOVES
+from ledgerdash.ledger.reconciler import Reconciler
+from ledgerdash.ledger.simulation import actors, scenario
+from ledgerdash.ledger.simulation.database import ScratchDatabases
+from ledgerdash.ledger.simulation.invariants import Checker, Violation
+from ledgerdash.ledger.simulation.provider import Faults, Network, Provider, _running
+from ledgerdash.ledger.simulation.world import KILL, Actor, Hung, World
+
+log = logging.getLogger("ledgerdash.simulation")
+
+#: Every kind of fault a run can inject (``--faults``), and what it does.
+FAULTS = {
+    "crash": "an agent or reconciler is killed at any yield point, then restarts",
+    "pause": "an agent or reconciler stops for a while (past its lease), then goes on where it was",
+    "lost_answer": "the provider's answer never arrives, or the connection is reset",
+    "repeat": "a report is sent twice, a call made again, a task run by two workers at once",
+    "reword": "an agent restarted after a crash calls again with other arguments under the same key",
+    "lookup_down": "a lookup is slow or the provider answers it with 503",
+    "late_act": "the provider acts late in its processing window",
+    "refuse": "the provider refuses a request before acting, or for good",
+    "policy": "a policy author changes tools, scopes, approval conditions, tools' timing, the tenant's state",
+}
+#: Steps the settling phase may take before a run is called stuck.
+SETTLE_STEPS = 4000
+
+
+@dataclass
+class Outcome:
+    """What one run found."""
+
+    seed: int
+    steps: int
+    faults: tuple[str, ...]
+    violations: list[Violation]
+    trace: list[str]
+    digest: str
+    seconds: float
+    steps_run: int
+    moves: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    states: Counter[str] = field(default_factory=Counter)
+    injected: Counter[str] = field(default_factory=Counter)
+    decisions: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def first_failing_step(self) -> int:
+        return min((v.step for v in self.violations), default=0)
+
+
+class Run:
+    """One simulated history, under way."""
+
+    def __init__(self, seed: int, steps: int, faults: Iterable[str]) -> None:
+        self.seed = seed
+        self.steps = steps
+        self.enabled = frozenset(faults)
+        self.world = World(seed)
+        self.provider_faults = Faults(self.world, self.enabled)
+        self.network = Network(self.world)
+        self.truth = actors.Truth()
+        self.settling = False
+        self.plan = scenario.draw_plan(self.world)
+        self.trace: list[str] = []
+
+    def faults_on(self, kind: str) -> bool:
+        return not self.settling and kind in self.enabled
+
+    # --- the actors -------------------------------------------------------------------------
+
+    def _on_resume(self, actor: Actor) -> str | float | None:
+        rng = self.world.rng
+        if self.settling:
+            return None
+        if self.faults_on("crash") and rng.random() < (0.03 if actor.kind == "agent" else 0.01):
+            self.truth.fault("crash")
+            return KILL
+        if self.faults_on("pause") and rng.random() < 0.01:
+            self.truth.fault("pause")
+            return rng.choice([5.0, 30.0, 130.0, 600.0])
+        return None
+
+    def spawn_agent(self, state: actors.AgentState, after: float = 0.0) -> None:
+        state.incarnation += 1
+
+        def restart() -> None:
+            state.reword = self.faults_on("reword") and self.world.rng.random() < 0.4
+            self.spawn_agent(state, after=self.world.rng.uniform(1, 120))
+
+        self.world.spawn(
+            f"{state.name}#{state.incarnation}", "agent", state.body, after=after, killable=True, on_killed=restart
+        )
+
+    def spawn_reconciler(self, n: int, incarnation: int = 1, after: float = 0.0) -> None:
+        name = f"reconciler-{n}#{incarnation}"
+
+        def restart() -> None:
+            self.spawn_reconciler(n, incarnation + 1, after=self.world.rng.uniform(1, 60))
+
+        self.world.spawn(
+            name, "reconciler", actors.reconciler_body(self, name), after=after, killable=True, on_killed=restart
+        )
+
+    def start(self) -> None:
+        world, rng = self.world, self.world.rng
+        for name, traits in sorted(scenario.PROVIDERS.items()):
+            self.network.providers[name] = Provider(name, traits, world, self.provider_faults)
+        scenario.apply_timings(self.plan)
+        self.truth.authority.append((0, dict(scenario.SCOPES), {}, True))
+        states = [actors.AgentState(self, f"agent-{n}", list(tasks)) for n, tasks in enumerate(self.plan.agents)]
+        if "repeat" in self.enabled and rng.random() < 0.5:
+            # The same worker message delivered twice: two processes run one task.
+            self.truth.fault("repeat")
+            states.append(actors.AgentState(self, "agent-twin", [states[0].tasks[0]]))
+        for state in states:
+            self.spawn_agent(state, after=rng.uniform(0, 20))
+        for n in range(self.plan.reconcilers):
+            self.spawn_reconciler(n, after=rng.uniform(0, 5))
+        for name in scenario.OPERATORS[1:]:
+            world.spawn(name, "person", actors.operator_body(self, name), after=rng.uniform(0, 60))
+        for name in scenario.APPROVERS:
+            world.spawn(name, "person", actors.approver_body(self, name), after=rng.uniform(0, 60))
+        if "policy" in self.enabled:
+            world.spawn("policy-author", "author", actors.author_body(self), after=rng.uniform(0, 300))
+        world.on_resume = self._on_resume
+
+    # --- running -----------------------------------------------------------------------------
+
+    def _step(self, checker: Checker) -> list[Violation]:
+        did = self.world.run_one()
+        for actor in self.world.actors:
+            if actor.error is not None:
+                error, actor.error = actor.error, None
+                detail = "".join(traceback.format_exception(error)).strip().splitlines()
+                return [
+                    Violation("I14", self.world.step, f"{actor.name} met {detail[-1]} ({' | '.join(detail[-6:-1])})")
+                ]
+        if did:
+            self.trace.append(f"{self.world.step:>5} {self.world.now:%H:%M:%S.%f} {did}")
+        return checker.after_step()  # (it adds what the ledger recorded to the trace)
+
+    def _settled(self) -> bool:
+        agents_done = all(a.finished for a in self.world.actors if a.kind == "agent")
+        return agents_done and not Attempt.objects.filter(state__in=list(IN_FLIGHT_STATES)).exists()
+
+    def execute(self) -> list[Violation]:
+        checker = Checker(self)
+        self.start()
+        found: list[Violation] = []
+        try:
+            while self.world.step < self.steps and not self.world.idle and not found:
+                found = self._step(checker)
+            if found:
+                return found
+            self.settling = True
+            self.provider_faults.enabled.clear()
+            self.trace.append(f"{self.world.step:>5} {self.world.now:%H:%M:%S.%f} -- faults stop; settling --")
+            limit = self.world.step + SETTLE_STEPS
+            while not self._settled() and self.world.step < limit and not self.world.idle and not found:
+                found = self._step(checker)
+            if found:
+                return found
+            found = checker.at_end()
+            if not found:
+                found = self._recovery_again()
+            return found
+        except Hung as exc:
+            return [Violation("I14", self.world.step, str(exc))]
+        finally:
+            self.world.stop()
+
+    def _recovery_again(self) -> list[Violation]:
+        """Recovery run twice more at one instant writes nothing."""
+        before = AttemptEvent.objects.count()
+        with clock.frozen_at(self.world.now):
+            for n in (1, 2):
+                Reconciler(label=f"final-check-{n}").run_pass()
+        written = AttemptEvent.objects.count() - before
+        if written:
+            return [
+                Violation("I10", self.world.step, f"recovery run again after everything settled wrote {written} events")
+            ]
+        return []
+
+    def digest(self) -> str:
+        heads = list(
+            ChainHead.objects.order_by("tenant_id", "stripe").values_list("tenant_id", "stripe", "seq", "hash")
+        )
+        effects = [
+            (e.provider, e.key, e.request, e.at.isoformat()) for p in self.network.providers.values() for e in p.effects
+        ]
+        blob = "\n".join([*self.trace, repr(heads), repr(effects)])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def coverage(self, outcome: Outcome) -> None:
+        tenant = Tenant.objects.get(slug=scenario.TENANT)
+        rows = AttemptEvent.objects.filter(tenant=tenant, kind="transition").values_list(
+            "from_state", "to_state", "actor_kind"
+        )
+        for from_state, to_state, actor_kind in rows:
+            outcome.moves[(from_state or "", to_state, actor_kind)] += 1
+            outcome.states[to_state] += 1
+        outcome.injected.update(self.truth.faults)
+        outcome.injected.update(self.provider_faults.counts)
+        outcome.decisions.update(self.truth.decisions)
+
+
+def run_seed(databases: ScratchDatabases, seed: int, *, steps: int, faults: Iterable[str]) -> Outcome:
+    """One run of ``seed`` on a fresh copy of the template."""
+    databases.fresh()
+    started = time.monotonic()
+    run = Run(seed, steps, faults)
+    _running.append(run.network)
+    try:
+        with clock.driven_by(lambda: run.world.now, run.world.rng):
+            violations = run.execute()
+            outcome = Outcome(
+                seed=seed,
+                steps=steps,
+                faults=tuple(sorted(run.enabled)),
+                violations=violations,
+                trace=run.trace,
+                digest=run.digest(),
+                seconds=time.monotonic() - started,
+                steps_run=run.world.step,
+            )
+            run.coverage(outcome)
+    finally:
+        _running.remove(run.network)
+        connection.close()
+    return outcome
+
+
+@dataclass
+class Reproduction:
+    seed: int
+    steps: int
+    faults: tuple[str, ...]
+    invariant: str
+    tries: int
+
+    def command(self, database: str | None) -> str:
+        parts = ["python manage.py simulate", f"--seed {self.seed}", f"--steps {self.steps}"]
+        parts.append(f"--faults {','.join(self.faults) or 'none'}")
+        if database:
+            parts.append(f"--database {database}")
+        return " ".join(parts)
+
+
+def shrink(databases: ScratchDatabases, failed: Outcome, *, budget: int = 12) -> Reproduction:
+    """The shortest reproduction this run can find of ``failed``: the same
+    seed cut at its first failing step, then with each fault kind left out
+    while it still fails the same way."""
+    invariant = failed.violations[0].invariant
+    steps, faults, tries = failed.first_failing_step, list(failed.faults), 0
+
+    def fails(candidate_steps: int, candidate_faults: list[str]) -> Outcome | None:
+        nonlocal tries
+        tries += 1
+        outcome = run_seed(databases, failed.seed, steps=candidate_steps, faults=candidate_faults)
+        same = [v for v in outcome.violations if v.invariant == invariant]
+        return outcome if same else None
+
+    again = fails(steps, faults)
+    # None: the failure needs the settling phase that follows the steps
+    steps = failed.steps if again is None else again.first_failing_step or steps
+    for kind in list(faults):
+        if tries >= budget:
+            break
+        fewer = [f for f in faults if f != kind]
+        outcome = fails(steps, fewer)
+        if outcome is not None:
+            faults = fewer
+            steps = outcome.first_failing_step or steps
+    return Reproduction(failed.seed, steps, tuple(faults), invariant, tries)
+
+
+def legal_moves() -> list[tuple[str, str, str]]:
+    """Every (from, to, actor) the state machine allows, creations included."""
+    moves = [(str(f), str(t), str(a)) for (f, t), actors_ in LEGAL_MOVES.items() for a in sorted(actors_)]
+    moves += [("", str(state), str(a)) for state, actors_ in CREATE_MOVES.items() for a in sorted(actors_)]
+    return sorted(moves)
