@@ -693,3 +693,18 @@ def test_a_late_report_sent_twice_is_recorded_once(tenant_a: Any) -> None:
     assert first.late
     assert again.replayed
     assert [e.kind for e in events_of(dispatched)].count("late_report") == 1
+
+
+def test_a_late_report_that_settled_an_attempt_under_review_is_a_replay_when_sent_again(tenant_a: Any) -> None:
+    reviewed = attempt_in(S.MANUAL_REVIEW, tenant_a, key="k-review")
+    dispatched_with = reviewed.dispatch_fence
+    first = recording.report_outcome(
+        reviewed, outcome="failed_retryable", reason="rejected before acting", fence=dispatched_with, actor=AGENT
+    )
+    again = recording.report_outcome(
+        reviewed, outcome="failed_retryable", reason="rejected before acting", fence=dispatched_with, actor=AGENT
+    )
+    assert first.late
+    assert first.attempt.state == S.FAILED
+    assert again.replayed
+    assert [(e.from_state, e.to_state) for e in events_of(reviewed)][-1] == (S.MANUAL_REVIEW, S.FAILED)

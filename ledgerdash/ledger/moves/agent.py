@@ -188,8 +188,11 @@ def _already_reported(attempt: Attempt, fence: int, evidence: Evidence) -> bool:
     if last is None:
         return False
     kind, actor_kind, to_state, details = last
+    details = details or {}
     if kind == EventKind.LATE_REPORT:
-        return (details or {}).get("dispatch_fence") == fence and (details or {}).get("report") == evidence.as_details()
+        return details.get("dispatch_fence") == fence and details.get("report") == evidence.as_details()
+    if details.get("late_report") == evidence.as_details():
+        return details.get("dispatch_fence") == fence  # it settled the attempt (late_evidence)
     if attempt.dispatch_fence != fence or attempt.state != OUTCOME_STATE[Outcome(evidence.outcome)]:
         return False
     if evidence.outcome == Outcome.CONFIRMED and not (
