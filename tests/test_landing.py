@@ -226,3 +226,24 @@ def test_an_unknown_from_an_earlier_dispatch_contradicts_the_refusal_of_a_later_
     assert report.late
     incident = Incident.objects.get(attempt_id=first.pk)
     assert "may have acted at the provider after all" in incident.summary
+
+
+def test_a_refusal_of_an_earlier_dispatch_does_not_settle_an_attempt_sent_again(
+    tenant_a: Tenant, slow_email: Tool
+) -> None:
+    Tool.objects.filter(pk=slow_email.pk).update(max_dispatches=2)
+    t0 = timezone.now()
+    with at(t0):
+        first = recording.mark_dispatched(record(tenant_a, "mail:2"), actor=AGENT)
+    # Recovery sends it again (its answer never comes), then, out of sends, hands it to people.
+    for seconds in (9.5, 16, 30, 45):
+        with at(t0 + timedelta(seconds=seconds)):
+            Reconciler(label="r").run_pass()
+    reviewed = Attempt.objects.get(pk=first.pk)
+    assert (reviewed.state, reviewed.dispatch_count) == (S.MANUAL_REVIEW, 2)
+    # The first dispatcher comes back: the provider declined *its* request.
+    with at(t0 + timedelta(seconds=600)):
+        report = recording.report_outcome(first, outcome="failed", reason="declined", actor=AGENT)
+    assert report.late
+    assert report.attempt.state == S.MANUAL_REVIEW  # the second request's fate is still unknown
+    assert report.attempt.events.order_by("-seq").first().kind == "late_report"

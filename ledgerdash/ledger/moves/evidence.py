@@ -73,12 +73,15 @@ def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evide
     moved on (a person is deciding it, or it was settled), never dropping it.
 
     Under review (or failed retryably, waiting for its re-send), the
-    provider's word settles it (confirmed, or refused). Settled, the report
+    provider's word settles it: a receipt from any of its dispatches (it
+    happened), a refusal only from its last one (an earlier request's
+    refusal says nothing of a later request's fate). Settled, the report
     is an event; when it says the effect happened although the ledger had
     settled the attempt otherwise, or contradicts the recorded receipt, an
     incident is opened for people: a duplicate when another attempt at the
     same side effect was sent as well.
     """
+    last_dispatch = attempt.dispatch_fence == fence
     if attempt.state in (S.MANUAL_REVIEW, S.FAILED_RETRYABLE) and evidence.outcome in (
         Outcome.CONFIRMED,
         Outcome.FAILED,
@@ -99,7 +102,7 @@ def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evide
                 },
                 details={"late_report": evidence.as_details(), "dispatch_fence": fence},
             )
-        if evidence.outcome != Outcome.CONFIRMED:
+        if evidence.outcome != Outcome.CONFIRMED and last_dispatch:
             return move(
                 attempt,
                 to_state=S.FAILED,
