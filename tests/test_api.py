@@ -295,7 +295,7 @@ def test_a_late_report_after_the_lease_expired_is_accepted_as_evidence(api_a: Ap
     assert response.json()["state"] == S.OUTCOME_CONFIRMED
     last = AttemptEvent.objects.filter(attempt_id=attempt["id"]).order_by("-seq").first()
     assert last is not None
-    assert last.details.get("late_report") is True
+    assert last.details["late_report"]["provider_request_id"] == "req-late"
 
 
 def test_a_late_retryable_failure_of_an_unknown_attempt_is_recorded_never_refused(api_a: Api) -> None:

@@ -3,11 +3,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from ledgerdash.ledger import audit, clock, moves, recording, rules
 from ledgerdash.ledger.errors import (
@@ -340,7 +342,7 @@ def test_a_late_outcome_report_from_the_original_dispatcher_is_accepted(tenant_a
     confirmed = recording.confirm(dispatched, provider_request_id="req-late", actor=AGENT)
     assert confirmed.state == S.OUTCOME_CONFIRMED
     last = events_of(confirmed)[-1]
-    assert last.details["late_report"] is True
+    assert last.details["late_report"]["provider_request_id"] == "req-late"
     assert last.actor_kind == "agent"
     assert (last.from_state, last.to_state) == (S.UNKNOWN, S.OUTCOME_CONFIRMED)
 
@@ -708,3 +710,17 @@ def test_a_late_report_that_settled_an_attempt_under_review_is_a_replay_when_sen
     assert first.attempt.state == S.FAILED
     assert again.replayed
     assert [(e.from_state, e.to_state) for e in events_of(reviewed)][-1] == (S.MANUAL_REVIEW, S.FAILED)
+
+
+def test_a_report_sent_again_after_recovery_moved_the_attempt_on_is_still_a_replay(tenant_a: Any) -> None:
+    dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    fence = dispatched.fence
+    recording.report_outcome(dispatched, outcome="unknown", reason="timed out", fence=fence, actor=AGENT)
+    (claimed,) = moves.attempts_claim_due(limit=1, now=timezone.now() + timedelta(hours=1))
+    moves.attempt_check_later(
+        attempt=claimed, actor=RECONCILER, fence=claimed.fence, reason="503", lookup={"status": "unavailable"}
+    )
+    before = len(events_of(dispatched))
+    again = recording.report_outcome(dispatched, outcome="unknown", reason="timed out", fence=fence, actor=AGENT)
+    assert again.replayed
+    assert len(events_of(dispatched)) == before

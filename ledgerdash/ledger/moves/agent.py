@@ -175,32 +175,26 @@ def _late_report_allowed(attempt: Attempt, fence: int, actor: Actor) -> bool:
 
 
 def _already_reported(attempt: Attempt, fence: int, evidence: Evidence) -> bool:
-    """This very report landed before (a retry after a lost answer): its
-    dispatcher's report put the attempt in the state it reports (from the
-    dispatch that holds ``fence``, with the same receipt), or it was
-    recorded as late evidence and nothing happened to the attempt since."""
-    last = (
-        AttemptEvent.objects.filter(attempt_id=attempt.pk, kind__in=[EventKind.TRANSITION, EventKind.LATE_REPORT])
-        .order_by("-seq")
-        .values_list("kind", "actor_kind", "to_state", "details")
-        .first()
-    )
-    if last is None:
-        return False
-    kind, actor_kind, to_state, details = last
-    details = details or {}
-    if kind == EventKind.LATE_REPORT:
-        return details.get("dispatch_fence") == fence and details.get("report") == evidence.as_details()
-    if details.get("late_report") == evidence.as_details():
-        return details.get("dispatch_fence") == fence  # it settled the attempt (late_evidence)
-    if attempt.dispatch_fence != fence or attempt.state != OUTCOME_STATE[Outcome(evidence.outcome)]:
-        return False
-    if evidence.outcome == Outcome.CONFIRMED and not (
-        (not evidence.provider_request_id or evidence.provider_request_id == attempt.provider_request_id)
-        and (not evidence.result_ref or evidence.result_ref == attempt.result_ref)
-    ):
-        return False
-    return (actor_kind, to_state) == (ActorKind.AGENT, attempt.state)
+    """This very report landed before (sent again after a lost answer):
+    an event of the attempt records it, applied on the spot (the move from
+    DISPATCHED that took the dispatch's fence one further), applied late,
+    or kept as late evidence."""
+    said = evidence.as_details()
+    wanted = OUTCOME_STATE[Outcome(evidence.outcome)]
+    events = AttemptEvent.objects.filter(
+        attempt_id=attempt.pk, actor_kind=ActorKind.AGENT, kind__in=[EventKind.TRANSITION, EventKind.LATE_REPORT]
+    ).values_list("kind", "from_state", "to_state", "fence", "details")
+    for kind, from_state, to_state, event_fence, details in events:
+        details = details or {}
+        if details.get("dispatch_fence") == fence and said in (details.get("report"), details.get("late_report")):
+            return True
+        if kind == EventKind.TRANSITION and (from_state, to_state, event_fence) == (S.DISPATCHED, wanted, fence + 1):
+            if evidence.outcome != Outcome.CONFIRMED:
+                return True
+            return (
+                not evidence.provider_request_id or evidence.provider_request_id == details.get("provider_request_id")
+            ) and (not evidence.result_ref or evidence.result_ref == details.get("result_ref"))
+    return False
 
 
 def _dispatched_with(attempt: Attempt, fence: int) -> bool:
@@ -226,8 +220,8 @@ def _as_holder(
     if attempt.fence == fence:
         try:
             return Report(op(attempt))
-        except StaleFence:
-            pass
+        except (StaleFence, IllegalTransition):
+            pass  # the caller's copy is out of date: what the row says decides
     copies.refuse_speculative(attempt)  # a copy that does not fit: the caller reads the row itself
     fresh = get_attempt(attempt.pk)
     if _already_reported(fresh, fence, evidence):
@@ -393,7 +387,7 @@ def _apply_report(
         late = late or (target.state == S.UNKNOWN and actor.kind == ActorKind.AGENT)
         info = {**(details or {}), "provider_request_id": request_id, "result_ref": evidence.result_ref}
         if late:
-            info["late_report"] = True
+            info.update(_as_late(evidence, fence))
         return move(
             target,
             to_state=S.OUTCOME_CONFIRMED,
@@ -431,6 +425,7 @@ def _apply_report(
                 "last_error": clean_text(reason),
                 "lands_by": lands_by,
             },
+            details=_as_late(evidence, fence) if late else None,
             now=now,
         )
     if evidence.outcome == Outcome.FAILED_RETRYABLE:
@@ -445,6 +440,7 @@ def _apply_report(
                 "last_error": clean_text(reason),
                 "lands_by": now,
             },
+            details=_as_late(evidence, fence) if late else None,
             now=now,
         )
     return move(
@@ -454,8 +450,14 @@ def _apply_report(
         fence=None,
         reason=reason or "provider refused the request",
         updates={"last_error": clean_text(reason), "failed_because": FailedBecause.PROVIDER, "lands_by": now},
+        details=_as_late(evidence, fence) if late else None,
         now=now,
     )
+
+
+def _as_late(evidence: Evidence, fence: int) -> dict[str, Any]:
+    """What a move made on a late report records of it (so the same report sent again is known)."""
+    return {"late_report": evidence.as_details(), "dispatch_fence": fence}
 
 
 def attempt_confirm(
