@@ -247,3 +247,23 @@ def test_a_refusal_of_an_earlier_dispatch_does_not_settle_an_attempt_sent_again(
     assert report.late
     assert report.attempt.state == S.MANUAL_REVIEW  # the second request's fate is still unknown
     assert report.attempt.events.order_by("-seq").first().kind == "late_report"
+
+
+def test_a_not_found_answered_after_the_provider_may_have_forgotten_the_key_is_no_proof(
+    tenant_a: Tenant, slow_email: Tool
+) -> None:
+    Tool.objects.filter(pk=slow_email.pk).update(key_retention_seconds=60)
+    t0 = timezone.now()
+    with at(t0):
+        dispatched = recording.mark_dispatched(record(tenant_a, "mail:3"), actor=AGENT)
+    with at(t0 + timedelta(seconds=1)):
+        recording.report_outcome(dispatched, outcome="unknown", reason="timed out", actor=AGENT)
+    # The lookup comes back only after the provider's key retention ran out.
+    with at(t0 + timedelta(seconds=120)):
+        Reconciler(label="r").run_pass()
+    reviewed = Attempt.objects.get(pk=dispatched.pk)
+    assert (reviewed.state, reviewed.last_lookup) == (S.MANUAL_REVIEW, "past_retention")
+    standing = rules.original_standing(reviewed, now=t0 + timedelta(seconds=121))
+    assert standing.proof is None
+    assert standing.risk is not None
+    assert "past retention" in standing.risk

@@ -150,10 +150,14 @@ class AttemptSummaryOut(Schema):
     last_note: str
     next_check_at: datetime | None
     lands_by: datetime | None = Field(
-        description="Until when the last dispatch may still land at the provider (its dispatch or last heartbeat "
-        "plus the tool's maximum request time)."
+        description="Until when the last dispatch may still land at the provider: the latest moment its request "
+        "could have left (its dispatcher's last report, or the end of its lease while it is silent) plus the "
+        "tool's maximum request time. A lookup asked before then is not evidence that it did not land."
     )
-    last_lookup: str = Field(description="The provider's answer to the last lookup: found, not_found, unavailable.")
+    last_lookup: str = Field(
+        description="The provider's answer to the last lookup: found, not_found, mismatch, unavailable, or "
+        "past_retention (not found, after the provider may have forgotten the key: not evidence)."
+    )
     last_lookup_at: datetime | None
     owner: str | None = Field(
         description="The person who owns the attempt while it waits on people (UNKNOWN, MANUAL_REVIEW): "

@@ -78,6 +78,9 @@ from ledgerdash.toolcalls import storable_json
 
 log = logging.getLogger("ledgerdash.reconciler")
 S = State
+#: What the last lookup of an attempt is recorded as when the provider answered
+#: "not found" after it may have forgotten the key: never evidence.
+PAST_RETENTION = "past_retention"
 
 
 def worker_label() -> str:
@@ -408,12 +411,15 @@ class Reconciler:
             if tool.adapter.key_retention is not None and attempt.first_dispatched_at is not None:
                 expires = attempt.first_dispatched_at + tool.adapter.key_retention
                 if expires <= clock.now():
+                    # The answer came after the provider may have forgotten the key:
+                    # recorded as such, so no one takes this "not found" for proof.
+                    forgotten = {**(details or {}), "status": PAST_RETENTION}
                     return self._escalate(
                         attempt,
                         f"{said}, but the key was first sent {attempt.first_dispatched_at:%Y-%m-%d %H:%M:%S} UTC, "
                         f"past the provider's key retention ({tool.adapter.key_retention}): not found proves nothing "
                         "and a retry could repeat the effect",
-                        details,
+                        forgotten,
                         looked_at,
                     )
         if attempt.dispatch_count >= tool.max_dispatches:

@@ -19,9 +19,9 @@ export interface AttemptOut {
   result_ref: string;
   last_note: string;
   next_check_at: string | null;
-  /** Until when the last dispatch may still land at the provider (its dispatch or last heartbeat plus the tool's maximum request time). */
+  /** Until when the last dispatch may still land at the provider: the latest moment its request could have left (its dispatcher's last report, or the end of its lease while it is silent) plus the tool's maximum request time. A lookup asked before then is not evidence that it did not land. */
   lands_by: string | null;
-  /** The provider's answer to the last lookup: found, not_found, unavailable. */
+  /** The provider's answer to the last lookup: found, not_found, mismatch, unavailable, or past_retention (not found, after the provider may have forgotten the key: not evidence). */
   last_lookup: string;
   last_lookup_at: string | null;
   /** The person who owns the attempt while it waits on people (UNKNOWN, MANUAL_REVIEW): their username; null when nobody does. */
@@ -96,9 +96,9 @@ export interface AttemptSummaryOut {
   result_ref: string;
   last_note: string;
   next_check_at: string | null;
-  /** Until when the last dispatch may still land at the provider (its dispatch or last heartbeat plus the tool's maximum request time). */
+  /** Until when the last dispatch may still land at the provider: the latest moment its request could have left (its dispatcher's last report, or the end of its lease while it is silent) plus the tool's maximum request time. A lookup asked before then is not evidence that it did not land. */
   lands_by: string | null;
-  /** The provider's answer to the last lookup: found, not_found, unavailable. */
+  /** The provider's answer to the last lookup: found, not_found, mismatch, unavailable, or past_retention (not found, after the provider may have forgotten the key: not evidence). */
   last_lookup: string;
   last_lookup_at: string | null;
   /** The person who owns the attempt while it waits on people (UNKNOWN, MANUAL_REVIEW): their username; null when nobody does. */
@@ -185,9 +185,9 @@ export interface AttemptDetailOut {
   result_ref: string;
   last_note: string;
   next_check_at: string | null;
-  /** Until when the last dispatch may still land at the provider (its dispatch or last heartbeat plus the tool's maximum request time). */
+  /** Until when the last dispatch may still land at the provider: the latest moment its request could have left (its dispatcher's last report, or the end of its lease while it is silent) plus the tool's maximum request time. A lookup asked before then is not evidence that it did not land. */
   lands_by: string | null;
-  /** The provider's answer to the last lookup: found, not_found, unavailable. */
+  /** The provider's answer to the last lookup: found, not_found, mismatch, unavailable, or past_retention (not found, after the provider may have forgotten the key: not evidence). */
   last_lookup: string;
   last_lookup_at: string | null;
   /** The person who owns the attempt while it waits on people (UNKNOWN, MANUAL_REVIEW): their username; null when nobody does. */
