@@ -31,6 +31,7 @@ from ledgerdash.ledger.errors import (
     LedgerError,
     NothingHappened,
     PermanentFailure,
+    RetryPending,
 )
 from ledgerdash.ledger.events import Actor as LedgerActor
 from ledgerdash.ledger.gateway import checks
@@ -139,6 +140,11 @@ class SimSession(recording._InProcess):
         return recorded
 
     def _report(self, attempt: Attempt, fence: int, outcome: str, step: Callable[[], Any]) -> Any:
+        world = self.agent.world
+        if self.agent.run.faults_on("pause") and world.rng.random() < 0.1:
+            # Busy elsewhere before it reports: its lease may run out meanwhile.
+            self.agent.run.truth.fault("pause")
+            world.sleep(world.rng.uniform(0, 60), f"busy before reporting #{attempt.pk}")
         self._point(f"reporting #{attempt.pk} {outcome}")
         answer = "applied"
         try:
@@ -216,6 +222,9 @@ class AgentState:
     actor: Actor | None = None
     #: Re-running after a crash: the call in flight may come back with other arguments.
     reword: bool = False
+    #: Drives the ledger's steps itself, as a client of the ingest API does, with a provider SDK
+    #: that sends a refused request again at once, with the same key.
+    stepwise: bool = False
 
     @property
     def world(self) -> World:
@@ -288,6 +297,8 @@ class AgentState:
         self.actor = actor
         tenant = Tenant.objects.get(slug=TENANT)
         tools = {name: self.tool(name) for name in sorted(PROVIDERS)}
+        if self.stepwise:
+            tools = {name: self._stepwise(name) for name in sorted(PROVIDERS)}
         while self.task_index < len(self.tasks):
             task = self.tasks[self.task_index]
             context = recording.TaskContext(
@@ -303,6 +314,79 @@ class AgentState:
             self.reword = False
             self.task_index += 1
             self.world.sleep(self.world.rng.uniform(0, 30), "between tasks")
+
+    def _stepwise(self, name: str) -> Callable[..., Any]:
+        """The tool ``name`` called step by step: record, claim, send, report
+        each answer as it comes; a refusal before acting from an idempotent
+        provider is sent again at once with the same key (as Stripe's SDK does),
+        and the later, stronger word reported with the same fence."""
+        world, run = self.world, self.run
+
+        def call(**args: Any) -> Any:
+            session = self._session()
+            actor = session.context.actor
+            world.checkpoint(f"recording the intent for {args['tool']}:{args['ref']}")
+            recorded = recording.record_intent(
+                tenant=session.context.tenant,
+                task_id=session.context.task_id,
+                tool_name=name,
+                idempotency_key=f"{args['tool']}:{args['ref']}",
+                args=args,
+                actor=actor,
+                claim=True,
+            )
+            attempt = recorded.attempt
+            if not recorded.claimed:
+                if attempt.state == S.OUTCOME_CONFIRMED:
+                    return recording.replay(attempt)
+                recording.refuse_unless_dispatchable(attempt)
+                world.checkpoint(f"claiming #{attempt.pk}")
+                attempt = recording.mark_dispatched(attempt, actor=actor)
+            self.lease_end = attempt.next_check_at
+            fence = attempt.fence
+            world.checkpoint(f"claimed #{attempt.pk}")
+            provider = run.network.providers[name]
+            wait = checks.timeout_for(
+                ToolConfig(timeout=run.plan.timings[name].configured_timeout), checks.max_request_seconds(name)
+            )
+            for sdk_try in (1, 2):
+                self.alive()
+                try:
+                    sent = net.call(
+                        world,
+                        provider,
+                        key=attempt.provider_key,
+                        args=attempt.args,
+                        attempt_id=attempt.pk,
+                        fence=fence,
+                        licensed=self.lease_end is not None and world.now <= self.lease_end,
+                        wait=wait,
+                    )
+                except NothingHappened as exc:
+                    session.fail(attempt, fence=fence, reason=str(exc), retryable=True)
+                    if sdk_try == 1 and provider.traits.idempotent:
+                        # It reported: the ledger no longer counts on it; its SDK's resend is its own.
+                        self.lease_end = None
+                        continue
+                    raise
+                except PermanentFailure as exc:
+                    session.fail(attempt, fence=fence, reason=str(exc), retryable=False)
+                    raise
+                except (TimeoutError, ConnectionResetError) as exc:
+                    session.mark_unknown(attempt, fence=fence, reason=f"{type(exc).__name__}: {exc}")
+                    raise
+                session.confirm(
+                    attempt,
+                    fence=fence,
+                    provider_request_id=sent.request_id,
+                    result_ref="",
+                    result=sent.response,
+                    storable=True,
+                )
+                return sent.response
+            return None
+
+        return call
 
     def _call(self, tool: Callable[..., Any], args: dict[str, Any]) -> None:
         """Call one tool until it is done, refused for good, or tried four times."""
@@ -340,12 +424,19 @@ class AgentState:
         if isinstance(exc, AwaitingApproval):
             world.sleep(rng.uniform(30, 900), "waiting for an approver")
             return True
+        if isinstance(exc, RetryPending) and exc.attempt is not None and exc.attempt.next_check_at is not None:
+            # Call again the moment its back-off is over (racing the reconciler to it).
+            world.sleep(max(0.0, (exc.attempt.next_check_at - world.now).total_seconds()) + 0.001, "backing off")
+            return True
         if isinstance(exc, AttemptBlocked):
             if exc.code in ("attempt_failed", "approval_rejected", "attempt_superseded", "result_unavailable"):
                 return False
             world.sleep(rng.uniform(5, 600), f"waiting: {exc.code}")
             return True
-        if isinstance(exc, NothingHappened | PermanentFailure | TimeoutError | ConnectionResetError):
+        if isinstance(exc, NothingHappened):
+            world.sleep(rng.uniform(0.5, 10), "after a refusal before acting")
+            return True
+        if isinstance(exc, PermanentFailure | TimeoutError | ConnectionResetError):
             world.sleep(rng.uniform(1, 120), "after the provider's answer")
             return True
         if isinstance(exc, LedgerError):
@@ -517,12 +608,28 @@ def author_body(run: Run) -> Callable[[Actor], None]:
         author = LedgerActor.system("policy-author")
         tools = {name: list(scopes) for name, scopes in SCOPES.items()}
         approvals: dict[str, str] = {}
+        # Some seeds' authors change the policy every few seconds (a script gone wild), most now and then.
+        tempo = rng.choice([5.0, 60.0, 120.0])
         while not run.settling:
-            world.sleep(rng.uniform(20, 600), "between policy changes")
+            world.sleep(rng.uniform(1, 2 * tempo), "between policy changes")
             if run.settling:
                 return
             change = rng.choice(
-                ["drop", "restore", "narrow", "widen", "hold", "condition", "release", "timing", "deactivate"]
+                [
+                    "drop",
+                    "restore",
+                    "narrow",
+                    "narrow",
+                    "widen",
+                    "hold",
+                    "hold",
+                    "condition",
+                    "release",
+                    "timing",
+                    "deactivate",
+                    "freeze",
+                    "thaw",
+                ]
             )
             name = rng.choice(sorted(SCOPES))
             run.truth.fault("policy")
@@ -557,6 +664,10 @@ def author_body(run: Run) -> Callable[[Actor], None]:
                 approvals[name] = "amount_cents > `5000`"
             elif change == "release":
                 approvals.pop(name, None)
+            elif change == "freeze":  # an incident: every call of every tool waits for an approver
+                approvals = dict.fromkeys(tools, "")
+            elif change == "thaw":
+                approvals = {}
             policy_publish(tenant=tenant, tools=tools, approvals=approvals, actor=author, note=f"simulated: {change}")
             run.truth.authority.append((world.step, tools, approvals, True))
 

@@ -69,7 +69,8 @@ class Checker:
 
     def __init__(self, run: Run) -> None:
         self.run = run
-        self.last_id = 0
+        # (what the template holds is not this run's history)
+        self.last_id = AttemptEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
         self.reports_seen = 0
         self.seen: tuple[int, ...] = ()
         self.tenant_id = Tenant.objects.filter(slug=TENANT).values_list("pk", flat=True).get()
@@ -100,17 +101,13 @@ class Checker:
         self.seen = seen
         found: list[Violation] = []
         attempts = {a.pk: a for a in Attempt.objects.filter(tenant_id=self.tenant_id).order_by("id")}
-        events = list(
-            AttemptEvent.objects.filter(tenant_id=self.tenant_id, id__gt=self.last_id, attempt__isnull=False).order_by(
-                "id"
-            )
-        )
+        every = list(AttemptEvent.objects.filter(tenant_id=self.tenant_id, id__gt=self.last_id).order_by("id"))
+        events = [e for e in every if e.attempt_id is not None]
         self.last_id = newest
-        for event in events:
+        for event in every:
             change = f"{event.from_state or 'new'}->{event.to_state}" if event.kind == "transition" else event.kind
-            self.run.trace.append(
-                f"{'':>22}ledger: #{event.attempt_id} {change} by {event.actor_label}: {event.reason[:160]}"
-            )
+            about = f"#{event.attempt_id} " if event.attempt_id else ""
+            self.run.trace.append(f"{'':>22}ledger: {about}{change} by {event.actor_label}: {event.reason[:160]}")
         for attempt in attempts.values():
             if attempt.state in OWNED_STATES and attempt.owner_id is None:
                 found.append(Violation("I9", step, f"#{attempt.pk} is {attempt.state} with nobody owning it"))
@@ -157,7 +154,8 @@ class Checker:
         assert event.attempt_id is not None
         retry = attempts[event.attempt_id]
         chain = {a.pk for a in attempts.values() if a.idempotency_key == retry.idempotency_key} - {retry.pk}
-        acted = [r for r in self.requests() if r.attempt_id in chain and r.effect is not None]
+        # (a request its dispatcher sent after its lease ran out is outside the promise: see I1)
+        acted = [r for r in self.requests() if r.attempt_id in chain and r.effect is not None and r.licensed]
         pending = [
             r for r in self.requests() if r.attempt_id in chain and r.licensed and r.outcome in ("in flight", "pending")
         ]
@@ -241,7 +239,8 @@ class Checker:
                         else Violation("I3", step, f"#{attempt.pk} failed as never sent, but it was dispatched")
                     )
             elif attempt.failed_because == FailedBecause.PROVIDER:
-                last = [r for r in sent if r.fence == attempt.dispatch_fence]
+                # (a request its dispatcher sent after its lease, or after it reported, is outside the promise)
+                last = [r for r in sent if r.fence == attempt.dispatch_fence and r.licensed]
                 if any(r.effect is not None and r.outcome == "acted" for r in last):
                     found.append(
                         Violation(

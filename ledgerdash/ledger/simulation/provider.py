@@ -293,7 +293,7 @@ def look_up(world: World, provider: Provider, key: str) -> Lookup:
     rng = world.rng
     slow = provider.traits.lookup == "slow" or provider.faults.hit("lookup_down", 0.1)
     world.sleep(rng.uniform(0, 10.0 if slow else NETWORK), f"looking {key} up at {provider.name}")
-    down = provider.traits.lookup == "flaky" and provider.faults.hit("lookup_down", 0.6)
+    down = provider.faults.hit("lookup_down", 0.6 if provider.traits.lookup == "flaky" else 0.1)
     effect = None if down else provider.found(key)
     world.sleep(rng.uniform(0, 10.0 if slow else NETWORK), f"waiting on {provider.name}'s lookup of {key}")
     if down:

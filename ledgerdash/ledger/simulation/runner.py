@@ -103,7 +103,7 @@ class Run:
         if self.faults_on("crash") and rng.random() < (0.03 if actor.kind == "agent" else 0.01):
             self.truth.fault("crash")
             return KILL
-        if self.faults_on("pause") and rng.random() < 0.01:
+        if self.faults_on("pause") and rng.random() < 0.02:
             self.truth.fault("pause")
             return rng.choice([5.0, 30.0, 130.0, 600.0])
         return None
@@ -135,7 +135,10 @@ class Run:
             self.network.providers[name] = Provider(name, traits, world, self.provider_faults)
         scenario.apply_timings(self.plan)
         self.truth.authority.append((0, dict(scenario.SCOPES), {}, True))
-        states = [actors.AgentState(self, f"agent-{n}", list(tasks)) for n, tasks in enumerate(self.plan.agents)]
+        states = [
+            actors.AgentState(self, f"agent-{n}", list(tasks), stepwise=rng.random() < 0.3)
+            for n, tasks in enumerate(self.plan.agents)
+        ]
         if "repeat" in self.enabled and rng.random() < 0.5:
             # The same worker message delivered twice: two processes run one task.
             self.truth.fault("repeat")
@@ -149,7 +152,7 @@ class Run:
         for name in scenario.APPROVERS:
             world.spawn(name, "person", actors.approver_body(self, name), after=rng.uniform(0, 60))
         if "policy" in self.enabled:
-            world.spawn("policy-author", "author", actors.author_body(self), after=rng.uniform(0, 300))
+            world.spawn("policy-author", "author", actors.author_body(self), after=rng.uniform(0, 60))
         world.on_resume = self._on_resume
 
     # --- running -----------------------------------------------------------------------------
