@@ -58,6 +58,17 @@ def after_report(at: datetime, timing: Timing) -> datetime:
     return at + timedelta(seconds=timing.max_request_seconds)
 
 
+def after_unknown(previous: datetime | None, at: datetime, timing: Timing, *, late: bool) -> datetime:
+    """Until when a request may land once its dispatcher reported "unknown"
+    at ``at`` (``previous``: until when the ledger had it landing). Within
+    its lease the report is its last sign of life; after its lease ran out
+    (``late``) it can only push the time on."""
+    reported = after_report(at, timing)
+    if late and previous is not None:
+        return max(previous, reported)
+    return reported
+
+
 def could_still_land(attempt: Landing, at: datetime) -> bool:
     """Whether the attempt's last request may still land at the provider at ``at``."""
     return attempt.lands_by is not None and at < attempt.lands_by

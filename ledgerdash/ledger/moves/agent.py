@@ -410,10 +410,8 @@ def _apply_report(
             # The lease already said so; that the dispatcher was alive to say it is evidence.
             return late_evidence(target, fence=fence, actor=actor, evidence=evidence)
         # The dispatcher stopped waiting now: its request, if it left at all, left by now.
-        lands_by = landing.after_report(now, authority_of(target.tenant_id, target.tool_name).timing)
-        if late:
-            # A sign of life after its lease ran out pushes the time on, never back.
-            lands_by = max(lands_by, target.lands_by or lands_by)
+        timing = authority_of(target.tenant_id, target.tool_name).timing
+        lands_by = landing.after_unknown(target.lands_by, now, timing, late=late)
         return move(
             target,
             to_state=S.UNKNOWN,

@@ -155,8 +155,8 @@ def _lands_by_after_late_report(
     dispatch says nothing about the last one's.
     """
     if evidence.outcome == Outcome.UNKNOWN:
-        pushed = landing.after_report(now, authority_of(attempt.tenant_id, attempt.tool_name).timing)
-        return max(pushed, attempt.lands_by) if attempt.lands_by is not None else pushed
+        timing = authority_of(attempt.tenant_id, attempt.tool_name).timing
+        return landing.after_unknown(attempt.lands_by, now, timing, late=True)
     return attempt.lands_by if earlier else now
 
 

@@ -68,6 +68,8 @@ class ReportMade:
     at: datetime
     sender: str
     answer: str  # applied, late, replayed, or the error's code
+    #: Where it falls among everything actors did (``World.happened``).
+    order: int = 0
 
 
 @dataclass
@@ -141,10 +143,11 @@ class SimSession(recording._InProcess):
 
     def _report(self, attempt: Attempt, fence: int, outcome: str, step: Callable[[], Any]) -> Any:
         world = self.agent.world
-        if self.agent.run.faults_on("pause") and world.rng.random() < 0.1:
+        if self.agent.run.faults_on("pause") and world.rng.random() < 0.15:
             # Busy elsewhere before it reports: its lease may run out meanwhile.
             self.agent.run.truth.fault("pause")
-            world.sleep(world.rng.uniform(0, 60), f"busy before reporting #{attempt.pk}")
+            busy = world.rng.choice([world.rng.uniform(0, 60), world.rng.uniform(60, 300)])
+            world.sleep(busy, f"busy before reporting #{attempt.pk}")
         self._point(f"reporting #{attempt.pk} {outcome}")
         answer = "applied"
         try:
@@ -236,7 +239,15 @@ class AgentState:
 
     def report(self, attempt: Attempt, fence: int, outcome: str, answer: str) -> None:
         self.run.truth.reports.append(
-            ReportMade(attempt.pk, fence, outcome, self.world.now, f"{self.name}#{self.incarnation}", answer)
+            ReportMade(
+                attempt.pk,
+                fence,
+                outcome,
+                self.world.now,
+                f"{self.name}#{self.incarnation}",
+                answer,
+                next(self.world.happened),
+            )
         )
 
     # --- the tool the wrapper runs --------------------------------------------------------
@@ -277,6 +288,8 @@ class AgentState:
                 licensed=licensed,
                 wait=wait,
                 on_request_id=call.record_request_id if keep_receipt else None,
+                beat=call.heartbeat,
+                beat_every=lease / 3,
             )
             return sent.response
 
@@ -344,6 +357,7 @@ class AgentState:
                 attempt = recording.mark_dispatched(attempt, actor=actor)
             self.lease_end = attempt.next_check_at
             fence = attempt.fence
+            lease = float(Tool.objects.filter(name=name).values_list("dispatch_lease_seconds", flat=True).get() or 60.0)
             world.checkpoint(f"claimed #{attempt.pk}")
             provider = run.network.providers[name]
             wait = checks.timeout_for(
@@ -361,6 +375,8 @@ class AgentState:
                         fence=fence,
                         licensed=self.lease_end is not None and world.now <= self.lease_end,
                         wait=wait,
+                        beat=lambda: session.heartbeat(attempt, fence),
+                        beat_every=lease / 3,
                     )
                 except NothingHappened as exc:
                     session.fail(attempt, fence=fence, reason=str(exc), retryable=True)
@@ -374,6 +390,9 @@ class AgentState:
                     raise
                 except (TimeoutError, ConnectionResetError) as exc:
                     session.mark_unknown(attempt, fence=fence, reason=f"{type(exc).__name__}: {exc}")
+                    if sdk_try == 1 and provider.traits.idempotent and world.rng.random() < 0.7:
+                        self.lease_end = None  # as above: a resend after its report is its SDK's own
+                        continue
                     raise
                 session.confirm(
                     attempt,
@@ -513,6 +532,10 @@ def operator_body(run: Run, username: str) -> Callable[[Actor], None]:
             if not choices:
                 continue
             what = rng.choice(choices)
+            if allowed.verify and rng.random() < 0.5:
+                # Most of the time an operator looks at the provider first.
+                seen = run.network.providers[attempt.tool_name].found(attempt.provider_key)
+                what = "verify" if seen is not None else rng.choice([c for c in choices if c != "verify"])
             try:
                 _operate(run, what, attempt, me, rng.choice(colleagues))
                 run.truth.decided(what)
@@ -609,7 +632,7 @@ def author_body(run: Run) -> Callable[[Actor], None]:
         tools = {name: list(scopes) for name, scopes in SCOPES.items()}
         approvals: dict[str, str] = {}
         # Some seeds' authors change the policy every few seconds (a script gone wild), most now and then.
-        tempo = rng.choice([5.0, 60.0, 120.0])
+        tempo = rng.choice([15.0, 60.0, 180.0])
         while not run.settling:
             world.sleep(rng.uniform(1, 2 * tempo), "between policy changes")
             if run.settling:

@@ -335,7 +335,7 @@ class Checker:
     def _heard_after(self, request: Request) -> bool:
         """Whether the sender of ``request`` reported on its attempt after sending it."""
         return any(
-            r.sender == request.sender and r.attempt_id == request.attempt_id and r.at >= request.sent_at
+            r.sender == request.sender and r.attempt_id == request.attempt_id and r.order > request.order
             for r in self.run.truth.reports
         )
 

@@ -75,6 +75,8 @@ class Request:
     request_id: str = ""
     #: What its sender learned: the answer, "lost", "reset", or "" (it stopped waiting first).
     told: str = ""
+    #: Where its sending falls among everything actors did (``World.happened``).
+    order: int = 0
 
 
 @dataclass
@@ -190,6 +192,9 @@ class Provider:
         world.at(delay, act)
 
     def _act(self, request: Request, reply: Reply) -> None:
+        if self.traits.works_while_caller_waits and self.world.waiting.get(reply.waiter.name) is not reply:
+            request.outcome = "abandoned"  # its caller stopped waiting (gave up, or died): the work stops
+            return
         effect = Effect(
             n=len(self.effects) + 1,
             provider=self.name,
@@ -243,10 +248,14 @@ def call(
     licensed: bool,
     wait: float,
     on_request_id: Callable[[str], None] | None = None,
+    beat: Callable[[], object] | None = None,
+    beat_every: float = 0.0,
 ) -> Dispatched:
     """Send one request from the running actor and wait for the answer, up to
     ``wait`` seconds: the provider's receipt, or the exception a real client
-    would meet (refused before acting, declined, reset, timed out)."""
+    would meet (refused before acting, declined, reset, timed out). While it
+    waits, ``beat`` (the attempt's heartbeat) is called every ``beat_every``
+    seconds, as the recording wrapper beats while a tool runs."""
     actor = world.current
     assert actor is not None
     request = Request(
@@ -260,13 +269,19 @@ def call(
         sent_at=world.now,
         licensed=licensed,
         wait=wait,
+        order=next(world.happened),
     )
     reply = provider.send(request, actor)
     deadline = world.now + timedelta(seconds=wait)
     world.waiting[actor.name] = reply
     try:
+        next_beat = world.now + timedelta(seconds=beat_every) if beat is not None and beat_every > 0 else None
         while not reply.arrived and world.now < deadline:
-            world.sleep((deadline - world.now).total_seconds(), f"waiting on {provider.name} (request {request.n})")
+            until = deadline if next_beat is None else min(deadline, next_beat)
+            world.sleep((until - world.now).total_seconds(), f"waiting on {provider.name} (request {request.n})")
+            if beat is not None and next_beat is not None and not reply.arrived and next_beat <= world.now < deadline:
+                beat()
+                next_beat = world.now + timedelta(seconds=beat_every)
     finally:
         world.waiting.pop(actor.name, None)
     if not reply.arrived:

@@ -56,6 +56,7 @@ class Outcome:
 
     seed: int
     steps: int
+    #: the fault kinds asked for (each run switches on most of them: its trace says which)
     faults: tuple[str, ...]
     violations: list[Violation]
     trace: list[str]
@@ -82,8 +83,14 @@ class Run:
     def __init__(self, seed: int, steps: int, faults: Iterable[str]) -> None:
         self.seed = seed
         self.steps = steps
-        self.enabled = frozenset(faults)
+        self.requested = frozenset(faults)
         self.world = World(seed)
+        # Each seed switches on most of the kinds asked for, not always all:
+        # histories with fewer kinds of fault reach combinations all of them
+        # at once would crowd out. (A draw for every kind, asked or not, so
+        # leaving one out does not change the others' draws.)
+        draws = {kind: self.world.rng.random() for kind in FAULTS}
+        self.enabled = frozenset(kind for kind in self.requested if draws[kind] < 0.75)
         self.provider_faults = Faults(self.world, self.enabled)
         self.network = Network(self.world)
         self.truth = actors.Truth()
@@ -136,7 +143,7 @@ class Run:
         scenario.apply_timings(self.plan)
         self.truth.authority.append((0, dict(scenario.SCOPES), {}, True))
         states = [
-            actors.AgentState(self, f"agent-{n}", list(tasks), stepwise=rng.random() < 0.3)
+            actors.AgentState(self, f"agent-{n}", list(tasks), stepwise=rng.random() < 0.4)
             for n, tasks in enumerate(self.plan.agents)
         ]
         if "repeat" in self.enabled and rng.random() < 0.5:
@@ -145,8 +152,10 @@ class Run:
             states.append(actors.AgentState(self, "agent-twin", [states[0].tasks[0]]))
         for state in states:
             self.spawn_agent(state, after=rng.uniform(0, 20))
+        # Recovery starts at once, or (some seeds) only minutes in: agents retry on their own meanwhile.
+        late_start = rng.random() < 0.3
         for n in range(self.plan.reconcilers):
-            self.spawn_reconciler(n, after=rng.uniform(0, 5))
+            self.spawn_reconciler(n, after=rng.uniform(60, 600) if late_start else rng.uniform(0, 5))
         for name in scenario.OPERATORS[1:]:
             world.spawn(name, "person", actors.operator_body(self, name), after=rng.uniform(0, 60))
         for name in scenario.APPROVERS:
@@ -154,6 +163,7 @@ class Run:
         if "policy" in self.enabled:
             world.spawn("policy-author", "author", actors.author_body(self), after=rng.uniform(0, 60))
         world.on_resume = self._on_resume
+        self.trace.append(f"{'':>5} seed {self.seed}: faults on: {', '.join(sorted(self.enabled)) or 'none'}")
 
     # --- running -----------------------------------------------------------------------------
 
@@ -248,7 +258,7 @@ def run_seed(databases: ScratchDatabases, seed: int, *, steps: int, faults: Iter
             outcome = Outcome(
                 seed=seed,
                 steps=steps,
-                faults=tuple(sorted(run.enabled)),
+                faults=tuple(sorted(run.requested)),
                 violations=violations,
                 trace=run.trace,
                 digest=run.digest(),

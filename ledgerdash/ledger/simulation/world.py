@@ -110,6 +110,8 @@ class World:
         self.actors: list[Actor] = []
         #: What each actor waits on now, by name (an answer that comes after its sender gave up wakes nobody).
         self.waiting: dict[str, Any] = {}
+        #: Numbers what actors do in the order they do it (several things happen at one instant).
+        self.happened = itertools.count(1)
         #: Decides, each time a killable actor is about to resume, whether a
         #: fault hits it first: :data:`KILL`, a pause in seconds, or None.
         self.on_resume: Callable[[Actor], str | float | None] | None = None
