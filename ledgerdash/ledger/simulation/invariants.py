@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import jmespath
 
-from ledgerdash.ledger import audit
+from ledgerdash.ledger import audit, rules
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.models import (
     IN_FLIGHT_STATES,
@@ -114,6 +114,7 @@ class Checker:
         for event in events:
             found += self._dispatch_authorized(event, attempts, step)
             found += self._proof_true(event, attempts, step)
+        found += self._proofs_on_show(attempts, step)
         found += self._confirmed_with_evidence(attempts, step)
         found += self._no_effect_twice(attempts, step)
         found += self._failed_with_grounds(attempts, step)
@@ -174,6 +175,32 @@ class Checker:
                 f"({standing['proof']}), but {what}",
             )
         ]
+
+    def _proofs_on_show(self, attempts: dict[int, Attempt], step: int) -> list[Violation]:
+        """What the ledger shows an approver about an attempt under review
+        (``rules.original_standing``, on the approvals page) is true: when it
+        says the attempt cannot have happened, the provider has no effect of
+        it and none of its requests sent within its lease can still act."""
+        found = []
+        for attempt in attempts.values():
+            if attempt.state != S.MANUAL_REVIEW or attempt.dispatch_count == 0:
+                continue
+            standing = rules.original_standing(attempt, now=self.run.world.now)
+            if not standing.proof:
+                continue
+            mine = [r for r in self.requests() if r.attempt_id == attempt.pk and r.licensed]
+            acted = [r for r in mine if r.effect is not None]
+            pending = [r for r in mine if r.outcome in ("in flight", "pending")]
+            if acted or pending:
+                what = f"its request {acted[0].n} acted" if acted else f"its request {pending[0].n} can still act"
+                found.append(
+                    Violation(
+                        "I4",
+                        step,
+                        f"the ledger shows proof that #{attempt.pk} did not happen ({standing.proof}), but {what}",
+                    )
+                )
+        return found
 
     def _confirmed_with_evidence(self, attempts: dict[int, Attempt], step: int) -> list[Violation]:
         found = []

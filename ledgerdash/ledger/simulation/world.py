@@ -68,6 +68,8 @@ class Actor:
     finished: bool = False
     #: Bumped by each wake-up: an earlier wake-up still on the queue is stale.
     token: int = 0
+    #: Paused (stopped, as a frozen process is) until then: nothing wakes it earlier.
+    frozen_until: datetime | None = None
     error: BaseException | None = None
     #: What the actor is doing (its last yield point), for the trace.
     doing: str = "starting"
@@ -146,13 +148,17 @@ class World:
         self._push(self.now + timedelta(seconds=max(0.0, seconds)), event)
 
     def reschedule(self, actor: Actor, seconds: float) -> None:
-        """Put ``actor``, popped but not resumed, back ``seconds`` from now (a pause)."""
-        self._push_actor(self.now + timedelta(seconds=seconds), actor)
+        """Put ``actor``, popped but not resumed, back ``seconds`` from now: a
+        pause, as of a frozen process (nothing wakes it before it is over)."""
+        actor.frozen_until = self.now + timedelta(seconds=seconds)
+        self._push_actor(actor.frozen_until, actor)
 
     def wake(self, actor: Actor) -> None:
-        """Wake ``actor`` now, before the end of its sleep (what it waited for arrived)."""
+        """Wake ``actor`` now, before the end of its sleep (what it waited for
+        arrived); a paused actor when its pause is over."""
         if not actor.finished:
-            self._push_actor(self.now, actor)
+            frozen = actor.frozen_until
+            self._push_actor(frozen if frozen is not None and frozen > self.now else self.now, actor)
 
     # --- what actors call ------------------------------------------------------------------
 
