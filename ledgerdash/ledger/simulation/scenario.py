@@ -9,7 +9,7 @@ of provider the ledger must recover against:
 ``sim.charge`` not idempotent (every request acts)
 ``sim.ticket`` idempotent, keeps keys for ever, its lookup often unavailable, declines some
 ``sim.deploy`` not idempotent, acts late in its window, its lookup slow, declines some
-``sim.sms``    idempotent, keeps keys ten minutes, refuses before acting or for good
+``sim.sms``    idempotent, keeps keys two minutes, refuses before acting or for good
 ``sim.task``   not idempotent, an upstream behind the MCP gateway: it works as
                long as its caller waits
 =============  ==============================================================
@@ -39,7 +39,7 @@ PROVIDERS: dict[str, Traits] = {
     "sim.charge": Traits(idempotent=False, retention=None, processing=3.0),
     "sim.ticket": Traits(idempotent=True, retention=None, processing=2.0, lookup="flaky", declines=0.1),
     "sim.deploy": Traits(idempotent=False, retention=None, processing=8.0, acts_late=True, lookup="slow", declines=0.1),
-    "sim.sms": Traits(idempotent=True, retention=600, processing=1.0, refuses=0.3, declines=0.2),
+    "sim.sms": Traits(idempotent=True, retention=120, processing=1.0, refuses=0.3, declines=0.2),
     "sim.task": Traits(idempotent=False, retention=None, processing=2.0, works_while_caller_waits=True),
 }
 
