@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +29,7 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from ledgerdash.client import LedgerClient, LedgerUnavailable
 from ledgerdash.db.postgresql.base import QUIET_WITHIN
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Membership, Tenant, TokenScope
+from ledgerdash.ledger.models import Membership, State, Tenant, TokenScope
 from ledgerdash.ledger.tokens import token_create
 from tests.conftest import SERVER_OUTPUT
 from tests.database_roles import admin_connect
@@ -236,3 +237,72 @@ def test_fifty_agent_processes_share_the_pooled_connections(app: App) -> None:
     assert failures == []
     # 2 workers x a pool of at most 2, whatever the number of agents.
     assert 1 <= len(busiest) <= 4, "\n".join(map(str, busiest))
+
+
+def _api(app: App, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, dict[str, str], str]:
+    request = urllib.request.Request(
+        f"{app.base}/api/v1{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method.upper(),
+        headers={"Authorization": f"Bearer {app.token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=15) as answer:
+            return answer.status, dict(answer.headers), answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, dict(refused.headers), refused.read().decode()
+
+
+def _sweep(app: App, attempt_id: int, unknown_id: int) -> list[str]:
+    """Every endpoint and page once; what answered other than 2xx-4xx or a 503 with Retry-After."""
+    from tests.test_answers_under_trouble import PAGES, api_requests
+
+    wrong = []
+    asked = [("api", method, path, body) for method, path, body in api_requests(attempt_id, unknown_id)]
+    asked += [("page", "get", path.format(unknown=unknown_id, tenant="acme"), None) for path in PAGES]
+    for kind, method, path, body in asked:
+        status, headers, text = _api(app, method, path, body) if kind == "api" else app.browser.get(path)
+        if status >= 500 and not (status == 503 and int(headers.get("Retry-After", "0")) > 0):
+            wrong.append(f"{method.upper()} {path}: {status} {text[:200]}")
+    return wrong
+
+
+@pytest.mark.parametrize("app", [{"DATABASE_LOCK_TIMEOUT_MS": "150"}], indirect=True)
+def test_every_endpoint_answers_each_locked_table_and_terminated_sessions_cleanly(app: App) -> None:
+    from ledgerdash.ledger.policies import policy_publish
+    from tests.conftest import TOOLS_V1
+    from tests.factories import attempt_in
+    from tests.test_answers_under_trouble import TABLES
+
+    eventually_ok(app, "/queues/unknown/")
+    tenant = Tenant.objects.get(slug="acme")
+    policy_publish(tenant=tenant, tools=TOOLS_V1, actor=Actor.system("tests"), note="initial")
+    attempt = attempt_in(State.INTENT_RECORDED, tenant, key="invoice:7:send")
+    unknown = attempt_in(State.UNKNOWN, tenant, key="locked-unknown")
+    wrong: list[str] = []
+    with admin_connect() as admin:
+        for table in TABLES:
+            with admin.transaction():
+                admin.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+                wrong += [f"{table} locked: {line}" for line in _sweep(app, attempt.pk, unknown.pk)]
+    # Sessions terminated every few milliseconds while every endpoint is asked, twice over.
+    stop = threading.Event()
+
+    def terminate() -> None:
+        with admin_connect() as killer:
+            while not stop.wait(0.02):
+                killer.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                    [app.sessions],
+                )
+
+    killer = threading.Thread(target=terminate)
+    killer.start()
+    try:
+        for _ in range(2):
+            wrong += [f"terminated: {line}" for line in _sweep(app, attempt.pk, unknown.pk)]
+    finally:
+        stop.set()
+        killer.join()
+    assert wrong == [], "\n".join(wrong)
+    assert "Internal Server Error" not in app.logged()

@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from django.db.models import QuerySet
 from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -189,8 +188,9 @@ class AttemptDetailOut(AttemptOut):
     events: list[EventOut]
 
     @staticmethod
-    def resolve_events(attempt: Attempt) -> QuerySet[AttemptEvent]:
-        return attempt.events.order_by("seq")
+    def resolve_events(attempt: Attempt) -> list[AttemptEvent]:
+        # read in the view, in order (``api.attempts._whole``): a read here would fail outside the error handling
+        return sorted(attempt.events.all(), key=lambda event: event.seq)
 
 
 class AttemptListOut(Schema):

@@ -1,6 +1,15 @@
 """The attempt endpoints: each parses, calls one function of
 :mod:`ledgerdash.ledger.recording` and returns the attempt, which the
-response schemas (:mod:`ledgerdash.ledger.api_schemas`) render."""
+response schemas (:mod:`ledgerdash.ledger.api_schemas`) render.
+
+Each returns the attempt *whole* (:func:`_whole`): what its schema shows
+from other tables (the owner, the events) is read in the view. django-ninja
+renders the answer after the view, through pydantic, and pydantic turns a
+database error raised by a lazy read into a validation error: the answer
+would be a 500 where a failing database must answer 503
+``ledger_unavailable`` with ``Retry-After``. The schemas' resolvers read
+only what is loaded (``tests/test_answers_under_trouble.py``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet, prefetch_related_objects
 from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router
 from ninja.responses import Status
@@ -32,7 +41,7 @@ from ledgerdash.ledger.api_schemas import (
 )
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import ClaimLost, InvalidArgs, InvalidField
-from ledgerdash.ledger.models import OWNED_STATES, Attempt
+from ledgerdash.ledger.models import OWNED_STATES, Attempt, AttemptEvent
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 LATE_HEADER = "Ledgerdash-Late-Report"
@@ -64,6 +73,18 @@ def _act(request: HttpRequest, attempt_id: int, op: Callable[[Attempt], Attempt]
     its last: :mod:`ledgerdash.ledger.copies`), else on the row read now."""
     tenant_id = token_of(request).tenant_id
     return copies.act(attempt_id, tenant_id, op, lambda: _attempt_for(request, attempt_id))
+
+
+def _whole(attempt: Attempt, *, events: bool = False) -> Attempt:
+    """``attempt`` with what its answer shows from other tables read now, inside the API's error handling."""
+    lookups: list[str | Prefetch[str]] = []
+    if attempt.owner_id is not None and not Attempt.owner.is_cached(attempt):
+        lookups.append("owner")
+    if events:
+        lookups.append(Prefetch("events", queryset=AttemptEvent.objects.order_by("seq")))
+    if lookups:
+        prefetch_related_objects([attempt], *lookups)
+    return attempt
 
 
 def _only_params(request: HttpRequest, allowed: frozenset[str] = frozenset()) -> None:
@@ -111,7 +132,7 @@ def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentI
     if not recorded.created:
         response[REPLAYED_HEADER] = "true"
     copies.keep(recorded.attempt)
-    return Status(201 if recorded.created else 200, recorded.attempt)
+    return Status(201 if recorded.created else 200, _whole(recorded.attempt))
 
 
 @router.post(
@@ -141,7 +162,7 @@ def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: D
             )
         return recording.mark_dispatched(attempt, actor=actor)
 
-    return _act(request, attempt_id, claim)
+    return _whole(_act(request, attempt_id, claim))
 
 
 @router.post(
@@ -155,8 +176,8 @@ def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: D
 def record_request_id(request: HttpRequest, payload: RequestIdIn, attempt_id: int = AttemptId) -> Attempt:
     _only_params(request)
     attempt = _attempt_for(request, attempt_id)
-    return recording.record_request_id(
-        attempt, payload.provider_request_id, fence=payload.fence, actor=actor_of(request)
+    return _whole(
+        recording.record_request_id(attempt, payload.provider_request_id, fence=payload.fence, actor=actor_of(request))
     )
 
 
@@ -210,7 +231,7 @@ def report_outcome(
         response[REPLAYED_HEADER] = "true"
     if reports[0].late:
         response[LATE_HEADER] = "true"
-    return attempt
+    return _whole(attempt)
 
 
 @router.post(
@@ -229,7 +250,7 @@ def report_outcome(
 def heartbeat(request: HttpRequest, payload: HeartbeatIn, attempt_id: int = AttemptId) -> Attempt:
     _only_params(request)
     attempt = _attempt_for(request, attempt_id)
-    return recording.heartbeat(attempt, fence=payload.fence, actor=actor_of(request))
+    return _whole(recording.heartbeat(attempt, fence=payload.fence, actor=actor_of(request)))
 
 
 @router.post(
@@ -248,7 +269,7 @@ def heartbeat(request: HttpRequest, payload: HeartbeatIn, attempt_id: int = Atte
 def abandon_intent(request: HttpRequest, payload: AbandonIn, attempt_id: int = AttemptId) -> Attempt:
     _only_params(request)
     attempt = _attempt_for(request, attempt_id)
-    return recording.abandon(attempt, reason=payload.reason, fence=payload.fence, actor=actor_of(request))
+    return _whole(recording.abandon(attempt, reason=payload.reason, fence=payload.fence, actor=actor_of(request)))
 
 
 @router.get(
@@ -285,9 +306,9 @@ def get_attempt(
 ) -> Attempt:
     _only_params(request, GET_PARAMS)
     attempt = _attempt_for(request, attempt_id)
-    if wait <= 0:
-        return attempt
-    return _changed(attempt, attempt.fence if fence is None else fence, _monotonic() + wait)
+    if wait > 0:
+        attempt = _changed(attempt, attempt.fence if fence is None else fence, _monotonic() + wait)
+    return _whole(attempt, events=True)
 
 
 def _sleep(seconds: float) -> None:
