@@ -65,6 +65,8 @@ MIDDLEWARE = [
     "ledgerdash.ops.requests.RequestLogMiddleware",
     # Its process_exception turns a database that is down or too slow into a 503.
     "ledgerdash.ops.unavailable.DatabaseUnavailableMiddleware",
+    # Health probes, answered before anything reads the Host header (ledgerdash/ops/health.py).
+    "ledgerdash.ops.health.ProbeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -54,6 +54,20 @@ def test_healthz_answers_without_the_database(client: Client) -> None:
     assert response.json() == {"status": "ok"}
 
 
+@pytest.mark.django_db
+def test_probes_answer_whatever_the_host_header_while_pages_still_refuse_it(
+    client: Client, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A container's health check asks by IP address, which ALLOWED_HOSTS refuses for every page."""
+    settings.ALLOWED_HOSTS = ["ledger.example.com"]
+    settings.SECURE_SSL_REDIRECT = True
+    for probe in ("/healthz", "/readyz"):
+        response = client.get(probe, HTTP_HOST="127.0.0.1:8000")
+        assert response.status_code == 200, response.content
+    assert "Invalid HTTP_HOST" not in caplog.text
+    assert client.get("/login/", HTTP_HOST="127.0.0.1:8000").status_code == 400
+
+
 def test_health_endpoints_refuse_other_methods(client: Client) -> None:
     assert client.post("/healthz").status_code == 405
     assert client.post("/readyz").status_code == 405

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -112,3 +114,94 @@ def test_a_bare_gunicorn_without_static_files_says_so_and_serves_the_api(tmp_pat
     log = output.read_text()
     assert "static files are not collected" in log
     assert "the API is not affected" in log
+
+
+def healthcheck_command(port: int) -> list[str]:
+    """The container image's HEALTHCHECK command (deploy/Dockerfile), aimed at ``port`` instead of 8000."""
+    line = next(
+        line for line in (ROOT / "deploy" / "Dockerfile").read_text().splitlines() if line.startswith("HEALTHCHECK")
+    )
+    command = line.split(" CMD ", 1)[1].replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    return ["sh", "-c", command.replace("python ", f"{PYTHON} ", 1)]
+
+
+def test_the_images_health_check_passes_against_the_production_start(tmp_path: Path) -> None:
+    """The image sends its probe by IP address; production allows only its own host names and
+    redirects to HTTPS: the probe passes, and the server logs no refused host."""
+    port = free_port()
+    env = production_env(tmp_path, port) | {
+        "ALLOWED_HOSTS": "ledger.example.com",
+        "SECURE_SSL_REDIRECT": "true",
+        "LOG_FORMAT": "plain",
+    }
+    manage(env, "migrate", "--noinput")
+    log = tmp_path / "web.log"
+    with running([str(ROOT / "deploy" / "start-web")], env=env, timeout=180, output=log):
+        command = healthcheck_command(port)
+        for _ in range(240):
+            probe = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+            if probe.returncode == 0:
+                break
+            time.sleep(0.5)
+        assert probe.returncode == 0, probe.stderr[-2000:]
+        assert subprocess.run(command, capture_output=True, timeout=30, check=False).returncode == 0
+    logged = log.read_text(errors="replace")
+    assert "Invalid HTTP_HOST" not in logged
+    assert "DisallowedHost" not in logged
+
+
+def _container_runtime() -> str | None:
+    """A container runtime whose daemon answers, or None."""
+    for runtime in ("docker", "podman"):
+        if shutil.which(runtime) is None:
+            continue
+        info = subprocess.run([runtime, "info"], capture_output=True, timeout=30, check=False)
+        if info.returncode == 0:
+            return runtime
+    return None
+
+
+def test_the_built_image_reports_itself_healthy(tmp_path: Path) -> None:
+    runtime = _container_runtime()
+    if runtime is None:
+        pytest.skip("no container runtime answers here (docker or podman with its daemon)")
+    tag = f"ledgerdash-health-test:{os.getpid()}"
+    build = subprocess.run(
+        [runtime, "build", "-f", "deploy/Dockerfile", "-t", tag, "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if build.returncode != 0 and "pull" in build.stderr.lower():
+        pytest.skip(f"the base image cannot be pulled here: {build.stderr.strip().splitlines()[-1]}")
+    assert build.returncode == 0, build.stderr[-3000:]
+    name = f"ledgerdash-health-{os.getpid()}"
+    env = {
+        "SECRET_KEY": "image-health-" + "h" * 40,
+        "ALLOWED_HOSTS": "ledger.example.com",
+        "DATABASE_URL": "sqlite:////tmp/ledger.sqlite3",
+    }
+    run = [runtime, "run", "-d", "--name", name, "--health-interval=2s", "--health-start-period=60s"]
+    for key, value in env.items():
+        run += ["-e", f"{key}={value}"]
+    subprocess.run([*run, tag], check=True, capture_output=True, timeout=120)
+    try:
+        status = ""
+        for _ in range(120):
+            status = subprocess.run(
+                [runtime, "inspect", "--format", "{{.State.Health.Status}}", name],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+            if status in ("healthy", "unhealthy"):
+                break
+            time.sleep(1)
+        logs = subprocess.run([runtime, "logs", name], capture_output=True, text=True, check=False)
+        assert status == "healthy", (logs.stdout + logs.stderr)[-3000:]
+        assert "Invalid HTTP_HOST" not in logs.stdout + logs.stderr
+    finally:
+        subprocess.run([runtime, "rm", "-f", name], capture_output=True, check=False)
+        subprocess.run([runtime, "rmi", "-f", tag], capture_output=True, check=False)

@@ -4,13 +4,25 @@
 - ``/readyz``: the database answers and every migration this code knows is
   applied: send traffic only when this passes. A failing check answers 503
   with JSON naming it.
+
+Both are answered by :class:`ProbeMiddleware`, in ``MIDDLEWARE`` after the
+request log (so they are timed and counted) and
+before anything reads the ``Host`` header: a container's health check or a
+load balancer asks by IP address (``Host: 127.0.0.1:8000``), which
+``ALLOWED_HOSTS`` rightly refuses for every other page. The answers build no
+URL and carry nothing about the deployment, so the host they were asked by
+does not matter. (``SECURE_REDIRECT_EXEMPT`` keeps them on plain HTTP too.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.response import HttpResponseBase
+from django.urls import resolve
 from django.views.decorators.http import require_GET
 
 #: Once this process saw every migration applied it stops asking: they are not unapplied under a running app.
@@ -64,3 +76,20 @@ def readyz(request: HttpRequest) -> JsonResponse:
     if not ready:
         response["Retry-After"] = "5"
     return response
+
+
+PROBES = frozenset({"/healthz", "/readyz"})
+
+
+class ProbeMiddleware:
+    """Answer ``/healthz`` and ``/readyz`` whatever the ``Host`` header says."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        if request.path_info not in PROBES:
+            return self.get_response(request)
+        request.resolver_match = match = resolve(request.path_info)  # the request log's route
+        response: HttpResponse = match.func(request)
+        return response
