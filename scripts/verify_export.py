@@ -21,7 +21,10 @@ walked on its own, as above, from its first seq to its head.
 
 --known-head TENANT:SEQ:HASH (repeatable) checks the chain still passes
 through a head you kept from an earlier export or from verify_audit.
-Exit status 0 when everything checked holds, 1 otherwise.
+Exit status 0 when everything checked holds (what the file proves is
+printed), 1 otherwise: then every problem is printed as BROKEN and nothing
+in the file is said to be verified, since rows past a broken one may rest
+on it.
 """
 
 from __future__ import annotations
@@ -81,9 +84,11 @@ def link(prev_hash: str, content: str) -> str:
     return hashlib.sha256(bytes.fromhex(prev_hash) + bytes.fromhex(content)).hexdigest()
 
 
-def verify(path: str, known_heads: dict[tuple[str, int], str]) -> list[str]:
-    """Problems found (empty when everything holds); prints what was proven."""
+def verify(path: str, known_heads: dict[tuple[str, int], str]) -> tuple[list[str], list[str]]:
+    """The problems found (empty when everything holds) and what the file
+    proves; the caller states what it proves only when nothing is broken."""
     problems: list[str] = []
+    proven: list[str] = []
     state: dict[tuple[str, int], dict[str, Any]] = {}
     chains: dict[str, int] = {}
     walkable = True
@@ -104,14 +109,14 @@ def verify(path: str, known_heads: dict[tuple[str, int], str]) -> list[str]:
             if row["details"] != counted:
                 problems.append(f"{whose}: the head row counts {row['details']}, the file has {counted}")
             if not walkable:
-                print(f"{whose}: {t['events']} rows unmodified and linked to their neighbours; a filtered export")
-                print(f"  without link rows cannot prove completeness (head seq {row['event_seq']} {row['hash']})")
+                proven.append(f"{whose}: {t['events']} rows unmodified and linked to their neighbours; a filtered export")
+                proven.append(f"  without link rows cannot prove completeness (head seq {row['event_seq']} {row['hash']})")
             elif (t["seq"], t["hash"]) != (row["event_seq"], row["hash"]):
                 problems.append(f"{whose}: the rows end at seq {t['seq']}, not at the head (seq {row['event_seq']})")
             elif t["whole"] and n == 1:
-                print(f"{whose}: VERIFIED seq 1..{t['seq']}, complete and unmodified up to head {row['hash']}")
+                proven.append(f"{whose}: VERIFIED seq 1..{t['seq']}, complete and unmodified up to head {row['hash']}")
             elif t["whole"]:
-                print(
+                proven.append(
                     f"{whose}: VERIFIED seq {stripe + 1}..{t['seq']} every {n}, complete and unmodified up to"
                     f" head {row['hash']}"
                 )
@@ -151,7 +156,7 @@ def verify(path: str, known_heads: dict[tuple[str, int], str]) -> list[str]:
         elif cut:
             problems.append(f"{tenant}: no head row for chain {', '.join(map(str, cut))}: the file was cut short")
     problems += [f"{tenant} seq {seq}: the kept head is not in this export" for tenant, seq in known_heads]
-    return problems
+    return problems, proven
 
 
 def main() -> int:
@@ -163,10 +168,16 @@ def main() -> int:
     for item in args.known_head:
         tenant, seq, digest = item.rsplit(":", 2)
         known[(tenant, int(seq))] = digest
-    problems = verify(args.export, known)
-    for problem in problems:
-        print("BROKEN:", problem)
-    return 1 if problems else 0
+    problems, proven = verify(args.export, known)
+    if problems:
+        # Nothing in a file found broken is stated as verified: a row further on may rest on the broken one.
+        for problem in problems:
+            print("BROKEN:", problem)
+        print(f"NOT VERIFIED: {len(problems)} problem(s) found; nothing in this file is vouched for")
+        return 1
+    for line in proven:
+        print(line)
+    return 0
 
 
 if __name__ == "__main__":

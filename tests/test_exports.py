@@ -141,6 +141,21 @@ def test_a_filtered_export_with_links_walks_to_the_head(
     assert "acme: VERIFIED" in result.stdout
 
 
+def test_an_edited_row_is_broken_and_nothing_is_said_to_be_verified(
+    stuck: dict[str, Attempt], tenant_a: Tenant, tmp_path: Path
+) -> None:
+    path = export_cli(tmp_path, "--tenant", "acme")
+    text = path.read_text(encoding="utf-8")
+    assert "intent recorded" in text
+    path.write_text(text.replace("intent recorded", "intent altered", 1), encoding="utf-8")
+    result = verify_file(path)
+    assert result.returncode == 1
+    assert "BROKEN:" in result.stdout
+    assert "edited" in result.stdout
+    assert "VERIFIED seq" not in result.stdout
+    assert "NOT VERIFIED" in result.stdout
+
+
 def test_unknown_tenants_users_and_times_are_errors(stuck: dict[str, Attempt], tmp_path: Path) -> None:
     from django.core.management import CommandError
 
