@@ -5,8 +5,8 @@ GUNICORN_CMD_ARGS. The timeouts are chosen together with the database's:
 
 - ``timeout`` (GUNICORN_TIMEOUT, 60 s) is the last resort: a worker silent
   for that long is killed and its clients get no answer at all. The
-  database gives up first: ``DATABASE_LOCK_TIMEOUT_MS`` (5 s) and
-  ``DATABASE_STATEMENT_TIMEOUT_MS`` (20 s) end a stalled statement with an
+  database gives up first: ``DATABASE_LOCK_TIMEOUT_MS`` (10 s) and
+  ``DATABASE_STATEMENT_TIMEOUT_MS`` (30 s) end a stalled statement with an
   error that the app answers as a 503 with ``Retry-After`` (the API's
   ``ledger_unavailable``), so a locked table costs a client seconds and a
   worker nothing.
@@ -25,6 +25,8 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+
+from ledgerdash.ops.logs import gunicorn_config
 
 bind = os.environ.get("LEDGERDASH_BIND", "127.0.0.1:8000")
 # Sync workers by default: each serves one request at a time, and the kernel
@@ -57,10 +59,19 @@ max_requests_jitter = max_requests // 10
 # workers failing one after the other.
 preload_app = True
 # The app logs one line per request itself (LOG_FORMAT); gunicorn's access log
-# is off unless asked for.
+# is off unless asked for. gunicorn's own lines (start, workers, signals) take
+# the app's format: with LOG_FORMAT=json every line the process writes is JSON.
 accesslog = os.environ.get("GUNICORN_ACCESS_LOG") or None
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
+logconfig_dict = gunicorn_config(os.environ.get("LOG_FORMAT", "plain").strip().lower(), loglevel, access=accesslog)
+# gunicorn's control socket (for gunicornc) is off: nothing here uses it, and
+# its default path is in the user's home, where two instances collide and a
+# unit's read-only file system refuses it. GUNICORN_CONTROL_SOCKET=path turns
+# it on at a path of this instance's own.
+control_socket_disable = not os.environ.get("GUNICORN_CONTROL_SOCKET")
+if not control_socket_disable:
+    control_socket = os.environ["GUNICORN_CONTROL_SOCKET"]
 # The client address and scheme come from the proxy in front (BEHIND_TLS_PROXY).
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
 

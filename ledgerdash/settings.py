@@ -13,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
 from ledgerdash.env import env_bool, env_int, env_list, env_str, local_secret_key
+from ledgerdash.ops import logs
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("LEDGERDASH_VAR_DIR") or BASE_DIR / "var")
@@ -364,20 +365,6 @@ if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
 # per line with the record's fields (request id, tenant, attempt, fence,
 # decision), for a log pipeline.
 LOG_FORMAT = env_str("LOG_FORMAT", "plain").strip().lower()
-if LOG_FORMAT not in {"plain", "json"}:
+if LOG_FORMAT not in logs.FORMATS:
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: use plain or json")
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-        "json": {
-            "()": "pythonjsonlogger.json.JsonFormatter",
-            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
-            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
-        },
-    },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
-}
+LOGGING = logs.config(LOG_FORMAT, env_str("LOG_LEVEL", "INFO"))

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -205,3 +206,42 @@ def test_the_built_image_reports_itself_healthy(tmp_path: Path) -> None:
     finally:
         subprocess.run([runtime, "rm", "-f", name], capture_output=True, check=False)
         subprocess.run([runtime, "rmi", "-f", tag], capture_output=True, check=False)
+
+
+def test_with_json_logs_every_line_is_json_and_a_request_is_one_line(tmp_path: Path) -> None:
+    """gunicorn's own lines included; a refused request is not logged twice; nothing is written to the
+    home directory (gunicorn's control socket is off)."""
+    port = free_port()
+    home = tmp_path / "home"
+    home.mkdir()
+    env = production_env(tmp_path, port) | {"HOME": str(home), "LOG_FORMAT": "json"}
+    manage(env, "migrate", "--noinput")
+    log = tmp_path / "web.log"
+    base = f"http://127.0.0.1:{port}"
+    with running([str(ROOT / "deploy" / "start-web")], env=env, url=f"{base}/healthz", timeout=180, output=log):
+        browser = Browser(base)
+        answered = {}
+        for path in ("/login/", "/no-such-page/", "/api/v1/attempts"):
+            request = urllib.request.Request(base + path, headers={"X-Request-ID": f"probe-{len(answered)}"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    answered[path] = response.status
+            except urllib.error.HTTPError as refused:
+                answered[path] = refused.code
+        assert answered == {"/login/": 200, "/no-such-page/": 404, "/api/v1/attempts": 401}
+        assert browser.get("/healthz")[0] == 200
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    parsed = []
+    for line in lines:
+        try:
+            parsed.append(json.loads(line))
+        except json.JSONDecodeError:
+            pytest.fail(f"not a JSON line: {line[:300]}")
+    loggers = {entry.get("logger") for entry in parsed}
+    assert "gunicorn.error" in loggers  # gunicorn's own start lines
+    for n, path in enumerate(answered):
+        about = [entry for entry in parsed if entry.get("request_id") == f"probe-{n}"]
+        assert len(about) == 1, about
+        assert [entry for entry in parsed if path in entry.get("message", "")] == about
+    assert not any("control" in entry.get("message", "").lower() for entry in parsed), parsed
+    assert list(home.iterdir()) == []

@@ -27,6 +27,8 @@ from django.http.response import HttpResponseBase
 from django.template import loader
 from django.views.decorators.csrf import requires_csrf_token
 
+from ledgerdash.ops.logs import first_line
+from ledgerdash.ops.requests import note_problem
 from reviews import errors
 
 log = logging.getLogger(__name__)
@@ -38,13 +40,8 @@ API_PREFIX = "/api/"
 MESSAGE = "the ledger's database is unavailable; nothing was changed, retry later"
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def unavailable_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
-    log.warning("%s %s: the database is unavailable: %s", request.method, request.path, _first_line(exc))
+    note_problem(request, f"the database is unavailable: {first_line(exc)}")
     if request.path.startswith(API_PREFIX):
         response = HttpResponse(
             json.dumps({"code": "ledger_unavailable", "message": MESSAGE}),
