@@ -112,6 +112,8 @@ def api_types(document: dict[str, Any]) -> str:
     out.append("export interface Operations {\n")
     for path, methods in document["paths"].items():
         for method, op in methods.items():
+            if not isinstance(op, dict) or "responses" not in op:
+                continue  # the path item's own fields (its description), not an operation
             body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
             ok = []
             for status, answer in sorted(op.get("responses", {}).items()):

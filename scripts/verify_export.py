@@ -109,8 +109,9 @@ def verify(path: str, known_heads: dict[tuple[str, int], str]) -> tuple[list[str
             if row["details"] != counted:
                 problems.append(f"{whose}: the head row counts {row['details']}, the file has {counted}")
             if not walkable:
-                proven.append(f"{whose}: {t['events']} rows unmodified and linked to their neighbours; a filtered export")
-                proven.append(f"  without link rows cannot prove completeness (head seq {row['event_seq']} {row['hash']})")
+                head = f"head seq {row['event_seq']} {row['hash']}"
+                proven.append(f"{whose}: {t['events']} rows unmodified and linked to their neighbours; a filtered")
+                proven.append(f"  export without link rows cannot prove completeness ({head})")
             elif (t["seq"], t["hash"]) != (row["event_seq"], row["hash"]):
                 problems.append(f"{whose}: the rows end at seq {t['seq']}, not at the head (seq {row['event_seq']})")
             elif t["whole"] and n == 1:

@@ -94,6 +94,8 @@ def test_each_operation_documents_its_statuses_their_codes_and_headers() -> None
     documented: set[str] = set()
     for path, operations in doc["paths"].items():
         for method, operation in operations.items():
+            if method == "description":
+                continue  # the path's own, not an operation
             responses = operation["responses"]
             assert "405" in responses, (method, path)
             if method == "post":
@@ -112,3 +114,18 @@ def test_each_operation_documents_its_statuses_their_codes_and_headers() -> None
     assert documented == set(errorcodes.answered())
     record = doc["paths"]["/api/v1/attempts"]["post"]["responses"]
     assert "Idempotent-Replayed" in record["200"]["headers"]
+
+
+@pytest.mark.django_db
+def test_every_path_says_what_other_methods_answer_and_they_do(client: Client) -> None:
+    """A method a path does not serve answers 405 with Allow, as the path's description in the document says."""
+    document = client.get("/api/v1/openapi.json").json()
+    for template, item in document["paths"].items():
+        served = [method.upper() for method in ("get", "put", "post", "delete", "patch") if method in item]
+        assert f"with `Allow: {', '.join(served)}`" in item.get("description", ""), template
+        path = template.replace("{attempt_id}", "1")
+        for method in {"GET", "POST", "PUT", "PATCH", "DELETE"} - set(served):
+            response = client.generic(method, path)
+            assert response.status_code == 405, (method, path, response.content)
+            assert response.json()["code"] == "method_not_allowed"
+            assert {m.strip() for m in response["Allow"].split(",")} == set(served), (method, path)

@@ -57,9 +57,25 @@ def _error(status: int, description: str | None = None) -> dict[str, Any]:
     return answer
 
 
+#: The methods an OpenAPI path item may describe.
+METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+
+
+def other_methods(methods: list[str]) -> str:
+    """What a path says of the methods it does not serve (each answers 405 with ``Allow``)."""
+    served = ", ".join(method.upper() for method in methods)
+    return f"Every other method than {served} answers 405 `method_not_allowed` (an `ErrorOut`) with `Allow: {served}`."
+
+
 def complete(document: dict[str, Any]) -> dict[str, Any]:
+    """Add what the endpoints' types cannot say. A method a path does not serve is not made an
+    operation of its own (generated clients would grow calls that can only fail): each path item
+    says in its description what any other method answers."""
     for operations in document.get("paths", {}).values():
-        for method, operation in operations.items():
+        methods = [method for method in METHODS if method in operations]
+        operations["description"] = other_methods(methods)
+        for method in methods:
+            operation = operations[method]
             responses = operation.setdefault("responses", {})
             responses.setdefault(405, _error(405, "Method Not Allowed (`Allow` names those that are)"))
             if method in ("post", "put", "patch"):
