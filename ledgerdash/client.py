@@ -136,7 +136,8 @@ class ApiError(LedgerClientError):
 
     @property
     def retry_after(self) -> int | None:
-        """On awaiting_approval: the seconds to wait before calling again."""
+        """The seconds to wait before calling again, on every refusal the ledger gave a wait
+        (awaiting_approval, retry_pending, attempt_in_flight)."""
         value = self.body.get("retry_after")
         return value if isinstance(value, int) and value > 0 else None
 

@@ -82,6 +82,15 @@ def test_the_same_key_with_other_args_answers_409_naming_the_linked_attempt(api_
     assert str(linked.pk) in body["message"]
 
 
+def test_a_second_reworded_call_still_names_the_first_attempt_as_the_original(api_a: Api) -> None:
+    original = api_a.record("k", args={"amount": 10})
+    first = api_a.post("/attempts", intent("k", args={"amount": 11})).json()
+    second = api_a.post("/attempts", intent("k", args={"amount": 12})).json()
+    assert second["code"] == "idempotency_key_reused"
+    assert second["attempt_id"] not in (original["id"], first["attempt_id"])
+    assert (first["original_id"], second["original_id"]) == (original["id"], original["id"])
+
+
 def test_a_replayed_confirmed_key_carries_the_stored_result(api_a: Api) -> None:
     attempt = _dispatched(api_a)
     api_a.outcome(attempt["id"], "confirmed", attempt["fence"], provider_request_id="req-1", result={"id": "m-1"})
@@ -113,6 +122,7 @@ def test_a_second_claim_loses_with_409_and_writes_nothing(api_a: Api) -> None:
     # wait for the dispatcher's lease: after it, recovery takes the attempt over
     lease_end = Attempt.objects.get(pk=attempt["id"]).next_check_at
     assert 1 <= int(response["Retry-After"]) <= (lease_end - timezone.now()).total_seconds() + 1
+    assert response.json()["retry_after"] == int(response["Retry-After"])  # for clients that read the body
     assert ledger_snapshot() == snapshot
 
 

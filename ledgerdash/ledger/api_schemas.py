@@ -221,4 +221,9 @@ class ErrorOut(BaseModel):
         None, description="On idempotency_key_reused and authorization_changed: the attempt first recorded."
     )
     state: str | None = None
+    retry_after: int | None = Field(
+        None,
+        description="Seconds to wait before asking again, as the Retry-After header says, on every answer "
+        "that carries one (awaiting_approval, retry_pending, attempt_in_flight, ledger_unavailable).",
+    )
     errors: list[FieldErrorOut] | None = None

@@ -255,13 +255,18 @@ class AttemptBlocked(LedgerError):
 
 class IdempotencyConflict(AttemptBlocked):
     """The key was used before with other arguments. A linked attempt was
-    recorded for review; the tool was not called."""
+    recorded for review; the tool was not called. ``original_id``: the
+    attempt first recorded under the key (the chain's root)."""
 
     code = "idempotency_key_reused"
     MESSAGE = (
         "idempotency key {key!r} was used with other arguments (attempt {original_id}); "
         "recorded linked attempt {attempt_id} for review instead of calling the tool"
     )
+
+    def __init__(self, message: str, attempt: Attempt, *, original_id: int) -> None:
+        super().__init__(message, attempt)
+        self.original_id = original_id
 
 
 class OutcomeUnknown(AttemptBlocked):

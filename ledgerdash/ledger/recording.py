@@ -329,6 +329,7 @@ def _record_conflict(new: NewAttempt, actor: Actor) -> Recorded:
     raise IdempotencyConflict(
         IdempotencyConflict.MESSAGE.format(key=new.idempotency_key, original_id=head.pk, attempt_id=linked.pk),
         linked,
+        original_id=chain[-1].pk,  # the first recorded (the chain is newest first)
     )
 
 

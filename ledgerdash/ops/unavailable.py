@@ -44,7 +44,7 @@ def unavailable_response(request: HttpRequest, exc: BaseException) -> HttpRespon
     note_problem(request, f"the database is unavailable: {first_line(exc)}")
     if request.path.startswith(API_PREFIX):
         response = HttpResponse(
-            json.dumps({"code": "ledger_unavailable", "message": MESSAGE}),
+            json.dumps({"code": "ledger_unavailable", "message": MESSAGE, "retry_after": RETRY_AFTER}),
             status=503,
             content_type="application/json; charset=utf-8",
         )

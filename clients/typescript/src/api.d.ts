@@ -47,6 +47,8 @@ export interface ErrorOut {
   /** On idempotency_key_reused and authorization_changed: the attempt first recorded. */
   original_id?: number | null;
   state?: string | null;
+  /** Seconds to wait before asking again, as the Retry-After header says, on every answer that carries one (awaiting_approval, retry_pending, attempt_in_flight, ledger_unavailable). */
+  retry_after?: number | null;
   errors?: Array<FieldErrorOut> | null;
 }
 

@@ -10,7 +10,11 @@ export declare const ENV_URL: "LEDGERDASH_URL";
 export declare const ENV_TOKEN: "LEDGERDASH_TOKEN";
 export declare const ENV_AGENT: "LEDGERDASH_AGENT";
 
-export declare function errorFor(status: number, body: Record<string, unknown>): import("./base.js").ApiError;
+export declare function errorFor(
+  status: number,
+  body: Record<string, unknown>,
+  retryAfterHeader?: string | null,
+): import("./base.js").ApiError;
 export declare function formatKey(template: string, args: Record<string, unknown>): string;
 
 export interface LedgerClientOptions {

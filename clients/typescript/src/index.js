@@ -29,6 +29,7 @@ import {
   NoTask,
   NothingHappened,
   PermanentFailure,
+  retryAfterOf,
 } from "./base.js";
 import { AttemptInFlight, ClaimLost, ERRORS, InvalidArgs, InvalidKey, ResultUnavailable } from "./errors.js";
 
@@ -61,11 +62,12 @@ function env(name) {
 }
 
 /** The typed error for an error answer: by its code, else its status. */
-export function errorFor(status, body) {
+export function errorFor(status, body, retryAfterHeader = null) {
   const code = String(body?.code || `http_${status}`);
   const cls =
     ERRORS[code] ?? ERRORS[BY_STATUS[status]] ?? (status >= 500 ? ERRORS.internal_error : undefined) ?? ApiError;
-  return new cls(String(body?.message || `HTTP ${status}`), { status, body: body ?? {}, code });
+  const retryAfter = retryAfterOf(body, retryAfterHeader);
+  return new cls(String(body?.message || `HTTP ${status}`), { status, body: body ?? {}, code, retryAfter });
 }
 
 /** The crash drill's named points (LEDGERDASH_CRASH_AT): announce, then die as a crash would. */
@@ -198,11 +200,12 @@ export class LedgerClient {
         last = new LedgerUnavailable(String(payload.message || `HTTP ${response.status}`), {
           sent: true,
           status: response.status,
+          retryAfter: retryAfterOf(payload, response.headers.get("Retry-After")),
         });
         if (retryIfSent) continue;
         throw last;
       }
-      throw errorFor(response.status, payload);
+      throw errorFor(response.status, payload, response.headers.get("Retry-After"));
     }
     throw last;
   }

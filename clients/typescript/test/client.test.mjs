@@ -40,8 +40,8 @@ before(async () => {
       } else if (step === "drop") {
         req.socket.destroy();
       } else {
-        const [status, body] = typeof step === "function" ? step() : step;
-        res.writeHead(status, { "Content-Type": "application/json" }).end(JSON.stringify(body));
+        const [status, body, headers = {}] = typeof step === "function" ? step() : step;
+        res.writeHead(status, { "Content-Type": "application/json", ...headers }).end(JSON.stringify(body));
       }
     });
   });
@@ -203,6 +203,22 @@ describe("the tool wrapper", () => {
     script["POST /attempts"] = [[200, attempt({ state: "OUTCOME_CONFIRMED", result_source: "" })]];
     await assert.rejects(send({}), ResultUnavailable);
     assert.equal(called, 0);
+  });
+
+  test("a refusal carries the wait the ledger asked for and the first attempt of the key", async () => {
+    const ledger = client({ retries: 0 });
+    const args = { taskId: "t", toolName: "x", idempotencyKey: "k", args: { a: 1 } };
+    script["POST /attempts"] = [[409, { code: "attempt_in_flight", message: "m", attempt_id: 7 }, { "Retry-After": "9" }]];
+    const inFlight = await ledger.recordIntent(args).catch((e) => e);
+    assert.ok(inFlight instanceof AttemptInFlight);
+    assert.equal(inFlight.retryAfter, 9);
+    script["POST /attempts"] = [[409, { code: "idempotency_key_reused", message: "m", attempt_id: 9, original_id: 7 }]];
+    const reused = await ledger.recordIntent(args).catch((e) => e);
+    assert.deepEqual([reused.attemptId, reused.originalId, reused.retryAfter], [9, 7, null]);
+    script["POST /attempts"] = [[503, { code: "ledger_unavailable", message: "m" }, { "Retry-After": "5" }]];
+    const unavailable = await ledger.recordIntent(args).catch((e) => e);
+    assert.ok(unavailable instanceof LedgerUnavailable);
+    assert.equal(unavailable.retryAfter, 5);
   });
 
   test("a refusal is thrown typed, and the tool is not called", async () => {

@@ -68,6 +68,9 @@ class ApiError(Exception):
 def error_response(
     status: int, code: str, message: str, *, headers: dict[str, str] | None = None, **extra: Any
 ) -> HttpResponse:
+    if headers and "Retry-After" in headers:
+        # the wait in the body too: a client that reads only the body (or loses headers) still has it
+        extra.setdefault("retry_after", int(headers["Retry-After"]))
     body = {"code": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}
     response = HttpResponse(
         json.dumps(body, ensure_ascii=False), status=status, content_type=f"{JSON_TYPE}; charset=utf-8"
@@ -116,7 +119,7 @@ def _ledger_error(request: HttpRequest, exc: LedgerError) -> HttpResponse:
     if isinstance(exc, AttemptBlocked):
         extra = {"attempt_id": exc.attempt.pk, "state": exc.attempt.state}
         if isinstance(exc, IdempotencyConflict):
-            extra["original_id"] = exc.attempt.parent_id
+            extra["original_id"] = exc.original_id
         if isinstance(exc, RetryPending) and exc.attempt.next_check_at is not None:
             extra["headers"] = {"Retry-After": str(_seconds_until(exc.attempt.next_check_at))}
         if isinstance(exc, AwaitingApproval):
