@@ -414,3 +414,38 @@ def test_the_tool_config_is_validated(sandbox: Sandbox) -> None:
     with pytest.raises(ValidationError, match="only"):
         Tool(name="x", config={"dispatch_url": "http://h/{nope}"}).clean()
     Tool(name="x", config={"lookup_url": "https://h/x?key={key}"}).clean()
+
+
+def test_after_its_connection_was_lost_a_worker_takes_up_its_own_claims_at_once(
+    tenant_a: Tenant, sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claims of a pass broken by a lost connection are this worker's own: once it is back, it
+    decides them in its next pass instead of leaving them until the claim lease ends."""
+    from django.db import OperationalError
+
+    from ledgerdash.ledger import reconciler as module
+
+    intents = [record(tenant_a, f"blip-{n}") for n in range(5)]
+    for attempt in intents:
+        make_due(attempt)
+    worker = Reconciler(label="reconciler-blip")
+    decide = Reconciler.reconcile_one
+    calls: list[int] = []
+
+    def broken_on_the_third(self: Reconciler, attempt: Attempt, tool: Any) -> str:
+        calls.append(attempt.pk)
+        if len(calls) == 3:
+            raise OperationalError("server closed the connection unexpectedly")
+        return decide(self, attempt, tool)
+
+    monkeypatch.setattr(Reconciler, "reconcile_one", broken_on_the_third)
+    monkeypatch.setattr(module, "connection_lost", lambda: True)
+    with pytest.raises(OperationalError):
+        worker.run_pass()
+    held = Attempt.objects.filter(pk__in=[a.pk for a in intents], state=State.INTENT_RECORDED)
+    assert held.count() == 3  # two decided before the connection went; three still claimed
+    assert all(a.next_check_at > timezone.now() for a in held)  # claimed until the lease ends
+    monkeypatch.setattr(Reconciler, "reconcile_one", decide)
+    summary = worker.run_pass()  # the connection is back
+    assert summary.decisions["abandoned"] == 3, summary
+    assert not Attempt.objects.filter(pk__in=[a.pk for a in intents], state=State.INTENT_RECORDED).exists()

@@ -38,8 +38,12 @@ moment); without one, the wall clock.
 
 A pass that loses its database connection stops (it cannot decide anything
 without it); the loop in ``manage.py reconcile`` closes the connection,
-backs off and starts again, and the claims the broken pass held fall due
-again after ``LEDGER_RECONCILER_CLAIM_SECONDS``.
+backs off and starts again. The claims the broken pass still held are this
+worker's own, and it remembers them: its next pass first hands them back
+(each with its claim's fence, so one another worker or an agent moved
+meanwhile is left alone) and so takes them up at once, instead of leaving
+them until ``LEDGER_RECONCILER_CLAIM_SECONDS`` ends the claim. A worker that
+dies with its claims leaves them to that lease.
 """
 
 from __future__ import annotations
@@ -164,6 +168,9 @@ class Reconciler:
         self.stop = stop or threading.Event()
         #: Decide each pass at the instant this returns when it begins; None: the wall clock.
         self.clock = clock
+        #: Claims of this worker's not yet decided, by attempt id: after a pass broken by a lost
+        #: connection, those it held (the next pass hands them back first).
+        self._held: dict[int, Attempt] = {}
 
     # --- the pass -------------------------------------------------------------------
 
@@ -180,6 +187,7 @@ class Reconciler:
     def _pass(self) -> PassSummary:
         started = time.monotonic()
         summary = PassSummary()
+        self._hand_back(list(self._held.values()))  # a broken pass's claims: due now, for this pass
         profiles = registry.profiles()
         seen: set[int] = set()
         while not self.stop.is_set():
@@ -187,6 +195,7 @@ class Reconciler:
             if not claimed:
                 break
             summary.claimed += len(claimed)
+            self._held.update((attempt.pk, attempt) for attempt in claimed)
             for index, attempt in enumerate(claimed):
                 if self.stop.is_set():
                     self._hand_back(claimed[index:])
@@ -195,6 +204,7 @@ class Reconciler:
                     crashpoints.reached(crashpoints.RECONCILER_MID_BATCH)
                     _pause_mid_batch()
                 if attempt.pk in seen:
+                    self._held.pop(attempt.pk, None)
                     # Due again within this pass: leave it for the next one,
                     # so a pass always ends.
                     self._release(attempt, clock.now() + timedelta(seconds=1))
@@ -211,20 +221,28 @@ class Reconciler:
                 except DatabaseError:
                     summary.errors += 1
                     if connection_lost():
-                        log.warning("attempt %s: the database connection was lost; stopping this pass", attempt.pk)
+                        log.warning(
+                            "attempt %s: the database connection was lost; stopping this pass (its %d claim(s)"
+                            " are taken up again once the database answers)",
+                            attempt.pk,
+                            len(self._held),
+                        )
                         raise
                     log.exception("attempt %s: reconciling failed; it is retried when its claim expires", attempt.pk)
                 except Exception:
                     summary.errors += 1
                     log.exception("attempt %s: reconciling failed; it is retried when its claim expires", attempt.pk)
+                self._held.pop(attempt.pk, None)
         summary.seconds = time.monotonic() - started
         return summary
 
     def _hand_back(self, attempts: list[Attempt]) -> None:
-        """Stopping: give unprocessed claims back so another worker takes them now."""
+        """Give claims not decided back, due now (stopping: another worker takes them; after a
+        lost connection: this one does). A claim moved on since is left as it is."""
         now = clock.now()
         for attempt in attempts:
             self._release(attempt, now)
+            self._held.pop(attempt.pk, None)
 
     def _release(self, attempt: Attempt, when: datetime) -> None:
         with contextlib.suppress(StaleFence):
