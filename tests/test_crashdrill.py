@@ -199,3 +199,35 @@ def test_a_blind_retry_makes_the_drill_fail_and_name_the_duplicate(tmp_path: Pat
     assert "no_duplicate_effect" in failed
     assert f"duplicate effect: key {case['key']} was performed 2 times at the provider" in failed["no_duplicate_effect"]
     assert "performed 2 times" in case["at_provider"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="the SQLite run")
+def test_the_drill_runs_under_production_settings(tmp_path: Path) -> None:
+    """DEBUG off, HTTPS redirect on, only the public host allowed: the drill's own web server (plain
+    HTTP on loopback, as behind the TLS proxy) still serves its HTTP agents."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(
+        {
+            "DEBUG": "false",
+            "SECRET_KEY": "drill-production-" + "p" * 40,
+            "ALLOWED_HOSTS": "ledger.example.com",
+            "SECURE_SSL_REDIRECT": "true",
+            "LEDGERDASH_VAR_DIR": str(tmp_path),
+            "DATABASE_URL": f"sqlite:///{tmp_path}/drill.db",
+        }
+    )
+    subprocess.run([PYTHON, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
+    out = tmp_path / "drill.json"
+    result = subprocess.run(
+        [PYTHON, "manage.py", "crashdrill", "--iterations", "8", "--seed", "5", "--json-out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["ok"] is True
+    assert any(case.get("via") == "http" for case in report["cases"]), [c.get("via") for c in report["cases"]]

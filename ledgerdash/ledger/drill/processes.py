@@ -204,6 +204,20 @@ def _wait_for(url: str, proc: subprocess.Popen[Any], what: str, *, seconds: floa
         time.sleep(0.1)
 
 
+def web_environment() -> dict[str, str]:
+    """The drill's web server's environment: the deployment's, on plain HTTP over loopback.
+
+    It is the drill's own server, reached by its agents at 127.0.0.1: under
+    production settings (``SECURE_SSL_REDIRECT``, ``ALLOWED_HOSTS`` naming
+    only the public host) every request would be redirected to HTTPS, which
+    nothing serves on that port, or refused for its host. TLS is the proxy's
+    job in a deployment; the drill tests the ledger behind it.
+    """
+    env = child_environment()
+    hosts = [host for host in env["ALLOWED_HOSTS"].split(",") if host]
+    return env | {"SECURE_SSL_REDIRECT": "false", "ALLOWED_HOSTS": ",".join([*hosts, "127.0.0.1"])}
+
+
 @contextlib.contextmanager
 def web_service(directory: Path) -> Iterator[str]:
     """Serve the app itself (gunicorn, as deployed) on the drill's database,
@@ -225,12 +239,12 @@ def web_service(directory: Path) -> Iterator[str]:
         ],
         stdout=log,
         stderr=log,
-        env=child_environment(),
+        env=web_environment(),
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_for(url + "/api/v1/openapi.json", proc, f"the web server (see {directory / 'web.log'})")
+        _wait_for(url + "/readyz", proc, f"the web server (see {directory / 'web.log'})")
         yield url
     finally:
         stop_group(proc, timeout=15)
