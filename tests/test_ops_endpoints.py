@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
@@ -126,6 +127,23 @@ def test_metrics_show_the_queues_by_tenant_and_state(client: Client, stuck: dict
         "ledgerdash_oldest_attempt_age_seconds",
         (("state", "OUTCOME_CONFIRMED"), ("tenant", "acme")),
     ) not in samples
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("metrics_on")
+def test_a_tenant_never_verified_has_a_chain_sample_so_its_alert_can_fire(client: Client, tenant_a: Any) -> None:
+    from django.core.management import call_command
+
+    from ledgerdash.ledger.models import ChainCheck
+
+    clean = ("ledgerdash_chain_last_clean_timestamp_seconds", (("tenant", "acme"),))
+    samples = scrape(client)
+    assert samples[clean] == tenant_a.created_at.timestamp()  # clean since it was made, and no later
+    assert ("ledgerdash_chain_ok", (("tenant", "acme"),)) not in samples  # never walked
+    call_command("verify_audit", "--tenant", "acme", stdout=io.StringIO())
+    samples = scrape(client)
+    assert samples[clean] == ChainCheck.objects.get(tenant=tenant_a).reached_at.timestamp()
+    assert samples[("ledgerdash_chain_ok", (("tenant", "acme"),))] == 1
 
 
 @pytest.mark.django_db

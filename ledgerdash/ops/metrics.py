@@ -45,6 +45,7 @@ from ledgerdash.ledger.models import (
     Incident,
     ReconcilerWorker,
     State,
+    Tenant,
 )
 from ledgerdash.notify.models import Delivery, DeliveryStatus
 
@@ -221,14 +222,18 @@ class LedgerCollector(Collector):
         )
         clean = GaugeMetricFamily(
             "ledgerdash_chain_last_clean_timestamp_seconds",
-            "When a verify_audit walk of the tenant's chain last held (Unix time).",
+            "When a verify_audit walk of the tenant's chain last held (Unix time); for a tenant never walked "
+            "clean, when it was made (its chain was empty then), so an alert on its age fires for it too.",
             labels=["tenant"],
         )
-        for check in ChainCheck.objects.select_related("tenant"):
-            ok.add_metric([check.tenant.slug], 1 if check.ok else 0)
-            checked.add_metric([check.tenant.slug], check.checked_at.timestamp())
-            if check.reached_at:
-                clean.add_metric([check.tenant.slug], check.reached_at.timestamp())
+        checks = {check.tenant_id: check for check in ChainCheck.objects.all()}
+        for tenant_id, slug, created_at in Tenant.objects.values_list("pk", "slug", "created_at"):
+            check = checks.get(tenant_id)
+            if check is not None:
+                ok.add_metric([slug], 1 if check.ok else 0)
+                checked.add_metric([slug], check.checked_at.timestamp())
+            clean_at = check.reached_at if check is not None and check.reached_at else created_at
+            clean.add_metric([slug], clean_at.timestamp())
         yield ok
         yield checked
         yield clean
