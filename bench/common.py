@@ -308,9 +308,10 @@ def start_gunicorn(
     stop it with :func:`ledgerdash.processes.stop_group`."""
     run_manage(["collectstatic", "--noinput", "-v", "0"], database_url)
     env = django_env(database_url, DJANGO_SETTINGS_MODULE=settings_module, GUNICORN_THREADS=str(threads))
-    venv_gunicorn = ROOT / ".venv" / "bin" / "gunicorn"
+    # This interpreter's gunicorn (the benchmark's environment has the app's packages): the
+    # orchestrator and the server run the same code, and no other environment need exist.
     cmd = [
-        str(venv_gunicorn) if venv_gunicorn.exists() else "gunicorn",
+        sys.executable, "-m", "gunicorn",
         "--config", str(ROOT / "deploy" / "gunicorn.conf.py"), "ledgerdash.wsgi:application",
         "--workers", str(workers), "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
     ]  # fmt: skip
