@@ -216,3 +216,45 @@ def test_postgres_restore_of_a_tampered_ledger_fails_loudly(
     assert "THE RESTORED LEDGER DOES NOT VERIFY" in output
     assert f"seq {victim.seq} missing before tenant acme seq {victim.seq + 1}" in output
     assert "globex: ok" in output
+
+
+def _unit_command(unit: str, state: Path) -> str:
+    """A systemd unit's ExecStart as its shell runs it: systemd's escapes undone (%% and $$),
+    the deployment's paths pointed at this checkout and ``state`` (for /var/lib/ledgerdash)."""
+    text = (ROOT / "deploy" / "systemd" / unit).read_text()
+    line = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    command = line.removeprefix("ExecStart=").replace("%%", "%").replace("$$", "$")
+    command = command.replace("/srv/ledgerdash/.venv/bin/python", PYTHON).replace("/var/lib/ledgerdash", str(state))
+    assert command.startswith("/bin/sh -c '") and command.endswith("'"), command
+    return command.removeprefix("/bin/sh -c '")[:-1]
+
+
+def test_the_units_keep_the_backups_heads_outside_the_database_and_verify_against_them(
+    sqlite_ledger: tuple[Path, str], tmp_path: Path
+) -> None:
+    path, url = sqlite_ledger
+    state = tmp_path / "state"
+    for folder in ("backups", "heads"):
+        (state / folder).mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update({"DEBUG": "true", "DATABASE_URL": url, "LEDGERDASH_VAR_DIR": str(tmp_path / "var")})
+
+    def unit(name: str) -> subprocess.CompletedProcess[str]:
+        command = _unit_command(name, state)
+        return subprocess.run(["/bin/sh", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True)
+
+    backup = unit("ledgerdash-backup.service")
+    assert backup.returncode == 0, backup.stderr
+    latest = state / "heads" / "latest.heads"
+    heads = sqlite_heads(path)
+    assert f"acme: chain head at backup time seq {heads['acme'][0]} {heads['acme'][1]}" in latest.read_text()
+    assert list((state / "backups").iterdir())
+    verified = unit("ledgerdash-verify-audit.service")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    # The verifying unit reads the kept heads: one the chain does not pass through fails it.
+    forged = state / "heads" / "forged.heads"
+    forged.write_text(f"acme:{heads['acme'][0]}:{'0' * 64}\n")
+    latest.unlink()
+    latest.symlink_to(forged.name)
+    refused = unit("ledgerdash-verify-audit.service")
+    assert refused.returncode != 0, refused.stdout
