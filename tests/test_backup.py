@@ -225,7 +225,8 @@ def _unit_command(unit: str, state: Path) -> str:
     line = next(line for line in text.splitlines() if line.startswith("ExecStart="))
     command = line.removeprefix("ExecStart=").replace("%%", "%").replace("$$", "$")
     command = command.replace("/srv/ledgerdash/.venv/bin/python", PYTHON).replace("/var/lib/ledgerdash", str(state))
-    assert command.startswith("/bin/sh -c '") and command.endswith("'"), command
+    assert command.startswith("/bin/sh -c '"), command
+    assert command.endswith("'"), command
     return command.removeprefix("/bin/sh -c '")[:-1]
 
 

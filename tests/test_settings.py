@@ -53,6 +53,17 @@ def test_bad_values_fail_loudly_at_start_up(variable: str, value: str, message: 
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert message in result.stderr
+    assert "Traceback" not in result.stderr  # one line saying what is wrong
+
+
+def test_a_commands_help_without_a_secret_key_says_what_is_missing() -> None:
+    env = {k: v for k, v in PRODUCTION.items() if k != "SECRET_KEY"}
+    result = subprocess.run(
+        [PYTHON, "manage.py", "reconcile", "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set when DEBUG is off" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.slow  # the whole project's checks, in a process of its own
