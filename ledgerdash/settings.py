@@ -354,6 +354,10 @@ elif DEBUG:
     MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
 else:
     MAILERS = {}
+    # Django warns (mail.W001) at every command that no default mailer is set;
+    # here that is a choice (a deployment need not send email), and a channel
+    # of kind email says so when it tries (ledgerdash/notify/senders.py).
+    SILENCED_SYSTEM_CHECKS = [*SILENCED_SYSTEM_CHECKS, "mail.W001"]
 
 # --- operations -------------------------------------------------------------
 # /metrics answers only with this bearer token (and 404 without one set).
