@@ -172,3 +172,14 @@ def test_the_deploy_check_warns_when_the_app_would_connect_as_a_superuser(db: No
     )
     assert "ledgerdash.W010" in result.stderr + result.stdout
     assert "a superuser: it could switch the ledger's triggers off" in result.stderr + result.stdout
+
+
+@pytest.mark.django_db
+def test_applying_roles_that_do_not_exist_says_so_without_changing_anything() -> None:
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError) as refused:
+        call_command("db_roles", "--owner", "no_such_owner_role", "--runtime", "no_such_app_role", "--apply")
+    message = str(refused.value)
+    assert "no role no_such_owner_role or no_such_app_role on this server" in message
+    assert "DB_OWNER_ROLE" in message

@@ -91,10 +91,10 @@ def test_the_deployment_guide_runs_as_written(scratch: dict[str, str], tmp_path:
     with admin_connect(name) as admin:
         admin.execute(f"ALTER ROLE \"{owner}\" PASSWORD 'owner-pw'")
         admin.execute(f"ALTER ROLE \"{runtime}\" PASSWORD 'runtime-pw'")
-    # 2. As the owner: migrations and grants (deploy/migrate).
-    run(base_env | {"OWNER_DATABASE_URL": _url(owner, "owner-pw", name), "DB_OWNER_ROLE": owner,
-                    "DB_RUNTIME_ROLE": runtime}, str(ROOT / "deploy" / "migrate"))  # fmt: skip
+    # 2. As the owner: migrations and grants (deploy/migrate). The roles have names of their own,
+    # which deploy/migrate reads from the two URLs (the app's environment has DATABASE_URL).
     app_env = base_env | {"DATABASE_URL": _url(runtime, "runtime-pw", name)}
+    run(app_env | {"OWNER_DATABASE_URL": _url(owner, "owner-pw", name)}, str(ROOT / "deploy" / "migrate"))
     run(app_env, PYTHON, "manage.py", "shell", "-c", PEOPLE)
     token = run(app_env, PYTHON, "manage.py", "create_api_token", "--tenant", "acme", "--name", "smoke",
                 "--no-expiry").strip().splitlines()[-1].strip()  # fmt: skip

@@ -46,6 +46,17 @@ class Command(BaseCommand):
             return
         if options["database"] and options["database"] != connection.settings_dict["NAME"]:
             raise CommandError("--apply runs on the configured database; point DATABASE_URL at it")
+        if not options["create_roles"]:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", [[owner, runtime]])
+                found = {row[0] for row in cursor.fetchall()}
+            missing = [role for role in (owner, runtime) if role not in found]
+            if missing:
+                raise CommandError(
+                    f"no role {' or '.join(missing)} on this server: create it first as a superuser "
+                    "(docs/security.md, Deploying: database roles), or name the roles you made "
+                    "(--owner/--runtime; deploy/migrate reads DB_OWNER_ROLE and DB_RUNTIME_ROLE)"
+                )
         with transaction.atomic(), connection.cursor() as cursor:  # all or nothing
             for statement in [*create, *grants]:
                 cursor.execute(statement)
