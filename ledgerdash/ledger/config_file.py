@@ -57,7 +57,10 @@ from ledgerdash.notify.models import Audience, Channel, ChannelKind, Rule, RuleE
 
 ACTOR = Actor.system("manage.py ledger_config")
 DEFAULT_NOTE = "published by manage.py ledger_config"
-NEW_USER_NOTE = "no usable password: set one with manage.py changepassword, or sign in through single sign-on"
+NEW_USER_NOTE = (
+    "no usable password: set one with manage.py set_password (no prompt) or changepassword, or sign in through"
+    " single sign-on"
+)
 #: Nullable fields take this for "not set" (TOML has no null).
 EMPTY = ""
 
