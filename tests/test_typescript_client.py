@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -111,3 +112,30 @@ def test_an_agent_in_node_killed_after_dispatch_never_repeats_the_effect(
     assert rerun.returncode == 0, rerun.stderr
     assert '"raised"' not in rerun.stdout
     assert sandbox_tools.count(attempt.provider_key) == 1
+
+
+def test_the_package_installs_into_an_agents_project_as_the_docs_say(tmp_path: Path) -> None:
+    """docs/agents.md: `npm install /path/to/ledgerdash/clients/typescript`, then import it."""
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed")
+    project = tmp_path / "agent"
+    project.mkdir()
+    (project / "package.json").write_text('{"name": "agent", "version": "1.0.0", "type": "module"}')
+    assert "npm install /path/to/ledgerdash/clients/typescript" in (ROOT / "docs" / "agents.md").read_text()
+    installed = subprocess.run(
+        [npm, "install", "--offline", "--no-audit", "--no-fund", str(CLIENT)],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert installed.returncode == 0, installed.stderr
+    imported = subprocess.run(
+        [_node(), "-e", 'import("@ledgerdash/client").then((m) => console.log(typeof m.LedgerClient, m.ENV_URL))'],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert imported.stdout.split() == ["function", "LEDGERDASH_URL"], imported.stderr
