@@ -342,3 +342,29 @@ def test_a_timeout_longer_than_the_tools_maximum_request_time_is_refused_at_star
         "tools.send_invoice.timeout: 20 s exceeds the maximum request time of the ledger tool send_invoice (6 s)"
         in (result.stderr)
     )
+
+
+def _check(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "manage.py", "mcp_gateway", str(config), "--check"],
+        cwd=ROOT,
+        env=_gateway_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_check_refuses_a_tenant_the_ledger_does_not_have(tenant: Tenant, config: Path) -> None:
+    config.write_text(config.read_text().replace('tenant = "acme"', 'tenant = "acme-typo"'))
+    result = _check(config)
+    assert result.returncode != 0
+    assert "tenant: no tenant 'acme-typo' in this ledger" in result.stderr
+
+
+def test_check_names_the_configured_tools_the_policy_does_not_allow(tenant: Tenant, config: Path) -> None:
+    config.write_text(config.read_text() + '\n[tools.not_allowed_yet]\nkey = "x:{id}"\n')
+    result = _check(config)
+    assert result.returncode == 0, result.stderr
+    assert "note: tools.not_allowed_yet: the ledger tool not_allowed_yet is not in the tenant's policy" in result.stdout
+    assert "note: tools.send_invoice" not in result.stdout

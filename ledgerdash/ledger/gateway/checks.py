@@ -1,16 +1,19 @@
 """The gateway's configuration held against the ledger it records in.
 
 :mod:`ledgerdash.ledger.gateway.config` checks the file alone; this checks
-what only the ledger knows, before anything is served: a tool's timeout may
-not exceed its maximum request time (the ledger counts on no request landing
-later than that after its dispatcher gave up on it).
+what only the ledger knows, before anything is served: the tenant exists and
+is active, and a tool's timeout may not exceed its maximum request time (the
+ledger counts on no request landing later than that after its dispatcher
+gave up on it). :func:`notes` says what the tenant's current policy would
+refuse: not a reason to refuse to start (a policy changes while the gateway
+runs), but what ``--check`` tells the person wiring it.
 """
 
 from __future__ import annotations
 
-from ledgerdash.ledger.authority import timing
+from ledgerdash.ledger.authority import current_policy, timing
 from ledgerdash.ledger.gateway.config import GatewayConfig, ToolConfig
-from ledgerdash.ledger.models import Tool
+from ledgerdash.ledger.models import Tenant, Tool
 
 
 def max_request_seconds(ledger_tool: str) -> float:
@@ -28,6 +31,11 @@ def timeout_for(settings: ToolConfig, max_request: float) -> float:
 def problems(config: GatewayConfig) -> list[str]:
     """What in ``config`` the ledger refuses, each saying where and why."""
     found = []
+    tenant = Tenant.objects.filter(slug=config.tenant).first()
+    if tenant is None:
+        found.append(f"tenant: no tenant {config.tenant!r} in this ledger (give a tenant's slug)")
+    elif not tenant.is_active:
+        found.append(f"tenant: {config.tenant!r} is deactivated; the ledger refuses every call it would record")
     for listed, settings in sorted(config.tools.items()):
         if settings.timeout is None:
             continue
@@ -41,3 +49,19 @@ def problems(config: GatewayConfig) -> list[str]:
                 f"time to what its provider really takes"
             )
     return found
+
+
+def notes(config: GatewayConfig) -> list[str]:
+    """The configured tools the tenant's current policy does not allow (their calls are refused)."""
+    tenant = Tenant.objects.filter(slug=config.tenant).first()
+    if tenant is None:
+        return []
+    policy = current_policy(tenant.pk)
+    if policy is None:
+        return [f"tenant {config.tenant!r} has no policy yet: every call is refused until one allows its tools"]
+    return [
+        f"tools.{listed}: the ledger tool {settings.ledger_name(listed)} is not in the tenant's policy "
+        f"(version {policy.version}): its calls are refused until a policy allows it"
+        for listed, settings in sorted(config.tools.items())
+        if settings.ledger_name(listed) not in policy.tools
+    ]

@@ -30,6 +30,8 @@ class Command(BaseCommand):
             from ledgerdash.ledger.gateway.config import ConfigError, load
             from ledgerdash.ledger.gateway.server import Gateway
         except ImportError as exc:
+            if (exc.name or "").split(".")[0] not in ("mcp", "anyio", "uvicorn", "httpx", "jsonschema"):
+                raise  # the gateway's own code is broken: not a missing extra
             raise CommandError(f"the MCP gateway needs the mcp extra (pip install 'ledgerdash[mcp]'): {exc}") from None
         try:
             config = load(options["config"])
@@ -43,6 +45,8 @@ class Command(BaseCommand):
                 f"tenant {config.tenant}, task {config.task_id}: {len(config.upstreams)} upstream(s), "
                 f"{len(config.tools)} configured tool(s)"
             )
+            for note in checks.notes(config):
+                self.stdout.write(f"note: {note}")
             return
         # Standard output is the MCP channel under stdio: logs go to standard error.
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
