@@ -368,3 +368,18 @@ def test_check_names_the_configured_tools_the_policy_does_not_allow(tenant: Tena
     assert result.returncode == 0, result.stderr
     assert "note: tools.not_allowed_yet: the ledger tool not_allowed_yet is not in the tenant's policy" in result.stdout
     assert "note: tools.send_invoice" not in result.stdout
+
+
+def test_arguments_the_tools_schema_refuses_are_refused_before_anything_is_recorded(
+    tenant: Tenant, config: Path, effects: Effects
+) -> None:
+    wrong = {"invoice_id": "INV-9", "amount": "ten"}
+    right = {"invoice_id": "INV-9", "amount": 10}
+    [refused, sent] = _calls(_stdio_gateway(config), ("send_invoice", wrong, None), ("send_invoice", right, None))
+    assert _error_code(refused) == "invalid_args"
+    message = refused["_meta"][META_ERROR]["message"]
+    assert "amount" in message
+    assert "nothing was recorded or sent" in message
+    assert sent["isError"] is False  # the corrected call is not taken for the key reused
+    assert effects.count("send_invoice", invoice_id="INV-9") == 1
+    assert Attempt.objects.filter(idempotency_key="invoice:INV-9:send").count() == 1

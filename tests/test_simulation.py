@@ -75,7 +75,7 @@ def simulate(
         env=env or _env(),
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=2300,
         check=False,
     )
     report = json.loads(out.read_text()) if out.exists() else {}
@@ -90,6 +90,7 @@ def _postgres_url() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # four minutes alone; a loaded machine may take several times that
 @ON_SQLITE_PASS
 def test_the_default_run_holds_every_invariant_and_reaches_every_move_and_fault(tmp_path: Path) -> None:
     code, report, output = simulate(tmp_path)
@@ -101,6 +102,7 @@ def test_the_default_run_holds_every_invariant_and_reaches_every_move_and_fault(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @pytest.mark.postgres
 def test_a_run_on_postgresql_holds_every_invariant(tmp_path: Path) -> None:
     code, report, output = simulate(tmp_path, "--seeds=30", f"--database={_postgres_url()}")
@@ -133,6 +135,7 @@ def test_a_seed_that_found_a_hole_holds_now(tmp_path: Path, found: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @ON_SQLITE_PASS
 @pytest.mark.parametrize("hole", list(HOLES))
 def test_the_simulation_finds_a_hole_put_back(tmp_path: Path, hole: str) -> None:
@@ -145,6 +148,7 @@ def test_the_simulation_finds_a_hole_put_back(tmp_path: Path, hole: str) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @ON_SQLITE_PASS
 def test_a_failing_seed_is_shrunk_and_its_replay_fails_the_same_way(tmp_path: Path) -> None:
     code, report, output = simulate(tmp_path, "--seeds=150", hole="chain_standing")

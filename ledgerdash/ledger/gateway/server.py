@@ -35,6 +35,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import jmespath
+import jsonschema
 import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.server import Server, ServerRequestContext
@@ -198,6 +199,14 @@ class Gateway:
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}")
         arguments = dict(params.arguments or {})
         settings = self.config.tool(name)
+        wrong = _schema_problem(route.tool.input_schema, arguments)
+        if wrong:
+            # Refused before anything is recorded: a call the upstream can only reject would be recorded as
+            # FAILED under its key, and the corrected call then refused as the key reused with other arguments.
+            return _error(
+                f"the arguments do not match {name}'s input schema: {wrong}; nothing was recorded or sent",
+                code="invalid_args",
+            )
         try:
             prepared = await self._prepare(name, arguments, params.meta, settings)
         except LedgerError as exc:
@@ -404,6 +413,23 @@ class Gateway:
                 for upstream in self.upstreams:
                     upstream.close()
                 group.cancel_scope.cancel()
+
+
+def _schema_problem(schema: dict[str, Any] | None, arguments: dict[str, Any]) -> str:
+    """What in ``arguments`` the tool's input schema refuses (the most relevant error), or ""."""
+    if not schema:
+        return ""
+    try:
+        validator_class = jsonschema.validators.validator_for(schema)
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError:
+        log.warning("a tool's input schema is not a valid JSON schema; its calls are not checked against it")
+        return ""
+    error = jsonschema.exceptions.best_match(validator_class(schema).iter_errors(arguments))
+    if error is None:
+        return ""
+    where = ".".join(str(part) for part in error.absolute_path)
+    return f"{where}: {error.message}" if where else error.message
 
 
 def _cause(exc: BaseException) -> BaseException:
