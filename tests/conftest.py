@@ -140,6 +140,9 @@ def _grouping_lost(config: pytest.Config, items: list[pytest.Item]) -> None:
 # has written each test's group into its node id.
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The longest tests first: xdist hands tests out in this order, so each starts on a worker of
+    # its own while the others share the rest, instead of running alone at the end of the pass.
+    items.sort(key=lambda item: item.get_closest_marker("longest") is None)
     _grouping_lost(config, items)
     needs_peers = [item for item in items if item.get_closest_marker("bench")]
     if needs_peers and _bench_peers_missing():

@@ -90,6 +90,7 @@ def _postgres_url() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 @pytest.mark.timeout(2400)  # four minutes alone; a loaded machine may take several times that
 @ON_SQLITE_PASS
 def test_the_default_run_holds_every_invariant_and_reaches_every_move_and_fault(tmp_path: Path) -> None:
@@ -102,6 +103,7 @@ def test_the_default_run_holds_every_invariant_and_reaches_every_move_and_fault(
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 @pytest.mark.timeout(1800)
 @pytest.mark.postgres
 def test_a_run_on_postgresql_holds_every_invariant(tmp_path: Path) -> None:
