@@ -83,10 +83,11 @@ def simulate(
 
 
 def _postgres_url() -> str:
-    db = settings.DATABASES["default"]
-    user = db.get("USER") or "postgres"
-    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    return f"postgres://{user}{password}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/postgres"
+    """The server the suite was given, as its superuser: the simulation makes databases of its own,
+    which the role the app's tests connect as may not."""
+    from tests.database_roles import admin_url
+
+    return admin_url("postgres")
 
 
 @pytest.mark.slow
