@@ -329,14 +329,7 @@ def test_the_gateway_waits_no_longer_than_the_tools_maximum_request_time(
 
 def test_a_timeout_longer_than_the_tools_maximum_request_time_is_refused_at_start(tenant: Tenant, config: Path) -> None:
     Tool.objects.create(name="send_invoice", config={"lookup_url": "http://127.0.0.1:9/x"}, max_request_seconds=6)
-    result = subprocess.run(
-        [PYTHON, "manage.py", "mcp_gateway", str(config), "--check"],
-        cwd=ROOT,
-        env=_gateway_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _check(config)
     assert result.returncode != 0
     assert (
         "tools.send_invoice.timeout: 20 s exceeds the maximum request time of the ledger tool send_invoice (6 s)"

@@ -25,6 +25,8 @@ from django.http.response import HttpResponseBase
 from django.urls import resolve
 from django.views.decorators.http import require_GET
 
+from ledgerdash.ops.logs import first_line
+
 #: Once this process saw every migration applied it stops asking: they are not unapplied under a running app.
 _migrations_applied = False
 
@@ -34,7 +36,7 @@ def _database() -> str | None:
         with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
             cursor.execute("SELECT 1")
     except DatabaseError as exc:
-        return f"unreachable: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+        return f"unreachable: {first_line(exc)}"
     return None
 
 

@@ -35,6 +35,7 @@ from ledgerdash.ledger.errors import (
     TokenError,
 )
 from ledgerdash.ledger.models import ApiToken, Attempt, State
+from ledgerdash.ops.logs import first_line
 from ledgerdash.ops.requests import note_problem
 
 log = logging.getLogger("ledgerdash.api")
@@ -197,10 +198,7 @@ def _suspicious(request: HttpRequest, exc: Exception) -> HttpResponse:
 
 
 def _unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
-    note_problem(
-        request,
-        f"the database is unavailable: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
-    )
+    note_problem(request, f"the database is unavailable: {first_line(exc)}")
     return error_response(
         503, "ledger_unavailable", "the ledger's database is unavailable; retry later", headers={"Retry-After": "1"}
     )
