@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 from django.utils import timezone
 
@@ -30,6 +31,7 @@ from ledgerdash.ledger.gateway.keys import META_ATTEMPT, META_ERROR, META_REPEAT
 from ledgerdash.ledger.models import Attempt, State, Tenant, Tool
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.reconciler import Reconciler
+from ledgerdash.processes import stop_group
 from tests.live import PYTHON, ROOT, free_port, running
 
 pytest.importorskip("mcp")
@@ -45,6 +47,10 @@ TOOLS = {
     "refuse": [],
     "slow_send": [],
     "remote_send_invoice": ["payments:charge"],
+    "remote_post_note": [],
+    "remote_break_midway": [],
+    "remote_refuse": [],
+    "remote_slow_send": [],
 }
 
 
@@ -359,7 +365,7 @@ def test_check_names_the_configured_tools_the_policy_does_not_allow(tenant: Tena
     config.write_text(config.read_text() + '\n[tools.not_allowed_yet]\nkey = "x:{id}"\n')
     result = _check(config)
     assert result.returncode == 0, result.stderr
-    assert "note: tools.not_allowed_yet: the ledger tool not_allowed_yet is not in the tenant's policy" in result.stdout
+    assert "note: tools.not_allowed_yet: tool not_allowed_yet is not allowed by policy" in result.stdout
     assert "note: tools.send_invoice" not in result.stdout
 
 
@@ -376,3 +382,139 @@ def test_arguments_the_tools_schema_refuses_are_refused_before_anything_is_recor
     assert sent["isError"] is False  # the corrected call is not taken for the key reused
     assert effects.count("send_invoice", invoice_id="INV-9") == 1
     assert Attempt.objects.filter(idempotency_key="invoice:INV-9:send").count() == 1
+
+
+def _remote_only_config(tmp_path: Path, url: str, *, local: Effects | None = None) -> Path:
+    """A gateway in front of the streamable HTTP upstream at ``url`` (and the stdio one, given ``local``)."""
+    path = tmp_path / "remote.toml"
+    stdio = ""
+    if local is not None:
+        env = ", ".join(f'{k} = "{v}"' for k, v in _upstream_env(local, "local").items())
+        stdio = f"""
+[[upstreams]]
+name = "local"
+command = ["{PYTHON}", "-m", "tests.mcp_upstream", "stdio"]
+env = {{ {env} }}
+cwd = "{ROOT}"
+"""
+    path.write_text(
+        f"""
+tenant = "acme"
+task_id = "gateway-tests"
+{stdio}
+[[upstreams]]
+name = "remote"
+url = "{url}"
+prefix = "remote_"
+
+[tools.remote_send_invoice]
+key = "remote-invoice:{{invoice_id}}:send"
+scope = ["payments:charge"]
+"""
+    )
+    return path
+
+
+def test_a_refused_connection_to_the_upstream_is_proof_nothing_was_sent(
+    tenant: Tenant, tmp_path: Path, effects: Effects
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    upstream_cmd = [PYTHON, "-m", "tests.mcp_upstream", "http", str(port)]
+    upstream_env = {**_upstream_env(effects, "remote"), "DJANGO_SETTINGS_MODULE": ""}
+    config = _remote_only_config(tmp_path, url)
+    results: list[dict[str, Any]] = []
+
+    async def session() -> None:
+        async with Client(_stdio_gateway(config), cache=None, read_timeout_seconds=60) as client:
+            with running(upstream_cmd, env=upstream_env, url=url) as upstream:
+                # The gateway serves the upstream's tools once it has connected.
+                while "remote_send_invoice" not in {tool.name for tool in (await client.list_tools()).tools}:
+                    await anyio.sleep(0.2)
+                results.append(_dump(await client.call_tool("remote_send_invoice", {"invoice_id": "R-1", "amount": 1})))
+                stop_group(upstream, timeout=15)
+                # The upstream is gone; the gateway's client to it does not know yet.
+                results.append(_dump(await client.call_tool("remote_send_invoice", {"invoice_id": "R-2", "amount": 2})))
+            with running(upstream_cmd, env=upstream_env, url=url):
+                results.append(_dump(await client.call_tool("remote_send_invoice", {"invoice_id": "R-2", "amount": 2})))
+                # The ledger's backoff for a retryable failure, run out.
+                key = "remote-invoice:R-2:send"
+                past = timezone.now() - timedelta(seconds=1)
+                await anyio.to_thread.run_sync(
+                    lambda: Attempt.objects.filter(idempotency_key=key).update(next_check_at=past)
+                )
+                results.append(_dump(await client.call_tool("remote_send_invoice", {"invoice_id": "R-2", "amount": 2})))
+
+    anyio.run(session)
+    first, refused, pending, again = results
+    assert first["isError"] is False
+    assert _error_code(refused) == "upstream_unavailable"
+    message = refused["_meta"][META_ERROR]["message"]
+    assert url in message
+    assert "nothing was sent" in message
+    assert "connection refused" in message
+    lost = Attempt.objects.get(pk=refused["_meta"][META_ERROR]["attempt_id"])
+    moves = [(e.from_state, e.to_state) for e in lost.events.order_by("seq") if e.to_state]
+    # Not UNKNOWN: no person needs to look at a call that was never sent.
+    assert (S.DISPATCHED, S.FAILED_RETRYABLE) in moves
+    assert S.UNKNOWN not in {to for _, to in moves}
+    # The same call, once the upstream is back and the backoff has run out, is sent: once.
+    assert _error_code(pending) == "retry_pending"
+    assert again["isError"] is False, again
+    assert effects.count("send_invoice", invoice_id="R-2") == 1
+    assert effects.count("send_invoice", invoice_id="R-1") == 1
+
+
+def test_an_unreachable_upstream_holds_back_neither_the_start_nor_the_others_tools(
+    tenant: Tenant, tmp_path: Path, effects: Effects
+) -> None:
+    nobody = f"http://127.0.0.1:{free_port()}/mcp"
+    config = _remote_only_config(tmp_path, nobody, local=effects)
+    port = free_port()
+    gateway_url = f"http://127.0.0.1:{port}/mcp"
+    log = tmp_path / "gateway.log"
+    # Told to wait for ever for upstreams still connecting: one whose connection
+    # is refused is not waited for, so the gateway serves at once all the same.
+    cmd = [PYTHON, "manage.py", "mcp_gateway", str(config), "--http", "--port", str(port), "--start-wait", "3600"]
+    with running(cmd, env=_gateway_env(), url=gateway_url, output=log):
+        [listed_result] = _listed(gateway_url)
+        down, sent = _calls(
+            gateway_url,
+            ("remote_send_invoice", {"invoice_id": "U-1", "amount": 1}, None),
+            ("send_invoice", {"invoice_id": "U-2", "amount": 2}, None),
+        )
+    listed = {tool["name"] for tool in listed_result["tools"]}
+    assert "send_invoice" in listed
+    assert not any(name.startswith("remote_") for name in listed)
+    assert _error_code(down) == "upstream_unavailable"
+    assert nobody in down["_meta"][META_ERROR]["message"]
+    assert not Attempt.objects.filter(idempotency_key="remote-invoice:U-1:send").exists()
+    assert sent["isError"] is False
+    assert effects.count("send_invoice", invoice_id="U-2") == 1
+    text = log.read_text()
+    assert f"upstream remote ({nobody}): could not connect: connection refused or unreachable" in text
+
+
+def _listed(target: Any) -> list[dict[str, Any]]:
+    async def connect() -> list[dict[str, Any]]:
+        async with Client(target, cache=None, read_timeout_seconds=60) as client:
+            return [_dump(await client.list_tools())]
+
+    return anyio.run(connect)
+
+
+def test_tools_the_policy_refuses_are_not_listed(tenant: Tenant, config: Path) -> None:
+    allowed = {k: v for k, v in TOOLS.items() if k not in ("post_note", "send_invoice")}
+    policy_publish(tenant=tenant, tools={**allowed, "send_invoice": []}, actor=Actor.system("tests"))
+    url, gateway = _http_gateway(config)
+    with gateway:
+        [before] = _listed(url)
+        # send_invoice is allowed, but not with the scope the gateway gives it.
+        assert {"post_note", "send_invoice"}.isdisjoint(tool["name"] for tool in before["tools"])
+        assert "refuse" in {tool["name"] for tool in before["tools"]}
+        [refused] = _calls(url, ("post_note", {"text": "x"}, None))
+        assert _error_code(refused) == "tool_not_allowed"
+        # Each listing reads the current policy.
+        policy_publish(tenant=tenant, tools=TOOLS, actor=Actor.system("tests"))
+        [after] = _listed(url)
+        assert {"post_note", "send_invoice"} <= {tool["name"] for tool in after["tools"]}

@@ -11,9 +11,13 @@ runs), but what ``--check`` tells the person wiring it.
 
 from __future__ import annotations
 
-from ledgerdash.ledger.authority import current_policy, timing
+from collections.abc import Mapping
+
+from ledgerdash.ledger.authority import authorize, current_policy, timing
+from ledgerdash.ledger.errors import LedgerError
 from ledgerdash.ledger.gateway.config import GatewayConfig, ToolConfig
 from ledgerdash.ledger.models import Tenant, Tool
+from ledgerdash.ledger.recording import parse_scope
 
 
 def max_request_seconds(ledger_tool: str) -> float:
@@ -51,17 +55,31 @@ def problems(config: GatewayConfig) -> list[str]:
     return found
 
 
+def refused_tools(config: GatewayConfig, tools: Mapping[str, ToolConfig]) -> dict[str, str]:
+    """Which of ``tools`` (listed name: its settings) the tenant's current
+    authority refuses, each with the ledger's own reason (the one check every
+    call passes, :func:`~ledgerdash.ledger.authority.authorize`), read once."""
+    tenant = Tenant.objects.filter(slug=config.tenant).first()
+    if tenant is None:
+        return dict.fromkeys(tools, f"no tenant {config.tenant!r} in this ledger")
+    policy = current_policy(tenant.pk)
+    refused = {}
+    for listed, settings in tools.items():
+        try:
+            authorize(tenant, policy, settings.ledger_name(listed), parse_scope(settings.scope))
+        except LedgerError as exc:
+            refused[listed] = str(exc)
+    return refused
+
+
 def notes(config: GatewayConfig) -> list[str]:
-    """The configured tools the tenant's current policy does not allow (their calls are refused)."""
+    """The configured tools the tenant's current policy refuses (their calls are refused)."""
     tenant = Tenant.objects.filter(slug=config.tenant).first()
     if tenant is None:
         return []
-    policy = current_policy(tenant.pk)
-    if policy is None:
+    if current_policy(tenant.pk) is None:
         return [f"tenant {config.tenant!r} has no policy yet: every call is refused until one allows its tools"]
     return [
-        f"tools.{listed}: the ledger tool {settings.ledger_name(listed)} is not in the tenant's policy "
-        f"(version {policy.version}): its calls are refused until a policy allows it"
-        for listed, settings in sorted(config.tools.items())
-        if settings.ledger_name(listed) not in policy.tools
+        f"tools.{listed}: {why}: its calls are refused until a policy allows them"
+        for listed, why in sorted(refused_tools(config, config.tools).items())
     ]

@@ -17,7 +17,19 @@ For each call, in the safe order of a side effect (the same steps as
    says the call was refused before running fails it; a call that breaks
    mid-way (the upstream died, the connection dropped, the time ran out)
    leaves it UNKNOWN for the reconciler. No adapter can look an MCP call
-   up, so recovery sends such an attempt to manual review.
+   up, so recovery sends such an attempt to manual review. A streamable HTTP
+   upstream that refused the call's connection never received it: that is
+   proof nothing was sent, so the attempt fails as retryable (an
+   ``upstream_unavailable`` answer), not UNKNOWN.
+
+Upstreams connect on their own: the gateway serves as soon as each has
+connected or failed its first try (bounded by ``start_wait``), so one
+unreachable upstream never holds the others' tools back; a call to a tool no
+connected upstream lists, while some upstream is down, answers
+``upstream_unavailable`` naming it. ``tools/list`` leaves out the tools the
+tenant's current policy refuses (read at every listing), so an agent is not
+offered what the ledger would refuse; a call to one is still refused with
+``tool_not_allowed``.
 
 The ledger's steps are synchronous Django code: they run in worker threads,
 each committing on its own, never inside a transaction of the caller.
@@ -34,11 +46,14 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import httpx2
 import jmespath
 import jsonschema
 import mcp_types as types
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server, ServerRequestContext
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared.exceptions import MCPError
 
 from ledgerdash.ledger import crashpoints, errors, recording
@@ -54,6 +69,9 @@ log = logging.getLogger("ledgerdash.gateway")
 REFUSED_BEFORE_RUNNING = {types.METHOD_NOT_FOUND, types.INVALID_PARAMS}
 #: How long a call waits for its upstream to (re)connect before giving up, unsent.
 CONNECT_WAIT = 30.0
+#: How long the gateway waits at start for upstreams still connecting (one that
+#: failed its first try is not waited for) before it serves the tools it has.
+START_WAIT = 10.0
 
 
 async def in_thread[T](fn: Callable[[], T]) -> T:
@@ -62,6 +80,40 @@ async def in_thread[T](fn: Callable[[], T]) -> T:
 
 class UpstreamUnavailable(Exception):
     pass
+
+
+class _ConnectWatch(httpx2.AsyncBaseTransport):
+    """An HTTP transport that notes which attempts' requests never got a
+    connection. httpx raises ``ConnectError``/``ConnectTimeout`` only while
+    opening one (TCP, TLS or a proxy), before a byte of the request is
+    written: proof the upstream never received it. The request names its
+    attempt in ``params._meta`` (the gateway puts it there), so the proof is
+    the call's own even when other calls share the connection pool."""
+
+    def __init__(self, unsent: dict[int, str]) -> None:
+        self.unsent = unsent
+        self.inner = httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        try:
+            return await self.inner.handle_async_request(request)
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+            attempt_id = _attempt_named_in(request)
+            if attempt_id is not None:
+                self.unsent[attempt_id] = _describe(exc)
+            raise
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _attempt_named_in(request: httpx2.Request) -> int | None:
+    try:
+        message = json.loads(request.content)
+        found = message["params"]["_meta"][keys.META_ATTEMPT]
+    except (ValueError, TypeError, KeyError, httpx2.RequestNotRead):
+        return None
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
 
 
 class Upstream:
@@ -73,11 +125,21 @@ class Upstream:
         self.config = config
         self.client: Client | None = None
         self.tools: list[types.Tool] = []
+        #: Why the last try to connect failed ("" while connected or not tried yet).
+        self.failure = ""
+        #: Attempts whose request the upstream certainly never received, and why.
+        self.unsent: dict[int, str] = {}
         self._ready = anyio.Event()
+        self._tried = anyio.Event()
         self._broken = anyio.Event()
         self._closing = False
 
-    def _target(self) -> StdioServerParameters | str:
+    @property
+    def where(self) -> str:
+        """The upstream's name and address, as the log and the answers give them."""
+        return f"{self.config.name} ({self.config.url or ' '.join(self.config.command)})"
+
+    def _target(self, stack: AsyncExitStack) -> Any:
         if self.config.command:
             return StdioServerParameters(
                 command=self.config.command[0],
@@ -85,22 +147,39 @@ class Upstream:
                 env=self.config.env or None,
                 cwd=self.config.cwd or None,
             )
-        return self.config.url
+        http = httpx2.AsyncClient(
+            timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+            transport=_ConnectWatch(self.unsent),
+        )
+        stack.push_async_callback(http.aclose)
+        return streamable_http_client(self.config.url, http_client=http)
 
     async def run(self) -> None:
         delay = 0.2
         while not self._closing:
+            connected = False
             try:
-                async with Client(self._target(), cache=None) as client:
+                async with AsyncExitStack() as stack:
+                    client = await stack.enter_async_context(Client(self._target(stack), cache=None))
                     self.tools = await _all_tools(client)
                     self.client = client
+                    self.failure = ""
+                    connected = True
                     self._ready.set()
+                    self._tried.set()
                     delay = 0.2
-                    log.info("upstream %s: connected, %d tools", self.config.name, len(self.tools))
+                    log.info("upstream %s: connected, %d tools", self.where, len(self.tools))
                     await self._broken.wait()
             except Exception as exc:
-                log.warning("upstream %s: connection ended: %s", self.config.name, exc)
+                if connected:
+                    log.warning("upstream %s: connection ended: %s", self.where, _describe(exc))
+                else:
+                    self.failure = _describe(exc)
+                    log.warning(
+                        "upstream %s: could not connect: %s; trying again in %g s", self.where, self.failure, delay
+                    )
             self.client = None
+            self._tried.set()
             self._ready = anyio.Event()
             self._broken = anyio.Event()
             if not self._closing:
@@ -123,7 +202,8 @@ class Upstream:
                 if self.client is not None:
                     return self.client
                 await anyio.sleep(0.05)
-        raise UpstreamUnavailable(f"the upstream MCP server {self.config.name} is not connected")
+        why = f": {self.failure}" if self.failure else ""
+        raise UpstreamUnavailable(f"the upstream MCP server {self.where} is not connected{why}")
 
 
 async def _all_tools(client: Client) -> list[types.Tool]:
@@ -186,7 +266,11 @@ class Gateway:
     async def list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[route.tool for route in self.routes().values()])
+        routes = self.routes()
+        refused = await in_thread(
+            lambda: checks.refused_tools(self.config, {name: self.config.tool(name) for name in routes})
+        )
+        return types.ListToolsResult(tools=[route.tool for name, route in routes.items() if name not in refused])
 
     # --- one call -------------------------------------------------------------------
 
@@ -196,6 +280,14 @@ class Gateway:
         name = params.name
         route = self.routes().get(name)
         if route is None:
+            down = [u.where for u in self.upstreams if u.client is None]
+            if down:
+                # Its upstream may be one that is down: say so, rather than "unknown tool".
+                return _error(
+                    f"no connected upstream lists the tool {name!r}; not connected: {', '.join(down)}; "
+                    f"nothing was recorded or sent",
+                    code="upstream_unavailable",
+                )
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}")
         arguments = dict(params.arguments or {})
         settings = self.config.tool(name)
@@ -294,10 +386,17 @@ class Gateway:
                 beats.start_soon(self._heartbeat, attempt, fence)
                 try:
                     with anyio.fail_after(timeout):
-                        result = await client.call_tool(route.upstream_name, arguments, read_timeout_seconds=None)
+                        result = await client.call_tool(
+                            route.upstream_name,
+                            arguments,
+                            read_timeout_seconds=None,
+                            meta=types.RequestParamsMeta(**{keys.META_ATTEMPT: attempt.pk}),
+                        )
                 finally:
                     beats.cancel_scope.cancel()
         except MCPError as exc:
+            if unsent := route.upstream.unsent.pop(attempt.pk, ""):
+                return await self._not_sent(route, attempt, unsent)
             if exc.code in REFUSED_BEFORE_RUNNING:
                 reason = f"the upstream refused the call before running it: {exc.message}"
                 await self._report(attempt, lambda: recording.fail(attempt, fence=fence, reason=reason))
@@ -306,14 +405,24 @@ class Gateway:
             return await self._lost(route, attempt, f"the upstream answered with error {exc.code}: {exc.message}")
         except Exception as exc:  # the connection broke, the process died, the time ran out
             route.upstream.broken()
+            if unsent := route.upstream.unsent.pop(attempt.pk, ""):
+                return await self._not_sent(route, attempt, unsent)
             cause = _cause(exc)
             if isinstance(cause, TimeoutError):
                 why = f"no answer from the upstream within {timeout:g} s (the tool's maximum request time or less)"
             else:
                 why = f"the upstream call broke mid-way: {type(cause).__name__}: {cause}"
             return await self._lost(route, attempt, why)
+        route.upstream.unsent.pop(attempt.pk, None)
         crashpoints.reached(crashpoints.AFTER_RESPONSE)
         return await self._settle(route, attempt, fence, result, settings)
+
+    async def _not_sent(self, route: Route, attempt: Attempt, why: str) -> types.CallToolResult:
+        """The upstream never received the call: it failed, retryable, and the same call may be made again."""
+        route.upstream.broken()
+        reason = f"the upstream MCP server {route.upstream.where} could not be reached: {why}; nothing was sent"
+        await self._report(attempt, lambda: recording.fail_retryable(attempt, fence=attempt.fence, reason=reason))
+        return _error(reason, code="upstream_unavailable", attempt=attempt)
 
     async def _lost(self, route: Route, attempt: Attempt, reason: str) -> types.CallToolResult:
         reason = reason[:1000]
@@ -395,18 +504,25 @@ class Gateway:
             on_call_tool=self.call_tool,
         )
 
-    async def serve(self, run: Callable[[Server[Any]], Awaitable[None]], *, connect_timeout: float = 60.0) -> None:
-        """Connect the upstreams, wait until each has listed its tools (or the
-        time runs out), then serve with ``run`` until it returns."""
+    async def serve(self, run: Callable[[Server[Any]], Awaitable[None]], *, start_wait: float = START_WAIT) -> None:
+        """Connect the upstreams, wait until each has connected or failed its
+        first try (at most ``start_wait`` seconds), then serve with ``run``
+        until it returns; an upstream that is not connected yet keeps trying
+        and its tools are listed once it is."""
         async with anyio.create_task_group() as group, AsyncExitStack():
             for upstream in self.upstreams:
                 group.start_soon(upstream.run)
-            with anyio.move_on_after(connect_timeout):
+            with anyio.move_on_after(start_wait):
                 for upstream in self.upstreams:
-                    await upstream._ready.wait()
+                    await upstream._tried.wait()
             for upstream in self.upstreams:
                 if upstream.client is None:
-                    log.warning("upstream %s: not connected yet; its tools are listed once it is", upstream.config.name)
+                    why = upstream.failure or f"still connecting after {start_wait:g} s"
+                    log.warning(
+                        "upstream %s: not connected (%s); serving the others, its tools are listed once it is",
+                        upstream.where,
+                        why,
+                    )
             try:
                 await run(self.server())
             finally:
@@ -437,6 +553,24 @@ def _cause(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
+
+
+def _describe(exc: BaseException) -> str:
+    """A failure in words an operator acts on: "connection refused" when it
+    was, else the deepest cause (a library's own wrapper says less)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = _cause(exc)
+    while current is not None and current not in seen and len(seen) < 20:
+        seen.append(current)
+        if isinstance(current, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(current, httpx2.ConnectError):  # it keeps no OSError to say which
+            return f"connection refused or unreachable ({current})"
+        if isinstance(current, httpx2.ConnectTimeout):
+            return f"no connection within the connect timeout ({current})"
+        current = _cause(current.__cause__) if current.__cause__ is not None else None
+    deepest = seen[-1]
+    return f"{type(deepest).__name__}: {deepest}" if str(deepest) else type(deepest).__name__
 
 
 def _storable(value: Any) -> tuple[Any, str]:

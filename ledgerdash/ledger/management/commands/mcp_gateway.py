@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 from typing import Any
 
 import anyio
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+#: What the mcp extra installs: a missing one is a missing extra, not a bug.
+EXTRA_MODULES = ("mcp", "mcp_types", "anyio", "uvicorn", "httpx", "httpx2", "jsonschema")
 
 
 class Command(BaseCommand):
@@ -22,6 +26,14 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=8765)
         parser.add_argument("--path", default="/mcp", help="the streamable HTTP endpoint's path")
         parser.add_argument("--agent", default="mcp-gateway", help="who the ledger records as the dispatcher")
+        parser.add_argument(
+            "--start-wait",
+            type=float,
+            default=10.0,
+            metavar="SECONDS",
+            help="at start, how long to wait for upstreams still connecting before serving the others' tools "
+            "(an upstream that refuses the connection is not waited for; default 10)",
+        )
         parser.add_argument("--check", action="store_true", help="read the configuration, report, and exit")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -30,7 +42,7 @@ class Command(BaseCommand):
             from ledgerdash.ledger.gateway.config import ConfigError, load
             from ledgerdash.ledger.gateway.server import Gateway
         except ImportError as exc:
-            if (exc.name or "").split(".")[0] not in ("mcp", "anyio", "uvicorn", "httpx", "jsonschema"):
+            if (exc.name or "").split(".")[0] not in EXTRA_MODULES:
                 raise  # the gateway's own code is broken: not a missing extra
             raise CommandError(f"the MCP gateway needs the mcp extra (pip install 'ledgerdash[mcp]'): {exc}") from None
         try:
@@ -50,11 +62,11 @@ class Command(BaseCommand):
             return
         # Standard output is the MCP channel under stdio: logs go to standard error.
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        if options["start_wait"] < 0:
+            raise CommandError("--start-wait: give a number of seconds, 0 or more")
         gateway = Gateway(config, agent=options["agent"])
-        if options["http"]:
-            anyio.run(gateway.serve, _http(options["host"], options["port"], options["path"]))
-        else:
-            anyio.run(gateway.serve, _stdio)
+        serve = _http(options["host"], options["port"], options["path"]) if options["http"] else _stdio
+        anyio.run(partial(gateway.serve, serve, start_wait=options["start_wait"]))
 
 
 async def _stdio(server: Any) -> None:
