@@ -42,7 +42,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -390,7 +390,7 @@ class Gateway:
                             route.upstream_name,
                             arguments,
                             read_timeout_seconds=None,
-                            meta=types.RequestParamsMeta(**{keys.META_ATTEMPT: attempt.pk}),
+                            meta=cast(types.RequestParamsMeta, {keys.META_ATTEMPT: attempt.pk}),
                         )
                 finally:
                     beats.cancel_scope.cancel()
