@@ -35,7 +35,8 @@ $BIN/mypy ledgerdash reviews bench
 # would count as missed in either pass alone.
 COV="--cov --cov-report= --cov-fail-under=0"
 
-echo "== pytest on SQLite"
+echo "== pytest on SQLite (with the alert tests)"
+./scripts/promtool.sh
 # shellcheck disable=SC2086 # XDIST and COV are lists of options
 env -u DATABASE_URL $BIN/pytest $XDIST $COV -m "not postgres" "$@"
 
