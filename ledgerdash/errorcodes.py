@@ -88,6 +88,8 @@ TABLE: tuple[ErrorCode, ...] = (
       "NotAllowed"),
     E("insufficient_scope", 403, "The API token lacks the scope (read or write).", client="InsufficientScope",
       parent="not_allowed"),
+    E("role_required", 403, "The person an approver's token acts for lacks the role in the tenant now.",
+      client="RoleRequired", parent="not_allowed"),
     E("tenant_inactive", 403, "The tenant is not active.", client="TenantInactive", parent="not_allowed"),
     E("no_policy", 403, "The tenant has no policy; nothing is allowed.", client="NoPolicy", parent="not_allowed"),
     E("tool_not_allowed", 403, "The policy does not allow the tool (or it is unknown).", client="ToolNotAllowed",
@@ -133,8 +135,10 @@ TABLE: tuple[ErrorCode, ...] = (
     E("request_id_conflict", 409, "The attempt already names another provider request id.",
       client="RequestIdConflict"),
     E("ownership", 409, "A person's ownership change was refused."),
-    E("approval_refused", 409, "An approval was refused; `changes` says what no longer holds."),
-    E("self_approval", 409, "The person who requested a retry cannot also approve it."),
+    E("approval_refused", 409, "An approval was refused; `changes` says what no longer holds.",
+      client="ApprovalRefused"),
+    E("self_approval", 409, "The person who requested a retry (or issued the token of the agent that made the "
+      "call) cannot also approve it.", client="SelfApproval", parent="approval_refused"),
     E("incident", 409, "An incident change was refused."),
     # --- the ledger itself
     E("ledger_error", 400, "An error of the ledger without a more precise code."),

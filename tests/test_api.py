@@ -562,6 +562,9 @@ def test_the_openapi_document_is_generated_and_public(db: None) -> None:
         f"{BASE}/attempts/{{attempt_id}}/dispatch",
         f"{BASE}/attempts/{{attempt_id}}/request-id",
         f"{BASE}/attempts/{{attempt_id}}/outcome",
+        f"{BASE}/approvals",
+        f"{BASE}/approvals/{{attempt_id}}/approve",
+        f"{BASE}/approvals/{{attempt_id}}/reject",
     }
     assert doc["components"]["schemas"]["IntentIn"]["additionalProperties"] is False
     assert doc["components"]["securitySchemes"] == {"BearerToken": {"type": "http", "scheme": "bearer"}}

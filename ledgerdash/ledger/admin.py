@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from ledgerdash.ledger.errors import InvalidField
 from ledgerdash.ledger.models import (
     ApiToken,
     Attempt,
@@ -203,7 +204,18 @@ class ApiTokenCreateForm(forms.ModelForm):
 
     class Meta:
         model = ApiToken
-        fields = ["tenant", "name", "scopes", "expires_at"]
+        fields = ["tenant", "name", "scopes", "person", "expires_at"]
+
+    def clean(self) -> dict[str, Any]:
+        from ledgerdash.ledger.tokens import token_scopes
+
+        data = super().clean() or {}
+        if data.get("tenant") is not None and data.get("scopes"):
+            try:
+                token_scopes(tenant=data["tenant"], scopes=data["scopes"], person=data.get("person"))
+            except InvalidField as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return data
 
     def clean_expires_at(self) -> Any:
         expires_at = self.cleaned_data["expires_at"]
@@ -228,6 +240,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
         "name",
         "prefix",
         "scopes",
+        "person",
         "created_by",
         "created_at",
         "expires_at",
@@ -270,6 +283,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
             scopes=form.cleaned_data["scopes"],
             expires_at=form.cleaned_data["expires_at"],
             actor=Actor.user(request.user),  # type: ignore[arg-type]
+            person=form.cleaned_data.get("person"),
         )
         obj.pk, obj.prefix, obj.scopes = token.pk, token.prefix, token.scopes
         obj._raw_token = raw  # type: ignore[attr-defined]  # shown once by response_add, never stored

@@ -227,3 +227,42 @@ class ErrorOut(BaseModel):
         "that carries one (awaiting_approval, retry_pending, attempt_in_flight, ledger_unavailable).",
     )
     errors: list[FieldErrorOut] | None = None
+    changes: list[str] | None = Field(
+        None, description="On approval_refused and self_approval: each thing that no longer holds."
+    )
+
+
+class RejectIn(StrictIn):
+    fence: Fence = Field(
+        description="The attempt's fence as the approvals list showed it: a decision on an attempt that moved "
+        "since is refused (stale_fence)."
+    )
+    comment: Reason = Field(description="Why: recorded in its events, and told to the agent on a rejection.")
+
+
+class ApproveIn(RejectIn):
+    safe_because: str = Field(
+        "",
+        max_length=MAX_REASON,
+        description="Why approving is safe although the original may have happened: needed when the list's "
+        "`needs_reason` says so, recorded with the approval.",
+    )
+
+
+class ApprovalOut(Schema):
+    """One item awaiting approval, with what approving it would meet now for the token's person."""
+
+    attempt: AttemptSummaryOut
+    original: AttemptSummaryOut | None = Field(
+        description="The attempt a linked retry re-tries; null for a first call the policy held."
+    )
+    verdict: Literal["approvable", "needs a reason", "refused"] = Field(
+        description="approvable: approving would go through now. needs a reason: only with `safe_because`. "
+        "refused: approving would be refused whatever is said (`summary` says why)."
+    )
+    summary: str
+    needs_reason: str = Field(description="The risk `safe_because` must answer; empty when there is none.")
+
+
+class ApprovalListOut(Schema):
+    items: list[ApprovalOut]

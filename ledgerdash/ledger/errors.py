@@ -154,6 +154,12 @@ class InsufficientScope(LedgerError):
     MESSAGE = "API token {prefix} lacks scope {scope} (it has: {scopes})"
 
 
+class RoleRequired(LedgerError):
+    """The person a token acts for lacks the role the request needs in the tenant now."""
+
+    code = "role_required"
+
+
 # --- moves the state machine refuses ------------------------------------------
 
 

@@ -758,6 +758,14 @@ class TokenScope(models.TextChoices):
 
     READ = "attempts:read", "read attempts"
     WRITE = "attempts:write", "record intents, claim dispatch, report outcomes"
+    #: A person's token: list and decide what awaits approval, as that person
+    #: (their role re-checked at every decision). Never beside WRITE: the
+    #: token that records a call cannot also approve it.
+    DECIDE = "approvals:decide", "list and decide what awaits approval, as the token's person"
+
+
+#: What a token gets when nobody names its scopes: an agent's.
+AGENT_SCOPES = (TokenScope.READ.value, TokenScope.WRITE.value)
 
 
 class ApiToken(models.Model):
@@ -786,6 +794,15 @@ class ApiToken(models.Model):
     )
     #: Updated at most once a minute, so using a token costs no write per request.
     last_used_at = models.DateTimeField(null=True, blank=True)
+    #: The person an ``approvals:decide`` token acts for (empty for an agent's token).
+    person = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The person whose approvals and rejections the token makes (approvals:decide tokens only).",
+    )
 
     class Meta:
         ordering = ["tenant", "-created_at", "-id"]
@@ -796,6 +813,11 @@ class ApiToken(models.Model):
                 name="ledger_apitoken_hash",
             ),
             models.CheckConstraint(condition=~Q(scopes=""), name="ledger_apitoken_has_scope"),
+            models.CheckConstraint(
+                condition=~Q(scopes__contains="approvals:decide")
+                | (Q(person__isnull=False) & ~Q(scopes__contains="attempts:write")),
+                name="ledger_apitoken_decide_is_a_persons",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -18,13 +18,15 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from ledgerdash.ledger import tenancy
 from ledgerdash.ledger.errors import InvalidField, InvalidToken, TokenExpired, TokenRevoked
 from ledgerdash.ledger.events import Actor, EventKind, event_record
-from ledgerdash.ledger.models import ApiToken, Tenant, TokenScope
+from ledgerdash.ledger.models import ApiToken, Role, Tenant, TokenScope
 
 TOKEN_PREFIX = "ldk_"  # noqa: S105 - the public marker every token starts with
 PREFIX_HEX = 12
@@ -49,6 +51,29 @@ def _scopes(scopes: Iterable[str]) -> str:
     return " ".join(chosen)
 
 
+def token_scopes(*, tenant: Tenant, scopes: Iterable[str], person: User | None) -> str:
+    """The scopes as stored, once they make sense together: an
+    ``approvals:decide`` token is a person's (an approver or admin of the
+    tenant now) and never also writes; only such a token names a person."""
+    scope_text = _scopes(scopes)
+    chosen = scope_text.split()
+    if TokenScope.DECIDE.value not in chosen:
+        if person is not None:
+            raise InvalidField("only an approvals:decide token acts for a person")
+        return scope_text
+    if person is None:
+        raise InvalidField("an approvals:decide token acts for a person: name them")
+    if TokenScope.WRITE.value in chosen:
+        raise InvalidField(
+            "an approvals:decide token cannot also have attempts:write: "
+            "the token that records a call may not approve it (issue two tokens)"
+        )
+    refused = tenancy.refusal(person, tenant.pk, Role.APPROVER)
+    if refused:
+        raise InvalidField(f"{person.get_username()} cannot decide approvals in {tenant.slug}: {refused}")
+    return scope_text
+
+
 def token_create(
     *,
     tenant: Tenant,
@@ -56,13 +81,18 @@ def token_create(
     scopes: Iterable[str],
     actor: Actor,
     expires_at: datetime | None = None,
+    person: User | None = None,
 ) -> tuple[ApiToken, str]:
     """Issue a token; returns the row and the token itself, which is not stored
-    anywhere and cannot be shown again."""
+    anywhere and cannot be shown again.
+
+    An ``approvals:decide`` token is a person's (``person``, an approver or
+    admin of the tenant now; their role is checked again at every decision)
+    and cannot also write: the token that records a call never approves it."""
     name = name.strip()
     if not name:
         raise InvalidField(InvalidField.EMPTY.format(field="name"))
-    scope_text = _scopes(scopes)
+    scope_text = token_scopes(tenant=tenant, scopes=scopes, person=person)
     prefix = secrets.token_hex(PREFIX_HEX // 2)
     raw = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     with transaction.atomic():
@@ -74,6 +104,7 @@ def token_create(
             scopes=scope_text,
             created_by_id=actor.user_id,
             expires_at=expires_at,
+            person=person,
         )
         event_record(
             tenant=tenant,
@@ -84,6 +115,7 @@ def token_create(
                 "prefix": prefix,
                 "name": token.name,
                 "scopes": scope_text,
+                "person": person.get_username() if person is not None else None,
                 "expires_at": expires_at.isoformat() if expires_at else None,
             },
         )

@@ -40,7 +40,7 @@ export type State = "INTENT_RECORDED" | "DISPATCHED" | "OUTCOME_CONFIRMED" | "FA
 /** Every error answer. ``code`` is stable and meant for machines. */
 export interface ErrorOut {
   /** Stable, for machines: what went wrong (ledgerdash/errorcodes.py has each code's meaning). */
-  code: "approval_rejected" | "attempt_blocked" | "attempt_failed" | "attempt_in_flight" | "attempt_not_found" | "attempt_superseded" | "authorization_changed" | "awaiting_approval" | "bad_request" | "body_too_large" | "claim_lost" | "idempotency_key_reused" | "illegal_transition" | "insufficient_scope" | "internal_error" | "invalid_args" | "invalid_content_length" | "invalid_field" | "invalid_idempotency_key" | "invalid_input" | "invalid_token" | "invalid_unicode" | "invalid_utf8" | "ledger_unavailable" | "length_required" | "malformed_json" | "method_not_allowed" | "missing_evidence" | "missing_token" | "no_policy" | "not_found" | "outcome_unknown" | "request_id_conflict" | "result_unavailable" | "retry_pending" | "scope_not_allowed" | "stale_fence" | "tenant_inactive" | "token_expired" | "token_revoked" | "tool_not_allowed" | "under_review" | "unknown_field" | "unsupported_media_type" | "validation_error";
+  code: "approval_refused" | "approval_rejected" | "attempt_blocked" | "attempt_failed" | "attempt_in_flight" | "attempt_not_found" | "attempt_superseded" | "authorization_changed" | "awaiting_approval" | "bad_request" | "body_too_large" | "claim_lost" | "idempotency_key_reused" | "illegal_transition" | "insufficient_scope" | "internal_error" | "invalid_args" | "invalid_content_length" | "invalid_field" | "invalid_idempotency_key" | "invalid_input" | "invalid_token" | "invalid_unicode" | "invalid_utf8" | "ledger_unavailable" | "length_required" | "malformed_json" | "method_not_allowed" | "missing_evidence" | "missing_token" | "no_policy" | "not_found" | "outcome_unknown" | "request_id_conflict" | "result_unavailable" | "retry_pending" | "role_required" | "scope_not_allowed" | "self_approval" | "stale_fence" | "tenant_inactive" | "token_expired" | "token_revoked" | "tool_not_allowed" | "under_review" | "unknown_field" | "unsupported_media_type" | "validation_error";
   message: string;
   /** The attempt the error is about (the linked one on idempotency_key_reused and authorization_changed). */
   attempt_id?: number | null;
@@ -50,6 +50,8 @@ export interface ErrorOut {
   /** Seconds to wait before asking again, as the Retry-After header says, on every answer that carries one (awaiting_approval, retry_pending, attempt_in_flight, ledger_unavailable). */
   retry_after?: number | null;
   errors?: Array<FieldErrorOut> | null;
+  /** On approval_refused and self_approval: each thing that no longer holds. */
+  changes?: Array<string> | null;
 }
 
 export interface FieldErrorOut {
@@ -218,6 +220,38 @@ export interface EventOut {
   hash: string;
 }
 
+export interface ApprovalListOut {
+  items: Array<ApprovalOut>;
+}
+
+/** One item awaiting approval, with what approving it would meet now for the token's person. */
+export interface ApprovalOut {
+  attempt: AttemptSummaryOut;
+  /** The attempt a linked retry re-tries; null for a first call the policy held. */
+  original: AttemptSummaryOut | null;
+  /** approvable: approving would go through now. needs a reason: only with `safe_because`. refused: approving would be refused whatever is said (`summary` says why). */
+  verdict: "approvable" | "needs a reason" | "refused";
+  summary: string;
+  /** The risk `safe_because` must answer; empty when there is none. */
+  needs_reason: string;
+}
+
+export interface ApproveIn {
+  /** The attempt's fence as the approvals list showed it: a decision on an attempt that moved since is refused (stale_fence). */
+  fence: number;
+  /** Why: recorded in its events, and told to the agent on a rejection. */
+  comment: string;
+  /** Why approving is safe although the original may have happened: needed when the list's `needs_reason` says so, recorded with the approval. */
+  safe_because?: string;
+}
+
+export interface RejectIn {
+  /** The attempt's fence as the approvals list showed it: a decision on an attempt that moved since is refused (stale_fence). */
+  fence: number;
+  /** Why: recorded in its events, and told to the agent on a rejection. */
+  comment: string;
+}
+
 /** Every operation: its method, path, request body and success answers. */
 export interface Operations {
   record_intent: {
@@ -267,5 +301,23 @@ export interface Operations {
     path: "/api/v1/attempts/{attempt_id}";
     body: never;
     ok: { 200: AttemptDetailOut };
+  };
+  list_approvals: {
+    method: "GET";
+    path: "/api/v1/approvals";
+    body: never;
+    ok: { 200: ApprovalListOut };
+  };
+  approve: {
+    method: "POST";
+    path: "/api/v1/approvals/{attempt_id}/approve";
+    body: ApproveIn;
+    ok: { 200: AttemptOut };
+  };
+  reject: {
+    method: "POST";
+    path: "/api/v1/approvals/{attempt_id}/reject";
+    body: RejectIn;
+    ok: { 200: AttemptOut };
   };
 }

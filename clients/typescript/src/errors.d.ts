@@ -67,6 +67,9 @@ export declare class NotAllowed extends ApiError {
 export declare class InsufficientScope extends NotAllowed {
   static code: "insufficient_scope";
 }
+export declare class RoleRequired extends NotAllowed {
+  static code: "role_required";
+}
 export declare class TenantInactive extends NotAllowed {
   static code: "tenant_inactive";
 }
@@ -136,6 +139,12 @@ export declare class ClaimLost extends StaleFence {
 export declare class RequestIdConflict extends ApiError {
   static code: "request_id_conflict";
 }
+export declare class ApprovalRefused extends ApiError {
+  static code: "approval_refused";
+}
+export declare class SelfApproval extends ApprovalRefused {
+  static code: "self_approval";
+}
 export declare class ServerError extends ApiError {
   static code: "internal_error";
 }
@@ -162,6 +171,7 @@ export declare const ERRORS: {
   "token_expired": typeof TokenExpired;
   "not_allowed": typeof NotAllowed;
   "insufficient_scope": typeof InsufficientScope;
+  "role_required": typeof RoleRequired;
   "tenant_inactive": typeof TenantInactive;
   "no_policy": typeof NoPolicy;
   "tool_not_allowed": typeof ToolNotAllowed;
@@ -185,6 +195,8 @@ export declare const ERRORS: {
   "stale_fence": typeof StaleFence;
   "claim_lost": typeof ClaimLost;
   "request_id_conflict": typeof RequestIdConflict;
+  "approval_refused": typeof ApprovalRefused;
+  "self_approval": typeof SelfApproval;
   "internal_error": typeof ServerError;
 };
 export type ErrorCode = keyof typeof ERRORS;

@@ -67,6 +67,9 @@ export class NotAllowed extends ApiError {
 export class InsufficientScope extends NotAllowed {
   static code = "insufficient_scope";
 }
+export class RoleRequired extends NotAllowed {
+  static code = "role_required";
+}
 export class TenantInactive extends NotAllowed {
   static code = "tenant_inactive";
 }
@@ -136,6 +139,12 @@ export class ClaimLost extends StaleFence {
 export class RequestIdConflict extends ApiError {
   static code = "request_id_conflict";
 }
+export class ApprovalRefused extends ApiError {
+  static code = "approval_refused";
+}
+export class SelfApproval extends ApprovalRefused {
+  static code = "self_approval";
+}
 export class ServerError extends ApiError {
   static code = "internal_error";
 }
@@ -164,6 +173,7 @@ export const ERRORS = {
   "token_expired": TokenExpired,
   "not_allowed": NotAllowed,
   "insufficient_scope": InsufficientScope,
+  "role_required": RoleRequired,
   "tenant_inactive": TenantInactive,
   "no_policy": NoPolicy,
   "tool_not_allowed": ToolNotAllowed,
@@ -187,5 +197,7 @@ export const ERRORS = {
   "stale_fence": StaleFence,
   "claim_lost": ClaimLost,
   "request_id_conflict": RequestIdConflict,
+  "approval_refused": ApprovalRefused,
+  "self_approval": SelfApproval,
   "internal_error": ServerError,
 };

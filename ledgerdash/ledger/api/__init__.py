@@ -23,7 +23,7 @@ from django.urls import URLPattern, URLResolver
 from ninja import NinjaAPI
 from ninja.openapi.schema import OpenAPISchema
 
-from ledgerdash.ledger.api import attempts, openapi
+from ledgerdash.ledger.api import approvals, attempts, openapi
 from ledgerdash.ledger.api.errors import API_CODES, STATUS_BY_CODE, install_handlers
 from ledgerdash.ledger.api.guard import guarded_urls
 from ledgerdash.ledger.api.parsing import StrictJsonParser
@@ -52,6 +52,7 @@ api = LedgerApi(
     parser=StrictJsonParser(),
 )
 api.add_router("", attempts.router)
+api.add_router("", approvals.router)
 install_handlers(api)
 
 

@@ -14,6 +14,7 @@ from ledgerdash.ledger.tokens import token_authenticate_cached, token_touch
 
 READ = TokenScope.READ.value
 WRITE = TokenScope.WRITE.value
+DECIDE = TokenScope.DECIDE.value
 AGENT_HEADER = "Ledgerdash-Agent"
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from ledgerdash.ledger.errors import InvalidField
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Tenant, TokenScope
+from ledgerdash.ledger.models import AGENT_SCOPES, Tenant, TokenScope
 from ledgerdash.ledger.tokens import DEFAULT_LIFETIME, token_create
 
 
@@ -31,7 +32,11 @@ class Command(BaseCommand):
             "--scope",
             action="append",
             choices=TokenScope.values,
-            help="repeat for several; default: both (attempts:read and attempts:write)",
+            help="repeat for several; default: an agent's (attempts:read and attempts:write). "
+            "approvals:decide is a person's token (--person), alone or with attempts:read",
+        )
+        parser.add_argument(
+            "--person", help="the username an approvals:decide token acts for (an approver or admin of the tenant)"
         )
         lifetime = parser.add_mutually_exclusive_group()
         lifetime.add_argument(
@@ -47,19 +52,26 @@ class Command(BaseCommand):
         if options["days"] < 1:
             raise CommandError("--days must be 1 or more")
         expires_at = None if options["no_expiry"] else timezone.now() + timedelta(days=options["days"])
+        person = None
+        if options["person"]:
+            person = get_user_model().objects.filter(username=options["person"]).first()
+            if person is None:
+                raise CommandError(f"no person {options['person']!r}")
         try:
             token, raw = token_create(
                 tenant=tenant,
                 name=options["name"],
-                scopes=options["scope"] or TokenScope.values,
+                scopes=options["scope"] or AGENT_SCOPES,
                 expires_at=expires_at,
                 actor=Actor.system("manage.py create_api_token"),
+                person=person,
             )
         except InvalidField as exc:
             raise CommandError(str(exc)) from None
         self.stderr.write(
             f"API token {token.prefix} ({token.name}) for {tenant.slug}, scopes {token.scopes}, "
-            f"{'never expires' if expires_at is None else f'expires {expires_at:%Y-%m-%d %H:%M} UTC'}. "
+            + (f"acting for {person.get_username()}, " if person is not None else "")
+            + f"{'never expires' if expires_at is None else f'expires {expires_at:%Y-%m-%d %H:%M} UTC'}. "
             "It is shown only now:"
         )
         self.stdout.write(raw)
