@@ -20,12 +20,14 @@ from typing import Any, Protocol
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections, connections
 
+from ledgerdash.ops.logs import LoggedChecks
+
 
 class Summary(Protocol):
     def line(self) -> str: ...
 
 
-class WorkerCommand[S: Summary](BaseCommand):
+class WorkerCommand[S: Summary](LoggedChecks, BaseCommand):
     """A worker command: subclasses say what one pass does and when it is worth a log line."""
 
     #: What the worker handles, for messages ("attempt", "delivery").

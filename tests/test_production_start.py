@@ -245,3 +245,33 @@ def test_with_json_logs_every_line_is_json_and_a_request_is_one_line(tmp_path: P
         assert [entry for entry in parsed if path in entry.get("message", "")] == about
     assert not any("control" in entry.get("message", "").lower() for entry in parsed), parsed
     assert list(home.iterdir()) == []
+
+
+OIDC_WITHOUT_ROLES = {
+    "OIDC_ENABLED": "true",
+    "OIDC_GROUP_ROLES": "",
+    **{
+        name: "https://sso.example.com/x"
+        for name in (
+            "OIDC_OP_ISSUER", "OIDC_OP_AUTHORIZATION_ENDPOINT", "OIDC_OP_TOKEN_ENDPOINT", "OIDC_OP_USER_ENDPOINT",
+            "OIDC_OP_JWKS_ENDPOINT", "OIDC_RP_CLIENT_ID", "OIDC_RP_CLIENT_SECRET",
+        )
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", [["reconcile", "--once"], ["notify", "--once"], ["verify_audit"]])
+def test_with_json_logs_a_services_system_check_findings_are_json_lines_too(tmp_path: Path, command: list[str]) -> None:
+    # A setting no one can sign in with is a system check error: the command must not start, and say so in JSON.
+    env = production_env(tmp_path, free_port()) | OIDC_WITHOUT_ROLES
+    child = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"} | env
+    done = subprocess.run(
+        [PYTHON, "manage.py", *command], cwd=ROOT, env=child, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    found = [json.loads(line) for line in lines]  # every line a JSON object
+    assert found[0]["check"] == "ledgerdash.E011"
+    assert found[0]["level"] == "ERROR"
+    assert "not starting" in found[-1]["message"]
+    assert done.stdout == ""

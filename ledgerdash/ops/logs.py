@@ -115,3 +115,46 @@ def gunicorn_config(log_format: str, level: str, *, access: str | None) -> dict[
         # the app configures the root logger itself (LOGGING) once gunicorn has loaded it
         "root": {"level": level.upper(), "handlers": []},
     }
+
+
+class LoggedChecks:
+    """A mixin for the commands services run (the workers, ``verify_audit``,
+    ``backup_ledger``): with ``LOG_FORMAT=json`` what the system checks find
+    is written as log lines (``check``, ``object``, ``hint`` beside the
+    message) instead of Django's plain block, and a serious finding stops
+    the command with exit status 1 after an error line, so every line the
+    process writes is JSON. With ``plain`` Django prints its block as usual."""
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        from django.conf import settings
+        from django.core import checks
+
+        if getattr(settings, "LOG_FORMAT", "plain") != "json":
+            super().check(*args, **kwargs)  # type: ignore[misc]
+            return
+        names = ("app_configs", "tags", "display_num_errors", "include_deployment_checks", "fail_level", "databases")
+        options = dict(zip(names, args, strict=False)) | kwargs
+        issues = [
+            issue
+            for issue in checks.run_checks(
+                app_configs=options.get("app_configs"),
+                tags=options.get("tags"),
+                include_deployment_checks=options.get("include_deployment_checks", False),
+                databases=options.get("databases"),
+            )
+            if not issue.is_silenced()
+        ]
+        log = logging.getLogger("django.checks")
+        for issue in issues:
+            level = logging.ERROR if issue.is_serious() else logging.WARNING
+            log.log(
+                level,
+                "%s: %s",
+                issue.id,
+                issue.msg,
+                extra={"check": issue.id, "object": str(issue.obj) if issue.obj else None, "hint": issue.hint},
+            )
+        serious = [issue.id for issue in issues if issue.level >= options.get("fail_level", checks.ERROR)]
+        if serious:
+            log.error("system checks failed (%s): not starting", ", ".join(str(i) for i in serious))
+            raise SystemExit(1)

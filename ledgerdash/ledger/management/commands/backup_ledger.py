@@ -9,9 +9,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from ledgerdash.ledger import backup
+from ledgerdash.ops.logs import LoggedChecks
 
 
-class Command(BaseCommand):
+class Command(LoggedChecks, BaseCommand):
     help = (
         "Write a consistent snapshot of the database to FILE: pg_dump's custom format on PostgreSQL, "
         "a SQLite database file on SQLite. Prints each tenant's chain head, to keep beside the backup."

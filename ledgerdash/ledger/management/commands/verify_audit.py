@@ -9,9 +9,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledgerdash.ledger import audit
 from ledgerdash.ledger.models import Tenant
+from ledgerdash.ops.logs import LoggedChecks
 
 
-class Command(BaseCommand):
+class Command(LoggedChecks, BaseCommand):
     help = (
         "Verify the hash-chained event log of each tenant (all by default): seq contiguity, content hashes, "
         "links, the chain head, that every attempt has events, and that each head kept earlier (--known-head, "
