@@ -88,7 +88,7 @@ TABLE: tuple[ErrorCode, ...] = (
       "NotAllowed"),
     E("insufficient_scope", 403, "The API token lacks the scope (read or write).", client="InsufficientScope",
       parent="not_allowed"),
-    E("role_required", 403, "The person an approver's token acts for lacks the role in the tenant now.",
+    E("role_required", 403, "The person deciding (an approver's token's) lacks the role it needs in the tenant now.",
       client="RoleRequired", parent="not_allowed"),
     E("tenant_inactive", 403, "The tenant is not active.", client="TenantInactive", parent="not_allowed"),
     E("no_policy", 403, "The tenant has no policy; nothing is allowed.", client="NoPolicy", parent="not_allowed"),

@@ -24,6 +24,7 @@ from ledgerdash.ledger.errors import (
     InvalidField,
     OwnershipError,
     RequestIdConflict,
+    RoleRequired,
     SelfApproval,
     StaleFence,
 )
@@ -32,6 +33,7 @@ from ledgerdash.ledger.models import (
     Attempt,
     AttemptEvent,
     FailedBecause,
+    Role,
 )
 
 if TYPE_CHECKING:
@@ -49,7 +51,8 @@ from ledgerdash.ledger.moves.base import (
     validate_ref,
 )
 from ledgerdash.ledger.moves.create import create_retry_under
-from ledgerdash.ledger.rules import approval_check, awaiting_approval
+from ledgerdash.ledger.rules import approval_check, awaiting_approval, moves_for, self_decision
+from ledgerdash.ledger.tenancy import refusal
 
 
 def attempt_assign(
@@ -146,13 +149,20 @@ def attempt_mark_failed(
 
     A person's "failed" is a claim with their reason, not the provider's
     word: approving a retry of an attempt failed this way still needs the
-    approver's recorded reason, unless the attempt was never sent.
+    approver's recorded reason, unless the attempt was never sent. What
+    awaits approval is not marked failed but rejected (:func:`retry_reject`,
+    an approver's decision with four eyes).
     """
+    return _failed_by_person(attempt, actor, reason, fence, kind, "mark_failed")
+
+
+def _failed_by_person(attempt: Attempt, actor: Actor, reason: str, fence: int | None, kind: str, rule: str) -> Attempt:
     attempt_id = attempt.pk
     reason = required(reason, "reason")
     with transaction.atomic():
         attempt = locked_for_decision(attempt_id, fence)
         only_from(attempt, S.MANUAL_REVIEW, f"{kind} is decided")
+        person_may(actor, attempt, rule)
         because = FailedBecause.REJECTED if attempt.dispatch_count == 0 else FailedBecause.PERSON
         return move(
             attempt,
@@ -163,6 +173,31 @@ def attempt_mark_failed(
             updates={"last_error": clean_text(reason), "failed_because": because},
             details={"comment": reason, "failed_because": because},
         )
+
+
+#: The role each person's move needs, as :func:`ledgerdash.ledger.rules.moves_for` grants it.
+ROLE_OF_RULE = {"mark_failed": Role.OPERATOR, "decide_retry": Role.APPROVER}
+
+
+def person_may(actor: Actor, attempt: Attempt, rule: str) -> None:
+    """Refuse a person's move that :func:`~ledgerdash.ledger.rules.moves_for`
+    refuses, asked here, under the row lock, whatever path the decision came
+    by: the role (:class:`RoleRequired`), four eyes (:class:`SelfApproval`),
+    then the attempt's state (:class:`IllegalTransition`). A move made by the
+    system (no person) is not a person's decision."""
+    if actor.user_id is None:
+        return
+    person = get_user_model().objects.filter(pk=actor.user_id).first()
+    allowed = getattr(moves_for(person, attempt), rule)
+    if allowed:
+        return
+    missing = refusal(person, attempt.tenant_id, ROLE_OF_RULE[rule])
+    if missing:
+        raise RoleRequired(missing)
+    if rule == "decide_retry" and person is not None and person.pk == attempt.requested_by_id:
+        message = self_decision(attempt)
+        raise SelfApproval(message, [message])
+    raise IllegalTransition(f"#{attempt.pk}: {allowed.why_not}")
 
 
 def intent_abandon(*, attempt: Attempt, actor: Actor, reason: str, fence: int | None = None) -> Attempt:
@@ -379,7 +414,7 @@ def retry_reject(*, attempt: Attempt, actor: Actor, comment: str, fence: int | N
     if peek.parent_id is None and not awaiting_approval(peek):
         raise IllegalTransition(f"attempt #{attempt_id} is neither a linked retry nor a call awaiting approval")
     kind = "retry rejected" if peek.parent_id is not None else "rejected"
-    return attempt_mark_failed(attempt=attempt, actor=actor, reason=comment, fence=fence, kind=kind)
+    return _failed_by_person(attempt, actor, comment, fence, kind, "decide_retry")
 
 
 def _lock_all(ids: Sequence[int]) -> list[Attempt]:
