@@ -66,6 +66,7 @@ def attempt_assign(
     attempt_id = attempt.pk
     with transaction.atomic():
         attempt = get_attempt(attempt_id, lock=True)
+        person_has_role(actor, attempt, Role.OPERATOR)
         if expected_owner_id is not ... and attempt.owner_id != expected_owner_id:
             raise OwnershipError(f"attempt {attempt_id} is now owned by someone else; reload and try again")
         new_owner_id = owner.pk if owner is not None else None
@@ -101,6 +102,7 @@ def attempt_comment(*, attempt: Attempt, actor: Actor, text: str) -> AttemptEven
         raise InvalidField(InvalidField.EMPTY.format(field="comment"))
     with transaction.atomic():
         attempt = get_attempt(attempt_id)
+        person_has_role(actor, attempt, Role.OPERATOR)
         (event,) = append_events(
             [EventDraft(attempt.tenant_id, attempt.pk, EventKind.COMMENT, actor, fence=attempt.fence, reason=text)]
         )
@@ -121,6 +123,7 @@ def attempt_verify(
     provider_request_id = validate_ref(provider_request_id.strip(), "provider_request_id", 255)
     with transaction.atomic():
         attempt = locked_for_decision(attempt_id, fence)
+        person_has_role(actor, attempt, Role.OPERATOR)
         _never_sent(attempt, "verify")
         updates: dict[str, Any] = {"result_ref": clean_text(evidence)[:1000]}
         if provider_request_id:
@@ -179,6 +182,17 @@ def _failed_by_person(attempt: Attempt, actor: Actor, reason: str, fence: int | 
 ROLE_OF_RULE = {"mark_failed": Role.OPERATOR, "decide_retry": Role.APPROVER}
 
 
+def person_has_role(actor: Actor, attempt: Attempt, role: Role) -> None:
+    """A person's move needs ``role`` in the attempt's tenant now, asked
+    here whatever path it came by (:class:`RoleRequired` says who lacks
+    what); the system's and the reconciler's moves are not a person's."""
+    if actor.user_id is None:
+        return
+    missing = refusal(get_user_model().objects.filter(pk=actor.user_id).first(), attempt.tenant_id, role)
+    if missing:
+        raise RoleRequired(missing)
+
+
 def person_may(actor: Actor, attempt: Attempt, rule: str) -> None:
     """Refuse a person's move that :func:`~ledgerdash.ledger.rules.moves_for`
     refuses, asked here, under the row lock, whatever path the decision came
@@ -191,9 +205,7 @@ def person_may(actor: Actor, attempt: Attempt, rule: str) -> None:
     allowed = getattr(moves_for(person, attempt), rule)
     if allowed:
         return
-    missing = refusal(person, attempt.tenant_id, ROLE_OF_RULE[rule])
-    if missing:
-        raise RoleRequired(missing)
+    person_has_role(actor, attempt, ROLE_OF_RULE[rule])
     if rule == "decide_retry" and person is not None and person.pk == attempt.requested_by_id:
         message = self_decision(attempt)
         raise SelfApproval(message, [message])
@@ -206,6 +218,7 @@ def intent_abandon(*, attempt: Attempt, actor: Actor, reason: str, fence: int | 
     reason = required(reason, "reason")
     with transaction.atomic():
         attempt = locked_for_decision(attempt_id, fence)
+        person_has_role(actor, attempt, Role.OPERATOR)
         return attempt_abandon_intent(attempt=attempt, fence=attempt.fence, actor=actor, reason=reason)
 
 
@@ -216,6 +229,7 @@ def attempt_recheck(*, attempt: Attempt, actor: Actor, reason: str = "") -> Atte
     now = clock.now()
     with transaction.atomic():
         attempt = get_attempt(attempt_id, lock=True)
+        person_has_role(actor, attempt, Role.OPERATOR)
         _never_sent(attempt, "look up")
         note = reason.strip() or "re-check requested"
         if attempt.state == S.UNKNOWN:
@@ -244,6 +258,7 @@ def retry_request(*, attempt: Attempt, actor: Actor, reason: str) -> Attempt:
     reason = required(reason, "reason")
     with transaction.atomic():
         original = get_attempt(attempt_id, lock=True)
+        person_has_role(actor, original, Role.OPERATOR)
         if original.state != S.MANUAL_REVIEW:
             raise IllegalTransition(f"only an attempt under review can be retried; #{attempt_id} is {original.state}")
         pending = original.children.filter(state__in=[S.MANUAL_REVIEW, S.INTENT_RECORDED, S.DISPATCHED]).first()
