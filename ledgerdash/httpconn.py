@@ -19,7 +19,7 @@ costing a request, the same as the standard HTTP clients' (Go's
   judge (:class:`MaybeSent`): the server may have acted on it.
 
 Behind an HTTP(S) proxy named by the environment (``HTTPS_PROXY``, ...)
-requests go through :mod:`urllib` as before, one connection each.
+requests go through :mod:`urllib`, one connection each.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Admin pages for the ledger. Attempts are read-only here: every state
-change goes through the transitions module, so the admin cannot bypass
+change goes through the moves (:mod:`ledgerdash.ledger.moves`), so the admin cannot bypass
 fences, events or approvals. Events are read-only (the database also refuses
 to change them)."""
 

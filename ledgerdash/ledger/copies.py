@@ -3,8 +3,8 @@
 An agent's tool call through the ingest API is two or three requests about
 one attempt, in a row, usually on one kept connection and so in one web
 process: record the intent, claim the dispatch, report the outcome. Each
-request after the first used to read the attempt before moving it: a round
-trip per request for a row this process had just written.
+request after the first would read the attempt before moving it: a round
+trip per request for a row this process has just written.
 
 So a process keeps the attempt as its last write left it (on PostgreSQL),
 with the row's version: PostgreSQL gives every version of a row a new

@@ -25,7 +25,6 @@ AFTER_SEND = "after_send"
 AFTER_RESPONSE = "after_response"
 #: a reconciler, after deciding the first attempt of a claimed batch, before the next
 RECONCILER_MID_BATCH = "reconciler_mid_batch"
-POINTS = (AFTER_INTENT, BEFORE_SEND, AFTER_SEND, AFTER_RESPONSE, RECONCILER_MID_BATCH)
 ANNOUNCE = "LEDGERDASH-CRASHPOINT"
 
 #: ``LEDGERDASH_PAUSE_AT=<point>``: stop there once and wait for a line on

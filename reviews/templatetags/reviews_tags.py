@@ -122,18 +122,6 @@ def visible(value: Any) -> str:
     return display.visible_text(value)
 
 
-@register.simple_tag
-def owner_names(events: list[AttemptEvent]) -> dict[int, str]:
-    """The usernames owner changes in ``events`` name, in one query for the page."""
-    return history.user_names(events)
-
-
 @register.filter
 def owner_change(event: AttemptEvent, names: dict[int, str]) -> history.OwnerChange | None:
     return history.owner_change(event, names or {})
-
-
-@register.simple_tag
-def origin_of(attempt: Attempt, events: list[AttemptEvent]) -> history.Origin:
-    """What created ``attempt``, read from its first event among ``events``."""
-    return history.origin(attempt, history.creating_event(attempt, events))

@@ -13,7 +13,7 @@ closing of the socket arrive on the connection, which then has something to
 read although no statement is running. So a connection last used less than
 :data:`QUIET_WITHIN` seconds ago, idle, and with nothing to read is taken as
 usable without asking the server; one with anything to read, or idle for
-longer, gets Django's ``SELECT 1`` as before, and a dead one is replaced
+longer, gets Django's own ``SELECT 1``, and a dead one is replaced
 before the request uses it.
 
 What neither check can see is a session that ends after it: between the
@@ -22,7 +22,7 @@ statement fails, the request answers 503 (``ledger_unavailable``, nothing
 changed) and the next request connects afresh.
 
 With ``DATABASE_POOL`` the pool checks each connection it hands out itself
-(psycopg_pool's ``check_connection``), as before.
+(psycopg_pool's ``check_connection``).
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ from ledgerdash.ledger.models import (
 S = State
 A, R, U = ActorKind.AGENT, ActorKind.RECONCILER, ActorKind.USER
 
-#: (from, to) -> the kinds of actor that may make that move. DESIGN.md's
-#: table, plus the moves it implies: INTENT_RECORDED -> FAILED (an intent
+#: (from, to) -> the kinds of actor that may make that move: the protocol's
+#: table (docs/protocol.md), with the moves it implies: INTENT_RECORDED -> FAILED (an intent
 #: abandoned past its lease: nothing was sent), UNKNOWN -> FAILED and
 #: UNKNOWN -> FAILED_RETRYABLE (a late, definitive failure report from the
 #: original dispatcher),
