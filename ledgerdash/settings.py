@@ -87,6 +87,9 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "ledgerdash.urls"
 WSGI_APPLICATION = "ledgerdash.wsgi.application"
+#: Called once by ledgerdash/wsgi.py when a web process starts, so the first
+#: request does not pay for them: the PDF renderer (WeasyPrint, Pango, fonts).
+WSGI_PRELOAD = ["reviews.audit_views.preload_pdf_renderer"]
 
 TEMPLATES = [
     {

@@ -20,7 +20,7 @@ urlpatterns = [
     path("", include("reviews.urls")),
 ]
 
-# The 500 page renders without the database, a session or URL reversing (reviews/errors.py);
+# The 500 page renders without the database, a session or URL reversing (ledgerdash/ops/errorpages.py);
 # a database that is down or too slow answers 503 instead (ledgerdash/ops/unavailable.py).
 handler500 = "ledgerdash.ops.unavailable.server_error"
 if settings.OIDC_ENABLED:

@@ -14,7 +14,10 @@ from ledgerdash.startup import warn_if_static_files_missing  # noqa: E402
 
 warn_if_static_files_missing()
 
-# PDF reports: load the renderer now, not in a worker's first PDF request.
-from reviews.audit_views import preload_pdf_renderer  # noqa: E402
+# What the apps load before the first request rather than in it (settings.WSGI_PRELOAD: the PDF
+# renderer), named in the settings so this module imports no app of the dashboard.
+from django.conf import settings  # noqa: E402
+from django.utils.module_loading import import_string  # noqa: E402
 
-preload_pdf_renderer()
+for preload in settings.WSGI_PRELOAD:
+    import_string(preload)()

@@ -354,7 +354,7 @@ def test_the_login_and_error_pages_look_like_the_app(
     from django.test import RequestFactory
     from playwright.sync_api import expect
 
-    from reviews import errors
+    from ledgerdash.ops import errorpages as errors
     from tests.test_browser import Person
 
     # Logged out: the log-in page, then a refused log-in.

@@ -15,7 +15,7 @@ from django.test import Client, RequestFactory
 from django.urls import path, reverse
 
 from ledgerdash import urls as project_urls
-from reviews import errors
+from ledgerdash.ops import errorpages as errors
 from tests.conftest import as_user
 
 

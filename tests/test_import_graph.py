@@ -119,3 +119,19 @@ def test_a_cycle_would_be_found() -> None:
     graph = _graph(module_level_only=False)
     graph["ledgerdash.ledger.errors"] = graph["ledgerdash.ledger.errors"] | {"ledgerdash.ledger.models"}
     assert any("ledgerdash.ledger.errors" in cycle for cycle in _cycles(graph))
+
+
+def test_the_ledger_and_its_server_import_nothing_of_the_dashboard() -> None:
+    """``reviews`` (the dashboard) builds on ``ledgerdash``; nothing in ``ledgerdash`` imports it back,
+    lazily or not (the settings name its app and its hooks by string)."""
+    upward = {}
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            found = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                found = [node.module or ""]
+            bad = [f for f in found if f == "reviews" or f.startswith("reviews.")]
+            if bad:
+                upward.setdefault(name, []).extend(bad)
+    assert upward == {}

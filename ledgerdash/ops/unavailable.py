@@ -27,9 +27,9 @@ from django.http.response import HttpResponseBase
 from django.template import loader
 from django.views.decorators.csrf import requires_csrf_token
 
+from ledgerdash.ops import errorpages
 from ledgerdash.ops.logs import first_line
 from ledgerdash.ops.requests import note_problem
-from reviews import errors
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,11 @@ def unavailable_response(request: HttpRequest, exc: BaseException) -> HttpRespon
     else:
         try:
             body = loader.get_template("503.html").render(
-                {"stylesheet": errors._stylesheet(), "retry_after": RETRY_AFTER}
+                {"stylesheet": errorpages.stylesheet(), "retry_after": RETRY_AFTER}
             )
         except Exception:
             log.exception("the 503 page could not be rendered; serving the fixed one")
-            body = errors.FALLBACK
+            body = errorpages.FALLBACK
         response = HttpResponse(body, status=503)
         # A page left open reloads itself once the wait is over (no script: the CSP allows none inline).
         response["Refresh"] = str(RETRY_AFTER)
@@ -84,4 +84,4 @@ def server_error(request: HttpRequest, template_name: str = "500.html") -> HttpR
     exc = sys.exc_info()[1]
     if isinstance(exc, UNAVAILABLE_ERRORS):
         return unavailable_response(request, exc)
-    return errors.server_error(request, template_name)
+    return errorpages.server_error(request, template_name)

@@ -1,4 +1,4 @@
-"""The server-error page, which must render when everything else is failing.
+"""The server's own error pages, which must render when everything else is failing.
 
 Django renders ``500.html`` without a request, so no context processor
 runs; this handler also keeps the page away from anything that can fail
@@ -28,7 +28,7 @@ FALLBACK = (
 )
 
 
-def _stylesheet() -> str:
+def stylesheet() -> str:
     try:
         return static("ledgerdash/app.css")
     except Exception:  # a missing manifest entry, a broken storage: go without
@@ -39,7 +39,7 @@ def _stylesheet() -> str:
 @requires_csrf_token
 def server_error(request: HttpRequest, template_name: str = "500.html") -> HttpResponse:
     try:
-        body = loader.get_template(template_name).render({"stylesheet": _stylesheet()})
+        body = loader.get_template(template_name).render({"stylesheet": stylesheet()})
     except Exception:
         logger.exception("the 500 page could not be rendered; serving the fixed one")
         body = FALLBACK
