@@ -159,6 +159,10 @@ class Databases:
             return int(row[0]) if row else 0
 
 
+#: Where the benchmark collects the static files (kept between runs: collecting again is quick).
+BENCH_STATIC = ROOT / "var" / "bench-static"
+
+
 def django_env(database_url: str, **extra: str) -> dict[str, str]:
     """The environment of a process running the project against ``database_url``:
     production settings (DEBUG off), plain HTTP on loopback."""
@@ -174,6 +178,9 @@ def django_env(database_url: str, **extra: str) -> dict[str, str]:
             "SECURE_COOKIES": "false",
             "LOG_LEVEL": "WARNING",
             "PYTHONPATH": str(ROOT),
+            # The benchmark's own collected static files: pages render with DEBUG off, which needs
+            # them, and no other command's (or test's) collecting may be what makes it work.
+            "STATIC_ROOT": str(BENCH_STATIC),
         }
     )
     env.update(extra)
@@ -181,7 +188,10 @@ def django_env(database_url: str, **extra: str) -> dict[str, str]:
 
 
 def setup_django(database_url: str) -> None:
-    """Configure Django in this process (the orchestrator) against the bench database."""
+    """Configure Django in this process (the orchestrator) against the bench database,
+    with the static files collected first: the dashboard pages it renders in this process
+    and the servers it starts both need them."""
+    run_manage(["collectstatic", "--noinput", "-v", "0"], database_url)
     os.environ.update(django_env(database_url))
     import django
 
