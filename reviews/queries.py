@@ -208,7 +208,7 @@ def attempt_filter(query: ListQuery, user: Person, now: datetime, *, prefix: str
     if query.past_sla:
         condition &= past_sla_filter(query.tenant_ids, now, prefix=prefix)
     if query.not_requested_by is not None:
-        condition &= ~q(requested_by_id=query.not_requested_by) | q(requested_by__isnull=True)
+        condition &= rules.four_eyes_filter(query.not_requested_by, prefix)
     if query.tool:
         condition &= q(tool_name=query.tool)
     if query.owner == "me":
@@ -496,8 +496,8 @@ def first_things(
             late.append(Late(tenant, count, tenant.sla))
     approver_of = list(approver_of) if approver_of is not None else tenant_ids_for(user, Role.APPROVER)
     user_id = user.pk if user is not None else None
-    awaiting_mine = Attempt.objects.filter(rules.awaiting_approval_filter(), tenant_id__in=approver_of).exclude(
-        requested_by_id=user_id
+    awaiting_mine = Attempt.objects.filter(
+        rules.awaiting_approval_filter(), rules.four_eyes_filter(user_id), tenant_id__in=approver_of
     )
     return FirstThings(
         oldest=oldest,

@@ -164,6 +164,18 @@ def awaiting_approval_filter(prefix: str = "") -> Q:
     return q(state=S.MANUAL_REVIEW, dispatch_count=0) & (q(parent__isnull=False) | first_call)
 
 
+def four_eyes_filter(user_id: int | None, prefix: str = "") -> Q:
+    """Four eyes as a condition on attempts: those ``user_id`` may decide as
+    far as asking goes (they did not request the retry, nor issue the token
+    of the agent that made the call); :func:`approval_check` is the same rule
+    for one attempt."""
+
+    def q(**lookups: Any) -> Q:
+        return Q(**{prefix + name: value for name, value in lookups.items()})
+
+    return ~q(requested_by_id=user_id) | q(requested_by__isnull=True)
+
+
 @dataclass(frozen=True)
 class ApprovalCheck:
     """What the approval of a linked retry (or of a first call) would find
