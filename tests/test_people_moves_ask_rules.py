@@ -92,3 +92,25 @@ def test_a_reject_needs_the_approver_role_and_marking_failed_the_operator_role(
             moves.attempt_mark_failed(attempt=review, actor=Actor.user(person), reason="x", fence=review.fence)
     else:
         moves.attempt_mark_failed(attempt=review, actor=Actor.user(person), reason="x", fence=review.fence)
+
+
+def test_an_incident_is_claimed_and_resolved_by_operators_only(
+    tenant_a: Tenant, viewer_a: Any, operator_a: Any
+) -> None:
+    from ledgerdash.ledger import clock
+    from ledgerdash.ledger.models import Incident
+
+    incident = Incident.objects.create(
+        tenant=tenant_a,
+        attempt=under_review(tenant_a),
+        kind=Incident.Kind.DUPLICATE,
+        summary="two effects for one key",
+        opened_at=clock.now(),
+    )
+    with pytest.raises(RoleRequired):
+        moves.incident_assign(incident=incident, owner=viewer_a, actor=Actor.user(viewer_a), reason="mine")
+    with pytest.raises(RoleRequired):
+        moves.incident_resolve(incident=incident, actor=Actor.user(viewer_a), resolution="refunded")
+    moves.incident_assign(incident=incident, owner=operator_a, actor=Actor.user(operator_a), reason="mine")
+    resolved = moves.incident_resolve(incident=incident, actor=Actor.user(operator_a), resolution="refunded")
+    assert resolved.status == Incident.Status.RESOLVED

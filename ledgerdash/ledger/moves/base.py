@@ -12,6 +12,7 @@ import functools
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
@@ -21,6 +22,7 @@ from ledgerdash.ledger.errors import (
     IllegalTransition,
     InsideTransaction,
     InvalidField,
+    RoleRequired,
     StaleFence,
 )
 from ledgerdash.ledger.events import (
@@ -42,9 +44,11 @@ from ledgerdash.ledger.models import (
     Attempt,
     ChainHead,
     OnCallShift,
+    Role,
     State,
     Tenant,
 )
+from ledgerdash.ledger.tenancy import refusal
 
 S = State
 A, R, U = ActorKind.AGENT, ActorKind.RECONCILER, ActorKind.USER
@@ -322,3 +326,14 @@ def locked_for_decision(attempt_id: int, fence_seen: int | None) -> Attempt:
             f"attempt {attempt_id} changed since you loaded it (now {attempt.state}); reload and decide again"
         )
     return attempt
+
+
+def person_has_role(actor: Actor, tenant_id: int, role: Role) -> None:
+    """A person's move needs ``role`` in the tenant now, asked
+    here whatever path it came by (:class:`RoleRequired` says who lacks
+    what); the system's and the reconciler's moves are not a person's."""
+    if actor.user_id is None:
+        return
+    missing = refusal(get_user_model().objects.filter(pk=actor.user_id).first(), tenant_id, role)
+    if missing:
+        raise RoleRequired(missing)

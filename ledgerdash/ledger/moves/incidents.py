@@ -15,12 +15,13 @@ from ledgerdash.ledger.errors import (
 )
 from ledgerdash.ledger.models import (
     Incident,
+    Role,
 )
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
-from ledgerdash.ledger.moves.base import required
+from ledgerdash.ledger.moves.base import person_has_role, required
 
 
 def _locked_incident(incident_id: int, fence_seen: int | None) -> Incident:
@@ -39,6 +40,7 @@ def incident_resolve(*, incident: Incident, actor: Actor, resolution: str, fence
     resolution = required(resolution, "resolution")
     with transaction.atomic():
         incident = _locked_incident(incident.pk, fence)
+        person_has_role(actor, incident.tenant_id, Role.OPERATOR)
         if incident.status != Incident.Status.OPEN:
             raise IncidentError(f"incident {incident.pk} is already {incident.status}")
         now = clock.now()
@@ -72,6 +74,7 @@ def incident_assign(
     """Give an open incident to ``owner``; refuse if its owner changed since the caller looked."""
     with transaction.atomic():
         incident = _locked_incident(incident.pk, None)
+        person_has_role(actor, incident.tenant_id, Role.OPERATOR)
         if expected_owner_id is not ... and incident.owner_id != expected_owner_id:
             raise OwnershipError(f"incident {incident.pk} is now owned by someone else; reload and try again")
         if incident.owner_id == owner.pk:

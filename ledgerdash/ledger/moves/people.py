@@ -24,7 +24,6 @@ from ledgerdash.ledger.errors import (
     InvalidField,
     OwnershipError,
     RequestIdConflict,
-    RoleRequired,
     SelfApproval,
     StaleFence,
 )
@@ -47,12 +46,12 @@ from ledgerdash.ledger.moves.base import (
     locked_for_decision,
     move,
     only_from,
+    person_has_role,
     required,
     validate_ref,
 )
 from ledgerdash.ledger.moves.create import create_retry_under
 from ledgerdash.ledger.rules import approval_check, awaiting_approval, moves_for, self_decision
-from ledgerdash.ledger.tenancy import refusal
 
 
 def attempt_assign(
@@ -66,7 +65,7 @@ def attempt_assign(
     attempt_id = attempt.pk
     with transaction.atomic():
         attempt = get_attempt(attempt_id, lock=True)
-        person_has_role(actor, attempt, Role.OPERATOR)
+        person_has_role(actor, attempt.tenant_id, Role.OPERATOR)
         if expected_owner_id is not ... and attempt.owner_id != expected_owner_id:
             raise OwnershipError(f"attempt {attempt_id} is now owned by someone else; reload and try again")
         new_owner_id = owner.pk if owner is not None else None
@@ -102,7 +101,7 @@ def attempt_comment(*, attempt: Attempt, actor: Actor, text: str) -> AttemptEven
         raise InvalidField(InvalidField.EMPTY.format(field="comment"))
     with transaction.atomic():
         attempt = get_attempt(attempt_id)
-        person_has_role(actor, attempt, Role.OPERATOR)
+        person_has_role(actor, attempt.tenant_id, Role.OPERATOR)
         (event,) = append_events(
             [EventDraft(attempt.tenant_id, attempt.pk, EventKind.COMMENT, actor, fence=attempt.fence, reason=text)]
         )
@@ -123,7 +122,7 @@ def attempt_verify(
     provider_request_id = validate_ref(provider_request_id.strip(), "provider_request_id", 255)
     with transaction.atomic():
         attempt = locked_for_decision(attempt_id, fence)
-        person_has_role(actor, attempt, Role.OPERATOR)
+        person_has_role(actor, attempt.tenant_id, Role.OPERATOR)
         _never_sent(attempt, "verify")
         updates: dict[str, Any] = {"result_ref": clean_text(evidence)[:1000]}
         if provider_request_id:
@@ -182,17 +181,6 @@ def _failed_by_person(attempt: Attempt, actor: Actor, reason: str, fence: int | 
 ROLE_OF_RULE = {"mark_failed": Role.OPERATOR, "decide_retry": Role.APPROVER}
 
 
-def person_has_role(actor: Actor, attempt: Attempt, role: Role) -> None:
-    """A person's move needs ``role`` in the attempt's tenant now, asked
-    here whatever path it came by (:class:`RoleRequired` says who lacks
-    what); the system's and the reconciler's moves are not a person's."""
-    if actor.user_id is None:
-        return
-    missing = refusal(get_user_model().objects.filter(pk=actor.user_id).first(), attempt.tenant_id, role)
-    if missing:
-        raise RoleRequired(missing)
-
-
 def person_may(actor: Actor, attempt: Attempt, rule: str) -> None:
     """Refuse a person's move that :func:`~ledgerdash.ledger.rules.moves_for`
     refuses, asked here, under the row lock, whatever path the decision came
@@ -205,7 +193,7 @@ def person_may(actor: Actor, attempt: Attempt, rule: str) -> None:
     allowed = getattr(moves_for(person, attempt), rule)
     if allowed:
         return
-    person_has_role(actor, attempt, ROLE_OF_RULE[rule])
+    person_has_role(actor, attempt.tenant_id, ROLE_OF_RULE[rule])
     if rule == "decide_retry" and person is not None and person.pk == attempt.requested_by_id:
         message = self_decision(attempt)
         raise SelfApproval(message, [message])
@@ -218,7 +206,7 @@ def intent_abandon(*, attempt: Attempt, actor: Actor, reason: str, fence: int | 
     reason = required(reason, "reason")
     with transaction.atomic():
         attempt = locked_for_decision(attempt_id, fence)
-        person_has_role(actor, attempt, Role.OPERATOR)
+        person_has_role(actor, attempt.tenant_id, Role.OPERATOR)
         return attempt_abandon_intent(attempt=attempt, fence=attempt.fence, actor=actor, reason=reason)
 
 
@@ -229,7 +217,7 @@ def attempt_recheck(*, attempt: Attempt, actor: Actor, reason: str = "") -> Atte
     now = clock.now()
     with transaction.atomic():
         attempt = get_attempt(attempt_id, lock=True)
-        person_has_role(actor, attempt, Role.OPERATOR)
+        person_has_role(actor, attempt.tenant_id, Role.OPERATOR)
         _never_sent(attempt, "look up")
         note = reason.strip() or "re-check requested"
         if attempt.state == S.UNKNOWN:
@@ -258,7 +246,7 @@ def retry_request(*, attempt: Attempt, actor: Actor, reason: str) -> Attempt:
     reason = required(reason, "reason")
     with transaction.atomic():
         original = get_attempt(attempt_id, lock=True)
-        person_has_role(actor, original, Role.OPERATOR)
+        person_has_role(actor, original.tenant_id, Role.OPERATOR)
         if original.state != S.MANUAL_REVIEW:
             raise IllegalTransition(f"only an attempt under review can be retried; #{attempt_id} is {original.state}")
         pending = original.children.filter(state__in=[S.MANUAL_REVIEW, S.INTENT_RECORDED, S.DISPATCHED]).first()
