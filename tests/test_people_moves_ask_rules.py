@@ -114,3 +114,13 @@ def test_an_incident_is_claimed_and_resolved_by_operators_only(
     moves.incident_assign(incident=incident, owner=operator_a, actor=Actor.user(operator_a), reason="mine")
     resolved = moves.incident_resolve(incident=incident, actor=Actor.user(operator_a), resolution="refunded")
     assert resolved.status == Incident.Status.RESOLVED
+
+
+def test_no_retry_is_requested_for_a_deactivated_tenant(tenant_a: Tenant, operator_a: Any) -> None:
+    from ledgerdash.ledger.errors import TenantInactive
+
+    original = under_review(tenant_a, lookup="not_found")
+    Tenant.objects.filter(pk=tenant_a.pk).update(is_active=False)
+    with pytest.raises(TenantInactive):
+        moves.retry_request(attempt=original, actor=Actor.user(operator_a), reason="resend")
+    assert not Attempt.objects.filter(parent=original).exists()

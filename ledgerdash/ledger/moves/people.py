@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from ledgerdash.ledger import clock
-from ledgerdash.ledger.authority import current_policy
+from ledgerdash.ledger.authority import authorize, current_policy
 from ledgerdash.ledger.errors import (
     ApprovalRefused,
     AttemptNotFound,
@@ -253,9 +253,9 @@ def retry_request(*, attempt: Attempt, actor: Actor, reason: str) -> Attempt:
         if pending is not None:
             raise IllegalTransition(f"attempt #{attempt_id} already has a pending linked retry #{pending.pk}")
         policy = current_policy(original.tenant_id)
-        allowed = policy.scopes_for(original.tool_name) if policy else None
-        if policy is None or allowed is None:
-            raise IllegalTransition(f"tool {original.tool_name} is not allowed by the tenant's current policy")
+        # The one authority check every call passes: the tenant active, a policy, the tool allowed.
+        allowed = authorize(original.tenant, policy, original.tool_name)
+        assert policy is not None  # authorize refuses a tenant without one
         return create_retry_under(
             policy,
             allowed,
