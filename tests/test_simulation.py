@@ -199,3 +199,45 @@ def _unblocked(django_db_blocker: Any) -> Any:
     """The simulation makes databases of its own; the test database stays untouched."""
     with django_db_blocker.unblock():
         yield
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_run_stopped_with_sigterm_removes_its_scratch_databases() -> None:
+    """A run killed midway leaves no ledgerdash_sim_<pid>_* database behind on a shared server."""
+    import signal
+    import time
+
+    from tests.database_roles import admin_connect, admin_url
+    from tests.live import PYTHON, ROOT
+
+    url = admin_url("postgres")
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")} | {
+        "DEBUG": "true"
+    }
+    proc = subprocess.Popen(
+        [PYTHON, "manage.py", "simulate", "--seeds", "500", "--database", url],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    prefix = f"ledgerdash_sim_{proc.pid}_"
+
+    def scratch() -> list[str]:
+        with admin_connect("postgres") as admin:
+            rows = admin.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", [prefix + "%"]).fetchall()
+        return [row[0] for row in rows]
+
+    try:
+        for _ in range(600):
+            if len(scratch()) >= 2 or proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert len(scratch()) >= 2, "the run made no databases"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+        said = proc.stderr.read() if proc.stderr else ""
+        assert code != 0, said
+        assert scratch() == [], said
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

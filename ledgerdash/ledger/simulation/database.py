@@ -162,5 +162,6 @@ class ScratchDatabases:
             if self.folder is not None:
                 shutil.rmtree(self.folder, ignore_errors=True)
         else:
-            self._admin(f'DROP DATABASE IF EXISTS "{self.run_name}"')
-            self._admin(f'DROP DATABASE IF EXISTS "{self.template}"')
+            # FORCE: a run stopped midway (SIGTERM) may leave a session of its own open.
+            self._admin(f'DROP DATABASE IF EXISTS "{self.run_name}" WITH (FORCE)')
+            self._admin(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -53,6 +54,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Stopped with SIGTERM (a CI timeout, systemd, kill), unwind as on an exit, so the run's
+        # scratch databases and folders are removed rather than left on a shared server.
+        signal.signal(signal.SIGTERM, _stop)
         if options["verbosity"] < 3:
             logging.getLogger("ledgerdash").setLevel(logging.WARNING)
         faults = self._faults(options["faults"])
@@ -224,3 +228,7 @@ class Command(BaseCommand):
         if kept:
             write(f"its database is kept: {kept}")
         write(f"invariants: {', '.join(f'{k} {v}' for k, v in invariants.INVARIANTS.items())}")
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
