@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.to_thread
@@ -53,7 +54,6 @@ import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server, ServerRequestContext
-from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared.exceptions import MCPError
 
 from ledgerdash.ledger import crashpoints, errors, recording
@@ -69,6 +69,9 @@ log = logging.getLogger("ledgerdash.gateway")
 REFUSED_BEFORE_RUNNING = {types.METHOD_NOT_FOUND, types.INVALID_PARAMS}
 #: How long a call waits for its upstream to (re)connect before giving up, unsent.
 CONNECT_WAIT = 30.0
+#: An HTTP upstream's timeouts, as the SDK's own client sets them: 30 s to connect or write, 300 s
+#: between reads (a server may hold a response stream open); a call's own limit is its tool's.
+HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 #: How long the gateway waits at start for upstreams still connecting (one that
 #: failed its first try is not waited for) before it serves the tools it has.
 START_WAIT = 10.0
@@ -107,6 +110,16 @@ class _ConnectWatch(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+def _without_credentials(url: str) -> str:
+    """``url`` as the log and the answers may show it: no user or password in it."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address keeps its brackets
+    return urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
+
+
 def _attempt_named_in(request: httpx2.Request) -> int | None:
     try:
         message = json.loads(request.content)
@@ -137,7 +150,7 @@ class Upstream:
     @property
     def where(self) -> str:
         """The upstream's name and address, as the log and the answers give them."""
-        return f"{self.config.name} ({self.config.url or ' '.join(self.config.command)})"
+        return f"{self.config.name} ({_without_credentials(self.config.url) or ' '.join(self.config.command)})"
 
     def _target(self, stack: AsyncExitStack) -> Any:
         if self.config.command:
@@ -148,7 +161,7 @@ class Upstream:
                 cwd=self.config.cwd or None,
             )
         http = httpx2.AsyncClient(
-            timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+            timeout=HTTP_TIMEOUT,
             transport=_ConnectWatch(self.unsent),
         )
         stack.push_async_callback(http.aclose)
