@@ -210,12 +210,12 @@ def _act(
     request: HtmxHttpRequest,
     pk: int,
     form: Form,
-    role: Role | Callable[[Attempt], Role],
+    role: Role,
     do: Callable[[Attempt, dict[str, Any], Actor], str],
 ) -> HttpResponse:
     """Authorize, validate, run one ledger function, say what happened."""
     attempt = attempt_for_user(request, pk)
-    require_role(request, attempt, role(attempt) if callable(role) else role)
+    require_role(request, attempt, role)
     if not form.is_valid():
         messages.error(request, form_errors(form))
         return _after_action(request, attempt.pk)
@@ -323,11 +323,8 @@ def attempt_mark_failed(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         moves.attempt_mark_failed(attempt=attempt, actor=actor, reason=data["reason"], fence=data["fence"])
         return f"#{attempt.pk} is marked failed."
 
-    # Failing a linked attempt that awaits approval is rejecting it: an approver's call.
-    def role(attempt: Attempt) -> Role:
-        return Role.APPROVER if rules.awaiting_approval(attempt) else Role.OPERATOR
-
-    return _act(request, pk, MarkFailedForm(request.POST), role, do)
+    # What awaits approval is rejected by an approver instead; the move refuses it (rules.moves_for).
+    return _act(request, pk, MarkFailedForm(request.POST), Role.OPERATOR, do)
 
 
 @login_required

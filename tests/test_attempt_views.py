@@ -353,10 +353,16 @@ def test_an_attempt_never_sent_cannot_be_rechecked_or_verified(
     assert ledger_snapshot() == before
 
 
-def test_an_operator_cannot_fail_a_retry_that_awaits_approval(tenant_a: Tenant, operator_a: Any) -> None:
+@pytest.mark.parametrize("who", ["operator", "approver"])
+def test_nobody_marks_failed_a_retry_that_awaits_approval(
+    tenant_a: Tenant, operator_a: Any, approver_a: Any, who: str
+) -> None:
     retry = linked_retry(tenant_a, operator_a)
-    response = as_user(operator_a).post(url("mark_failed", retry), {"reason": "no", "fence": retry.fence})
-    assert response.status_code == 403
+    before = ledger_snapshot()
+    person = operator_a if who == "operator" else approver_a
+    response = as_user(person).post(url("mark_failed", retry), {"reason": "no", "fence": retry.fence}, follow=True)
+    assert "rejected by an approver" in response.content.decode()
+    assert ledger_snapshot() == before
 
 
 def test_approving_supersedes_the_original(tenant_a: Tenant, operator_a: Any, approver_a: Any) -> None:
