@@ -27,20 +27,21 @@ import pytest
 import yaml
 from django.db import OperationalError, connection
 from django.test import Client
-from prometheus_client.parser import text_string_to_metric_families
 
-from ledgerdash.ledger import clock, moves, recording
+from ledgerdash.ledger import clock, recording
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, ChainCheck, Incident, Tenant
+from ledgerdash.ledger.models import ChainCheck, Incident, State, Tenant
 from ledgerdash.ledger.reconciler import PassSummary
 from ledgerdash.ledger.workers import WorkerTotals
 from ledgerdash.notify import services, worker
 from ledgerdash.notify.models import Delivery, DeliveryStatus, RuleEvent
-from tests.conftest import AGENT, IN_CI, RECONCILER, record
+from tests.conftest import AGENT, IN_CI, record
+from tests.factories import attempt_in
 from tests.live import ROOT
+from tests.test_ops_endpoints import metrics_on, scrape  # noqa: F401 - metrics_on is a fixture
 
+S = State
 RULES = ROOT / "deploy" / "prometheus-alerts.yml"
-TOKEN = "metrics-token-for-alert-tests-0123"
 Sample = tuple[str, tuple[tuple[str, str], ...]]
 
 
@@ -63,16 +64,6 @@ def test_the_rules_pass_promtools_check() -> None:
     done = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
-
-
-def scrape(client: Client) -> dict[Sample, float]:
-    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
-    assert response.status_code == 200
-    samples = {}
-    for family in text_string_to_metric_families(response.content.decode()):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
 
 
 def _series(name: str, labels: tuple[tuple[str, str], ...]) -> str:
@@ -103,34 +94,23 @@ def fires(alert: str, series: list[dict[str, str]], labels: dict[str, str], tmp_
     summary = rule["annotations"]["summary"]
     for key, value in labels.items():
         summary = summary.replace(f"{{{{ $labels.{key} }}}}", value)
+    expected = [{"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": {"summary": summary}}]
+    promtool_test(
+        series, [{"eval_time": f"{int(wait[:-1]) + 6}m", "alertname": alert, "exp_alerts": expected}], tmp_path
+    )
+
+
+def promtool_test(series: list[dict[str, str]], alert_rule_tests: list[dict[str, Any]], tmp_path: Path) -> None:
+    """``promtool test rules`` over the rules with ``series`` as input, one minute apart; it must pass."""
     test = {
         "rule_files": [str(RULES)],
         "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                "alert_rule_test": [
-                    {
-                        "eval_time": f"{int(wait[:-1]) + 6}m",
-                        "alertname": alert,
-                        "exp_alerts": [
-                            {"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": {"summary": summary}}
-                        ],
-                    }
-                ],
-            }
-        ],
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": alert_rule_tests}],
     }
     path = tmp_path / "alert-test.yml"
     path.write_text(yaml.safe_dump(test))
     done = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-
-
-@pytest.fixture
-def metrics_on(settings: Any) -> None:
-    settings.METRICS_TOKEN = TOKEN
 
 
 @contextmanager
@@ -142,15 +122,6 @@ def database_down() -> Iterator[None]:
         yield
 
 
-def _escalated(tenant: Tenant, key: str) -> None:
-    recording.mark_unknown(recording.mark_dispatched(record(tenant, key), actor=AGENT), reason="t", actor=AGENT)
-    moves.attempt_escalate(attempt=attempt_of(key), actor=RECONCILER, fence=attempt_of(key).fence, reason="checks")
-
-
-def attempt_of(key: str) -> Attempt:
-    return Attempt.objects.get(idempotency_key=key)
-
-
 def _outbox(tenant: Tenant) -> None:
     """A rule whose channel nobody listens on: its delivery fails and waits to be tried again."""
     channel = services.channel_create(
@@ -159,16 +130,15 @@ def _outbox(tenant: Tenant) -> None:
     services.rule_create(
         tenant=tenant, actor=Actor.system("t"), event=RuleEvent.ENTERED_MANUAL_REVIEW, channel_id=channel.pk
     )
-    _escalated(tenant, "stuck")
+    attempt_in(S.MANUAL_REVIEW, tenant, key="stuck")
     worker.run_pass(worker="alert-test")
     assert Delivery.objects.get().status == DeliveryStatus.PENDING
 
 
 def _duplicate(tenant: Tenant) -> None:
-    _escalated(tenant, "twice")
     Incident.objects.create(
         tenant=tenant,
-        attempt=attempt_of("twice"),
+        attempt=attempt_in(S.MANUAL_REVIEW, tenant, key="twice"),
         kind=Incident.Kind.DUPLICATE,
         summary="the provider has two effects for one key",
         opened_at=clock.now(),
@@ -186,14 +156,12 @@ def _stopped_reconciler(tenant: Tenant) -> None:
 #: alert: (how the ledger gets into that trouble, how long after it the scrape is, the alert's labels)
 CASES: dict[str, tuple[Callable[[Tenant], Any], timedelta, dict[str, str]]] = {
     "LedgerdashUnknownOlderThanSla": (
-        lambda t: recording.mark_unknown(
-            recording.mark_dispatched(record(t, "k"), actor=AGENT), reason="t", actor=AGENT
-        ),
+        lambda t: attempt_in(S.UNKNOWN, t, key="k"),
         timedelta(hours=2),
         {"tenant": "acme", "state": "UNKNOWN"},
     ),
     "LedgerdashManualReviewOlderThanSla": (
-        lambda t: _escalated(t, "k"),
+        lambda t: attempt_in(S.MANUAL_REVIEW, t, key="k"),
         timedelta(hours=5),
         {"tenant": "acme", "state": "MANUAL_REVIEW"},
     ),
@@ -278,19 +246,5 @@ def test_a_healthy_ledger_fires_none(client: Client, tenant_a: Tenant, tmp_path:
     after = scrape(client)
     series = input_series(before, after, clock.now().timestamp())
     series.append({"series": 'up{job="ledgerdash",instance="web:8000"}', "values": "1x30"})
-    test = {
-        "rule_files": [str(RULES)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                # Right after the scrape: every condition has had its chance but the reconciler's pass is recent.
-                "alert_rule_test": [{"eval_time": "1m", "alertname": name, "exp_alerts": []} for name in rules()],
-            }
-        ],
-    }
-    path = tmp_path / "quiet.yml"
-    path.write_text(yaml.safe_dump(test))
-    done = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
+    # Right after the scrape: every condition has had its chance but the reconciler's pass is recent.
+    promtool_test(series, [{"eval_time": "1m", "alertname": name, "exp_alerts": []} for name in rules()], tmp_path)

@@ -41,6 +41,13 @@ def _person_actor(request: HttpRequest) -> tuple[Any, Actor]:
     return person, Actor(ActorKind.USER, f"{person.get_username()} via token {token.prefix}", person.pk)
 
 
+def _decision(request: HttpRequest, attempt_id: int) -> tuple[Attempt, Actor]:
+    """The token's tenant's attempt a decision is about (another tenant's is a 404), and who decides."""
+    _only_params(request)
+    _, actor = _person_actor(request)
+    return moves.get_attempt(attempt_id, tenant_id=token_of(request).tenant_id), actor
+
+
 @router.get(
     "/approvals",
     auth=BearerToken(DECIDE),
@@ -91,9 +98,7 @@ def list_approvals(request: HttpRequest, limit: int = Query(50, ge=1, le=200)) -
     ),
 )
 def approve(request: HttpRequest, payload: ApproveIn, attempt_id: int = AttemptId) -> Attempt:
-    _only_params(request)
-    _, actor = _person_actor(request)
-    attempt = moves.get_attempt(attempt_id, tenant_id=token_of(request).tenant_id)
+    attempt, actor = _decision(request, attempt_id)
     decided = moves.retry_approve(
         attempt=attempt,
         actor=actor,
@@ -116,7 +121,5 @@ def approve(request: HttpRequest, payload: ApproveIn, attempt_id: int = AttemptI
     ),
 )
 def reject(request: HttpRequest, payload: RejectIn, attempt_id: int = AttemptId) -> Attempt:
-    _only_params(request)
-    _, actor = _person_actor(request)
-    attempt = moves.get_attempt(attempt_id, tenant_id=token_of(request).tenant_id)
+    attempt, actor = _decision(request, attempt_id)
     return _whole(moves.retry_reject(attempt=attempt, actor=actor, comment=payload.comment, fence=payload.fence))

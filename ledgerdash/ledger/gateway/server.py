@@ -417,9 +417,9 @@ class Gateway:
             route.upstream.broken()
             return await self._lost(route, attempt, f"the upstream answered with error {exc.code}: {exc.message}")
         except Exception as exc:  # the connection broke, the process died, the time ran out
-            route.upstream.broken()
             if unsent := route.upstream.unsent.pop(attempt.pk, ""):
                 return await self._not_sent(route, attempt, unsent)
+            route.upstream.broken()
             cause = _cause(exc)
             if isinstance(cause, TimeoutError):
                 why = f"no answer from the upstream within {timeout:g} s (the tool's maximum request time or less)"
