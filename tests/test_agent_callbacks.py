@@ -135,3 +135,38 @@ def test_a_callback_needs_a_live_token_of_its_own_tenant(tenant_a: Tenant, tenan
     with pytest.raises(ValidationError, match="revoked"):
         services.channel_create(tenant=tenant_a, name="x", kind="agent", target=url, actor=SYSTEM, token=token)
     assert not Channel.objects.exists()
+
+
+def test_each_attempt_names_the_token_its_agent_called_with(tenant_a: Tenant, operator_a: Any) -> None:
+    """Whom a decision is told is a column of the attempt: the token of the
+    call, kept by the linked retry a person requests; none in process."""
+    token, api = _token(tenant_a, "billing agent")
+    other, other_api = _token(tenant_a, "another agent")
+    mine = _unknown_via_api(api, "mine")
+    assert mine.api_token_id == token.pk
+    review = moves.attempt_escalate(attempt=mine, actor=RECONCILER, fence=mine.fence, reason="not idempotent")
+    retry = moves.retry_request(attempt=review, actor=Actor.user(operator_a), reason="resend")
+    assert retry.api_token_id == token.pk
+    # Another agent reusing the key with other arguments: its linked attempt is that agent's call.
+    conflict = other_api.post("/attempts", intent("mine", args={"to": "elsewhere@example.com"})).json()
+    assert Attempt.objects.get(pk=conflict["attempt_id"]).api_token_id == other.pk
+    from tests.conftest import record
+
+    assert record(tenant_a, "in-process").api_token_id is None
+
+
+def test_attempts_recorded_before_the_column_get_their_token_from_the_actor_they_named(
+    tenant_a: Tenant, operator_a: Any
+) -> None:
+    import importlib
+
+    from django.apps import apps
+
+    backfill = importlib.import_module("ledgerdash.ledger.migrations.0022_attempt_api_token").token_of_each_attempt
+    token, api = _token(tenant_a, "billing agent")
+    mine = _unknown_via_api(api, "mine")
+    review = moves.attempt_escalate(attempt=mine, actor=RECONCILER, fence=mine.fence, reason="not idempotent")
+    retry = moves.retry_request(attempt=review, actor=Actor.user(operator_a), reason="resend")
+    Attempt.objects.update(api_token=None)
+    backfill(apps, None)
+    assert set(Attempt.objects.filter(pk__in=[mine.pk, retry.pk]).values_list("api_token_id", flat=True)) == {token.pk}

@@ -172,7 +172,7 @@ class AttemptAdmin(ReadOnlyAdmin):
     list_filter = ["state", "tenant", "tool_name"]
     search_fields = ["idempotency_key", "task_id", "provider_request_id"]
     list_select_related = ["tenant", "owner"]
-    raw_id_fields = ["parent", "owner", "requested_by", "approved_by"]
+    raw_id_fields = ["parent", "owner", "requested_by", "api_token", "approved_by"]
 
 
 @admin.register(AttemptEvent)

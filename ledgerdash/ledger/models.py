@@ -296,6 +296,10 @@ class Attempt(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
+    #: The API token whose agent made this call (a linked retry a person
+    #: requested keeps its original's): whom its decisions are told. Empty
+    #: for an agent in process.
+    api_token = models.ForeignKey("ApiToken", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     approved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )

@@ -212,6 +212,7 @@ def record_intent(
     credential_scope: str | Iterable[str] | None = None,
     actor: Actor | None = None,
     requested_by_id: int | None = None,
+    api_token_id: int | None = None,
     claim: bool = False,
 ) -> Recorded:
     """Record the intent to call ``tool_name`` with ``args`` under ``idempotency_key``.
@@ -225,7 +226,9 @@ def record_intent(
     :func:`ledgerdash.ledger.authority.approval_needed`), the new attempt waits
     in MANUAL_REVIEW for an approver instead (:func:`refuse_unless_dispatchable`
     then raises :class:`AwaitingApproval`); ``requested_by_id`` names the
-    person behind the agent, who may not approve it.
+    person behind the agent, who may not approve it. ``api_token_id``: the
+    token the agent called with (its decisions are told to that token's
+    callbacks).
 
     - a new key: a new attempt in INTENT_RECORDED (``created=True``);
     - the same key and arguments: the existing attempt (``created=False``);
@@ -269,6 +272,7 @@ def record_intent(
             args_hash=args_hash,
             policy_version=policy.version,
             scopes=scopes,
+            api_token_id=api_token_id,
         )
         # Most keys are new: try to record the intent first, and only when the
         # key already has an attempt (recorded earlier, or a moment ago by a

@@ -10,7 +10,6 @@ turns them into deliveries.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -92,42 +91,14 @@ def matches(rule: Rule, event: AttemptEvent) -> Happening | None:
 # --- agent callbacks -------------------------------------------------------------------------------
 
 
-class TokenOf:
-    """The prefix of the API token that recorded an attempt's root (the
-    original a linked retry re-tries), read from its first event, whose
-    actor the ingest API names "... via token <prefix>"; remembered per pass."""
-
-    PATTERN = re.compile(r" via token (\S+)$")
-
-    def __init__(self) -> None:
-        self.known: dict[int, str | None] = {}
-
-    def __call__(self, attempt: Attempt) -> str | None:
-        root_id = attempt.pk
-        parent_id = attempt.parent_id
-        while parent_id is not None:  # linked retries are rare and short chains
-            root_id = parent_id
-            parent_id = Attempt.objects.filter(pk=root_id).values_list("parent_id", flat=True).first()
-        if root_id not in self.known:
-            label = (
-                AttemptEvent.objects.filter(attempt_id=root_id)
-                .order_by("seq")
-                .values_list("actor_label", flat=True)
-                .first()
-            )
-            found = self.PATTERN.search(label or "")
-            self.known[root_id] = found.group(1) if found else None
-        return self.known[root_id]
-
-
 SETTLED = frozenset({State.OUTCOME_CONFIRMED, State.FAILED, State.MANUAL_REVIEW})
 RETRY_DECISIONS: dict[str, str] = {State.INTENT_RECORDED: "retry_approved", State.FAILED: "retry_rejected"}
 #: A first call the tenant's policy held for an approver.
 CALL_DECISIONS: dict[str, str] = {State.INTENT_RECORDED: "call_approved", State.FAILED: "call_rejected"}
 
 
-def agent_decision(channel: Channel, event: AttemptEvent, token_of: TokenOf) -> Happening | None:
-    """A decision about an attempt the channel's token recorded: a linked
+def agent_decision(channel: Channel, event: AttemptEvent) -> Happening | None:
+    """A decision about an attempt the channel's token recorded (its ``api_token``): a linked
     retry, or a first call its policy held, approved or rejected by a
     person; or a reconciler's verdict."""
     attempt = event.attempt
@@ -145,7 +116,7 @@ def agent_decision(channel: Channel, event: AttemptEvent, token_of: TokenOf) -> 
         decision = (CALL_DECISIONS if held else RETRY_DECISIONS).get(event.to_state, "")
     elif event.actor_kind == "reconciler" and event.to_state in SETTLED:
         decision = "settled"
-    if not decision or channel.token is None or token_of(attempt) != channel.token.prefix:
+    if not decision or channel.token_id is None or attempt.api_token_id != channel.token_id:
         return None
     return Happening(
         f"agent:{event.seq}",

@@ -47,7 +47,7 @@ from django.db import transaction
 from ledgerdash.ledger import chain, clock
 from ledgerdash.ledger.models import Attempt, AttemptEvent, Membership, Role, Tenant
 from ledgerdash.ledger.queries import chain_heads, per_chain
-from ledgerdash.notify.happenings import CONDITIONS, Happening, TokenOf, agent_decision, attempt_url, matches
+from ledgerdash.notify.happenings import CONDITIONS, Happening, agent_decision, attempt_url, matches
 from ledgerdash.notify.models import (
     TIMED_EVENTS,
     Audience,
@@ -152,12 +152,11 @@ def _collect_tenant(tenant_id: int, limit: int) -> int:
             for rule in rules
             if (happening := matches(rule, event)) is not None
         ]
-        tokens = TokenOf()
         rows += [
             _agent_delivery(channel, happening, now)
             for event in events
             for channel in callbacks
-            if (happening := agent_decision(channel, event, tokens)) is not None
+            if (happening := agent_decision(channel, event)) is not None
         ]
         Delivery.objects.bulk_create(rows, ignore_conflicts=True)
         for event in events:

@@ -125,6 +125,7 @@ def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentI
         actor=actor_of(request),
         # the person who issued the token is behind the agent: they may not approve its calls
         requested_by_id=token_of(request).created_by_id,
+        api_token_id=token_of(request).pk,
         claim=payload.claim,
     )
     # a call the policy holds for an approver: 409 awaiting_approval (Retry-After) or approval_rejected

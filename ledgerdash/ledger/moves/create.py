@@ -51,6 +51,8 @@ class NewAttempt:
     args_hash: str
     policy_version: int
     scopes: frozenset[str]
+    #: The API token of the agent making the call (None in process).
+    api_token_id: int | None = None
 
 
 def attempt_create_intent(
@@ -108,6 +110,7 @@ def attempt_create_intent(
         approval_required=approval_required,
         owner_id=waits["owner_assigned"]["user_id"] if waits else None,
         requested_by_id=requested_by_id if approval_required else None,
+        api_token_id=new.api_token_id,
         created_at=now,
         updated_at=now,
     )
@@ -257,6 +260,7 @@ def attempt_create_linked(
             parent=parent,
             owner_id=owner_id,
             requested_by_id=requested_by_id,
+            api_token_id=new.api_token_id,
             last_note=reason,
             created_at=now,
             updated_at=now,
@@ -314,6 +318,7 @@ def create_retry_under(
             args_hash=original.args_hash,
             policy_version=policy.version,
             scopes=original.scopes & allowed,
+            api_token_id=original.api_token_id,
         ),
         actor=actor,
         reason=reason,
