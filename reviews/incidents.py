@@ -17,11 +17,10 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from ledgerdash.ledger import moves
+from ledgerdash.ledger import moves, rules
 from ledgerdash.ledger.errors import LedgerError
 from ledgerdash.ledger.events import EventKind
-from ledgerdash.ledger.models import AttemptEvent, Incident, Role
-from ledgerdash.ledger.tenancy import can
+from ledgerdash.ledger.models import AttemptEvent, Incident
 from reviews import queries
 from reviews.forms import ClaimForm, ResolveIncidentForm
 from reviews.shortcuts import actor_of, form_errors, see_other
@@ -64,15 +63,16 @@ def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "events": [
                 e for e in events if e.kind == EventKind.LATE_REPORT or e.details.get("incident_id") == incident.pk
             ],
-            "operate": can(request.user, incident.tenant_id, Role.OPERATOR),
+            "moves": rules.incident_moves_for(request.user, incident),
             "resolve_form": ResolveIncidentForm(initial={"fence": incident.fence}),
         },
     )
 
 
 def _operator_or_403(request: HttpRequest, incident: Incident) -> None:
-    if not can(request.user, incident.tenant_id, Role.OPERATOR):
-        raise PermissionDenied(f"this needs the operator role in tenant {incident.tenant.slug}")
+    """A person whose role refuses them gets a 403; the move asks the rest."""
+    if not (allowed := rules.incident_moves_for(request.user, incident)).operate:
+        raise PermissionDenied(allowed.resolve.why_not)
 
 
 @login_required

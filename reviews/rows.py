@@ -25,6 +25,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
+from ledgerdash.ledger import rules
 from ledgerdash.ledger.models import Attempt
 from reviews import display
 from reviews.display import format_markup
@@ -94,7 +95,7 @@ def row(attempt: Attempt, setting: RowSetting) -> SafeString:
         else _MUTED_NONE
     )
     owner = display.untrusted(attempt.owner.get_username(), 40) if attempt.owner else _MUTED_NOBODY
-    if operates and attempt.owner_id != setting.user_pk:
+    if rules.claimable(operates, attempt.owner_id, setting.user_pk):
         claim = setting.url(setting.claim_url, pk)
         action = format_markup(
             '<form method="post" action="{}" hx-post="{}" hx-target="#row-{}" hx-swap="outerHTML">'

@@ -20,8 +20,7 @@ from django_htmx.middleware import HtmxDetails
 
 from ledgerdash.ledger import tenancy
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, Role, Tenant
-from ledgerdash.ledger.tenancy import can
+from ledgerdash.ledger.models import Attempt, Tenant
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -51,11 +50,6 @@ def attempt_for_user(request: HttpRequest, pk: int) -> Attempt:
     """The attempt if it belongs to one of the user's tenants, else 404
     (whether it exists elsewhere is not the user's business)."""
     return get_object_or_404(tenancy.attempts_for(request.user), pk=pk)
-
-
-def require_role(request: HttpRequest, attempt: Attempt, role: Role) -> None:
-    if not can(request.user, attempt.tenant_id, role):
-        raise PermissionDenied(f"this needs the {role} role in tenant {attempt.tenant.slug}")
 
 
 def actor_of(request: HttpRequest) -> Actor:

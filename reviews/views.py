@@ -49,7 +49,6 @@ from reviews.shortcuts import (
     form_errors,
     is_partial,
     render_region,
-    require_role,
     safe_next,
     see_other,
     tenants_or_403,
@@ -210,12 +209,17 @@ def _act(
     request: HtmxHttpRequest,
     pk: int,
     form: Form,
-    role: Role,
+    move: str,
     do: Callable[[Attempt, dict[str, Any], Actor], str],
 ) -> HttpResponse:
-    """Authorize, validate, run one ledger function, say what happened."""
+    """Validate, run one ledger function, say what happened. ``move`` names
+    the person's move (:data:`ledgerdash.ledger.rules.MOVES`): a person
+    whose role refuses it gets a 403 before the form is read; every other
+    refusal is the move's own, asked under its row lock."""
     attempt = attempt_for_user(request, pk)
-    require_role(request, attempt, role)
+    allowed = getattr(rules.moves_for(request.user, attempt), move)
+    if not allowed and allowed.because == rules.Because.ROLE:
+        raise PermissionDenied(allowed.why_not)
     if not form.is_valid():
         messages.error(request, form_errors(form))
         return _after_action(request, attempt.pk)
@@ -241,7 +245,7 @@ def attempt_claim(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         )
         return f"You own #{attempt.pk} now."
 
-    return _act(request, pk, ClaimForm(request.POST), Role.OPERATOR, do)
+    return _act(request, pk, ClaimForm(request.POST), "claim", do)
 
 
 @login_required
@@ -261,7 +265,7 @@ def attempt_assign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         )
         return f"#{attempt.pk} is assigned to {owner.get_username()}."
 
-    return _act(request, pk, form, Role.OPERATOR, do)
+    return _act(request, pk, form, "assign", do)
 
 
 @login_required
@@ -277,7 +281,7 @@ def attempt_unassign(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         )
         return f"#{attempt.pk} has no owner now."
 
-    return _act(request, pk, UnassignForm(request.POST), Role.OPERATOR, do)
+    return _act(request, pk, UnassignForm(request.POST), "unassign", do)
 
 
 @login_required
@@ -287,7 +291,7 @@ def attempt_comment(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         moves.attempt_comment(attempt=attempt, actor=actor, text=data["text"])
         return "Comment recorded."
 
-    return _act(request, pk, CommentForm(request.POST), Role.OPERATOR, do)
+    return _act(request, pk, CommentForm(request.POST), "comment", do)
 
 
 @login_required
@@ -297,7 +301,7 @@ def attempt_recheck(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         moves.attempt_recheck(attempt=attempt, actor=actor, reason=data["reason"])
         return f"The reconciler will look #{attempt.pk} up again now."
 
-    return _act(request, pk, RecheckForm(request.POST), Role.OPERATOR, do)
+    return _act(request, pk, RecheckForm(request.POST), "recheck", do)
 
 
 @login_required
@@ -313,7 +317,7 @@ def attempt_verify(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         )
         return f"#{attempt.pk} is confirmed, with your evidence."
 
-    return _act(request, pk, VerifyForm(request.POST), Role.OPERATOR, do)
+    return _act(request, pk, VerifyForm(request.POST), "verify", do)
 
 
 @login_required
@@ -323,8 +327,7 @@ def attempt_mark_failed(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         moves.attempt_mark_failed(attempt=attempt, actor=actor, reason=data["reason"], fence=data["fence"])
         return f"#{attempt.pk} is marked failed."
 
-    # What awaits approval is rejected by an approver instead; the move refuses it (rules.moves_for).
-    return _act(request, pk, MarkFailedForm(request.POST), Role.OPERATOR, do)
+    return _act(request, pk, MarkFailedForm(request.POST), "mark_failed", do)
 
 
 @login_required
@@ -334,7 +337,7 @@ def attempt_abandon(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         moves.intent_abandon(attempt=attempt, actor=actor, reason=data["reason"], fence=data["fence"])
         return f"#{attempt.pk} was given up before it was sent."
 
-    return _act(request, pk, AbandonForm(request.POST), Role.OPERATOR, do)
+    return _act(request, pk, AbandonForm(request.POST), "abandon", do)
 
 
 @login_required
@@ -344,7 +347,7 @@ def retry_request(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         retry = moves.retry_request(attempt=attempt, actor=actor, reason=data["reason"])
         return f"Linked retry #{retry.pk} recorded; another person must approve it."
 
-    return _act(request, pk, RetryRequestForm(request.POST), Role.OPERATOR, do)
+    return _act(request, pk, RetryRequestForm(request.POST), "request_retry", do)
 
 
 @login_required
@@ -362,7 +365,7 @@ def retry_approve(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             return f"#{attempt.pk} approved: its agent's next call sends it."
         return f"Retry #{attempt.pk} approved: it may be dispatched now."
 
-    return _act(request, pk, ApproveForm(request.POST), Role.APPROVER, do)
+    return _act(request, pk, ApproveForm(request.POST), "decide_retry", do)
 
 
 @login_required
@@ -372,7 +375,7 @@ def retry_reject(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         moves.retry_reject(attempt=attempt, actor=actor, comment=data["comment"], fence=data["fence"])
         return f"{'Retry ' if attempt.parent_id else ''}#{attempt.pk} rejected: it will not be sent."
 
-    return _act(request, pk, RejectForm(request.POST), Role.APPROVER, do)
+    return _act(request, pk, RejectForm(request.POST), "decide_retry", do)
 
 
 # --- bulk assign ----------------------------------------------------------------------
@@ -388,22 +391,30 @@ class PlanRow:
 ALREADY_THEIRS = "already theirs"
 
 
-def _bulk_plan(request: HttpRequest, ids: list[int], owner: Any, operator_tenants: set[int]) -> list[PlanRow]:
+def _bulk_plan(request: HttpRequest, ids: list[int], owner: Any) -> list[PlanRow]:
+    """Which attempts an assignment to ``owner`` touches, and why it skips
+    the others: the ledger's answers (the assigner's move, and whether
+    ``owner`` may own the attempt), which the move asks again."""
     attempts = tenancy.attempts_for(request.user).in_bulk(ids)
     if len(attempts) != len(ids):
         raise Http404("no such attempt")
-    owner_tenants = operator_tenants & set(tenancy.tenant_ids_for(owner, Role.OPERATOR))
     plan = []
+    # Both answers depend on the tenant alone (the role of each person in it): asked once per tenant.
+    by_tenant: dict[int, tuple[rules.Allowed, rules.Allowed]] = {}
     for pk in ids:
         attempt = attempts[pk]
-        if attempt.tenant_id not in operator_tenants:
-            raise PermissionDenied(f"assigning #{pk} needs the operator role in tenant {attempt.tenant.slug}")
-        if attempt.tenant_id not in owner_tenants:
-            plan.append(PlanRow(attempt, f"not an operator of {attempt.tenant.slug}"))
-        elif attempt.owner_id == owner.pk:
+        if attempt.tenant_id not in by_tenant:
+            by_tenant[attempt.tenant_id] = (
+                rules.moves_for(request.user, attempt).assign,
+                rules.may_own(owner, attempt),
+            )
+        assign, may_own = by_tenant[attempt.tenant_id]
+        if not assign:
+            raise PermissionDenied(f"assigning #{pk}: {assign.why_not}")
+        if attempt.owner_id == owner.pk:
             plan.append(PlanRow(attempt, ALREADY_THEIRS))
         else:
-            plan.append(PlanRow(attempt))
+            plan.append(PlanRow(attempt, "" if may_own else may_own.why_not))
     return plan
 
 
@@ -424,7 +435,7 @@ def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
     data = form.cleaned_data
     owner = get_user_model().objects.get(pk=data["owner"])
     context["owner"] = owner
-    plan = _bulk_plan(request, data["ids"], owner, operator_tenants)
+    plan = _bulk_plan(request, data["ids"], owner)
     context["plan"] = plan
     if request.method == "POST":
         touch = [row.attempt.pk for row in plan if not row.skip]
@@ -442,7 +453,7 @@ def bulk_assign(request: HtmxHttpRequest) -> HttpResponse:
             )
         except LedgerError as exc:
             messages.error(request, str(exc))
-            context["plan"] = _bulk_plan(request, data["ids"], owner, operator_tenants)
+            context["plan"] = _bulk_plan(request, data["ids"], owner)
         else:
             messages.success(request, f"Assigned {len(touch)} attempt(s) to {owner.get_username()}.")
             if not is_partial(request):

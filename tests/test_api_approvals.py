@@ -161,7 +161,8 @@ def test_a_decision_on_what_moved_since_the_list_is_refused(guarded: Tenant, app
     moves.retry_approve(attempt=Attempt.objects.get(pk=attempt_id), actor=Actor.user(admin_a), comment="fine")
     stale = approver_api(guarded, approver_a).post(f"/approvals/{attempt_id}/reject", {"fence": seen, "comment": "x"})
     assert stale.status_code == 409
-    assert stale.json()["code"] == "illegal_transition", stale.json()  # decided already: nothing to reject
+    assert stale.json()["code"] == "stale_fence", stale.json()  # decided already: nothing to reject
+    assert "now INTENT_RECORDED" in stale.json()["message"]
     assert Attempt.objects.get(pk=attempt_id).state == S.INTENT_RECORDED
 
 

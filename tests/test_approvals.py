@@ -186,7 +186,7 @@ def test_a_comment_is_required(retry: Attempt, approver_a: Any) -> None:
 
 def test_only_linked_retries_are_approved(tenant_a: Tenant, approver_a: Any) -> None:
     original = under_review(tenant_a)
-    with pytest.raises(IllegalTransition, match="neither a linked retry nor a call awaiting approval"):
+    with pytest.raises(IllegalTransition, match="does not await approval"):
         approve(original, approver_a)
 
 

@@ -60,7 +60,7 @@ def test_the_verdict_is_the_ledgers_own_and_names_four_eyes_and_policy_changes(
     # The operator who requested it is told they cannot decide it (nor can an operator at all).
     requester = rules.approval_verdict(retry, original, operator_a)
     assert requester.word == "refused"
-    assert "you requested this retry" in requester.summary
+    assert "operator-a is an operator of the tenant and needs to be an approver" in requester.summary
     assert rules.approval_verdict(retry, original, approver_a).word == "approvable"
     policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "send_email": []}, actor=Actor.system("t"), note="v2")
     changed = rules.approval_verdict(retry, original, approver_a)

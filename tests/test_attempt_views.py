@@ -480,6 +480,6 @@ def test_twenty_approvers_deciding_at_once_through_the_page_make_one_approval(
 def test_refusals_explain_themselves_on_a_page_of_the_dashboard(tenant_a: Tenant, viewer_a: Any) -> None:
     attempt = attempt_in(S.UNKNOWN, tenant_a)
     forbidden = as_user(viewer_a).post(url("claim", attempt), {"owner_seen": attempt.owner_id})
-    assert "this needs the operator role in tenant acme" in forbidden.content.decode()
+    assert "viewer-a is a viewer of acme and needs to be an operator" in forbidden.content.decode()
     missing = as_user(viewer_a).get("/attempts/987654/")
     assert "nothing you can see" in missing.content.decode()

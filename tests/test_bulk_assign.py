@@ -113,7 +113,7 @@ def test_the_preview_says_whom_it_skips_and_why(
     only_a = make_user("only-a")
     Membership.objects.create(user=only_a, tenant=tenant_a, role="operator")
     page = as_user(operator_a).get(BULK, {"ids": [two[0].pk, elsewhere.pk], "owner": only_a.pk}).content.decode()
-    assert 'skipped: <bdi class="u wraps">not an operator of globex</bdi>' in page
+    assert 'skipped: <bdi class="u wraps">only-a is not a member of globex</bdi>' in page
     assert "Assign 2 selected" in page  # the plan lists both; only one is touched
     response = as_user(operator_a).post(
         BULK, {"ids": [two[0].pk, elsewhere.pk], "owner": only_a.pk, "expect": expect([two[0], elsewhere])}

@@ -120,7 +120,7 @@ def test_bulk_reject_is_an_approvers_and_not_the_requesters(tenant_a: Tenant, op
     theirs = [linked_retry(tenant_a, operator_a, key=f"t-{n}") for n in range(2)]
     own = linked_retry(tenant_a, approver_a, key="own")
     page, _ = preview(as_user(operator_a), "reject", theirs)
-    assert "this needs the approver role in the tenant" in page
+    assert "operator-a is an operator of acme and needs to be an approver" in page
     assert "None of the selected attempts can be decided this way now" in page
     client = as_user(approver_a)
     page, fields = preview(client, "reject", [*theirs, own])

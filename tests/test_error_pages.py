@@ -86,7 +86,7 @@ def test_the_403_page_says_why_in_the_apps_look(viewer_a: Any, tenant_a: Any) ->
     page = response.content.decode()
     assert response.status_code == 403
     assert '<p class="error-code">403</p>' in page
-    assert '<bdi class="u wraps">this needs the operator role in tenant acme</bdi>' in page
+    assert '<bdi class="u wraps">viewer-a is a viewer of acme and needs to be an operator</bdi>' in page
 
 
 def test_the_csrf_failure_page_says_what_to_do(operator_a: Any) -> None:

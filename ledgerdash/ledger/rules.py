@@ -9,17 +9,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from django.db.models import Q
 
 from ledgerdash.ledger import clock, landing, tenancy
 from ledgerdash.ledger.authority import standing_of
+from ledgerdash.ledger.errors import (
+    IllegalTransition,
+    IncidentError,
+    LedgerError,
+    OwnershipError,
+    RoleRequired,
+    SelfApproval,
+)
 from ledgerdash.ledger.models import (
     IN_FLIGHT_STATES,
     OWNED_STATES,
     Attempt,
     FailedBecause,
+    Incident,
     Role,
     State,
 )
@@ -186,6 +196,8 @@ class ApprovalCheck:
     authority: tuple[str, ...]
     standing: OriginalStanding | None
     policy_version_now: int | None
+    #: The approver asked for it themselves (four eyes refuses it).
+    own: bool = False
 
     def refusals(self, *, safe_because: str = "") -> list[str]:
         """Why the approval would be refused, given the approver's reason
@@ -212,18 +224,16 @@ def approval_check(retry: Attempt, original: Attempt | None, approver: Person) -
     beforehand. Without ``original`` (a first call waiting for approval)
     there is no original standing to weigh: the rest is the same."""
     authority: list[str] = []
-    if approver is not None and approver.pk == retry.requested_by_id:
-        authority.append(self_decision(retry))
-    else:
-        denied = tenancy.refusal(approver, retry.tenant_id, Role.APPROVER)
-        if denied:
-            authority.append(denied)
+    decide = moves_for(approver, retry).decide_retry
+    if not decide and decide.because != Because.STATE:  # the role, or four eyes
+        authority.append(decide.why_not)
     standing_now = standing_of(retry, original=original, approving=True)
     authority.extend(standing_now.changes)
     return ApprovalCheck(
         tuple(authority),
         side_effect_standing(retry, original) if original is not None else None,
         standing_now.policy.version if standing_now.policy else None,
+        own=decide.because == Because.FOUR_EYES,
     )
 
 
@@ -274,25 +284,51 @@ def approval_verdict(attempt: Attempt, original: Attempt | None, approver: Perso
     return ApprovalVerdict(standing, tuple(refusals), risk)
 
 
+class Because(StrEnum):
+    """What kind of refusal a person's move meets: each is raised as its
+    own error (:func:`require`)."""
+
+    ROLE = "role"  # their role in the tenant (or none): RoleRequired
+    FOUR_EYES = "four_eyes"  # they asked for it themselves: SelfApproval
+    STATE = "state"  # the attempt is not where the move starts: IllegalTransition
+    OWNERSHIP = "ownership"  # who owns it already rules the move out: OwnershipError
+
+
 @dataclass(frozen=True)
 class Allowed:
-    """Whether a person may make one move now; ``why_not`` says why not."""
+    """Whether a person may make one move now; ``why_not`` says why not,
+    ``because`` what kind of refusal it is."""
 
     ok: bool
     why_not: str = ""
+    because: Because | None = None
 
     def __bool__(self) -> bool:
         return self.ok
 
+    def error(self, attempt: Attempt) -> LedgerError:
+        """The refusal as the error a move raises."""
+        assert not self.ok
+        if self.because == Because.ROLE:
+            return RoleRequired(self.why_not)
+        if self.because == Because.FOUR_EYES:
+            return SelfApproval(self.why_not, [self.why_not])
+        if self.because == Because.OWNERSHIP:
+            return OwnershipError(f"#{attempt.pk}: {self.why_not}")
+        return IllegalTransition(f"#{attempt.pk}: {self.why_not}")
 
-def _allowed(ok: bool, why_not: str) -> Allowed:
-    return Allowed(True) if ok else Allowed(False, why_not)
+
+YES = Allowed(True)
+
+
+def _state(ok: bool, why_not: str) -> Allowed:
+    return YES if ok else Allowed(False, why_not, Because.STATE)
 
 
 @dataclass(frozen=True)
 class PeoplesMoves:
     """What a person may do to an attempt now, each with the reason when not.
-    The moves check again when the person decides."""
+    The moves ask again (:func:`require`) when the person decides."""
 
     read: Allowed
     claim: Allowed
@@ -311,36 +347,49 @@ class PeoplesMoves:
         return bool(self.comment)
 
 
+#: Linked retries in these states keep their original from being retried again.
+PENDING_RETRY_STATES = (S.MANUAL_REVIEW, S.INTENT_RECORDED, S.DISPATCHED)
+
+#: The names of a person's moves (the fields of :class:`PeoplesMoves`).
+MOVES = tuple(name for name in PeoplesMoves.__dataclass_fields__ if name != "read")
+
+
 def moves_for(user: Person, attempt: Attempt, *, children: Sequence[Attempt] = ()) -> PeoplesMoves:
     """The moves ``user`` may make on ``attempt`` now (``children``: its linked
-    retries, when the caller has read them)."""
+    retries, when the caller has read them), each refused first for the role
+    (or membership), then for four eyes, then for the attempt's state."""
     membership = tenancy.role_in(user, attempt.tenant_id)
-    operate = membership is not None and membership.can(Role.OPERATOR)
-    approve = membership is not None and membership.can(Role.APPROVER)
-    role = "this needs the operator role in the tenant"
+    # The tenant by name where the caller read it with the attempt (a page), else as "the tenant" (a move).
+    tenant = attempt.tenant.slug if Attempt.tenant.is_cached(attempt) else "the tenant"
+    not_operator = tenancy.refusal_by(user, membership, Role.OPERATOR, tenant=tenant)
+    not_approver = tenancy.refusal_by(user, membership, Role.APPROVER, tenant=tenant)
     review = attempt.state == S.MANUAL_REVIEW
     awaiting = awaiting_approval(attempt)
     sent = attempt.dispatch_count > 0
-    pending = next((c for c in children if c.state in (S.MANUAL_REVIEW, S.INTENT_RECORDED, S.DISPATCHED)), None)
+    pending = next((c for c in children if c.state in PENDING_RETRY_STATES), None)
     never_sent = f"#{attempt.pk} was never sent: nothing at the provider to ask about"
 
-    def operator_and(ok: bool, why_not: str) -> Allowed:
-        return _allowed(operate and ok, role if not operate else why_not)
+    def operator_and(ok: bool, why_not: str, because: Because = Because.STATE) -> Allowed:
+        if not_operator:
+            return Allowed(False, not_operator, Because.ROLE)
+        return YES if ok else Allowed(False, why_not, because)
 
-    if awaiting and approve and user is not None and user.pk == attempt.requested_by_id:
-        decide = Allowed(False, self_decision(attempt))
+    if not_approver:
+        decide = Allowed(False, not_approver, Because.ROLE)
+    elif awaiting and user is not None and user.pk == attempt.requested_by_id:
+        decide = Allowed(False, self_decision(attempt), Because.FOUR_EYES)
     else:
-        decide = _allowed(
-            approve and awaiting,
-            "this needs the approver role in the tenant" if not approve else "only what awaits approval",
-        )
+        decide = _state(awaiting, f"it does not await approval (it is {attempt.state})")
     return PeoplesMoves(
-        read=_allowed(membership is not None, "you are not a member of this tenant"),
-        claim=operator_and(attempt.owner_id != getattr(user, "pk", None), "you own it already"),
+        read=YES if membership is not None else Allowed(False, "you are not a member of this tenant", Because.ROLE),
+        claim=operator_and(
+            claimable(True, attempt.owner_id, getattr(user, "pk", None)), "you own it already", Because.OWNERSHIP
+        ),
         assign=operator_and(True, ""),
         unassign=operator_and(
             attempt.owner_id is not None and attempt.state not in OWNED_STATES,
             f"{attempt.state} work must keep an owner" if attempt.owner_id else "nobody owns it",
+            Because.OWNERSHIP,
         ),
         comment=operator_and(True, ""),
         recheck=operator_and(
@@ -356,8 +405,76 @@ def moves_for(user: Person, attempt: Attempt, *, children: Sequence[Attempt] = (
             review and not awaiting and pending is None,
             f"linked retry #{pending.pk} is pending already"
             if pending is not None
+            else "what awaits approval is approved or rejected, not retried"
+            if awaiting
             else "only work under review can be retried",
         ),
         decide_retry=decide,
         abandon=operator_and(attempt.state == S.INTENT_RECORDED, "only an intent that was never sent"),
     )
+
+
+def require(user: Person, attempt: Attempt, move: str) -> None:
+    """Raise the refusal :func:`moves_for` gives ``user`` for ``move`` on
+    ``attempt``: the one question every person's move asks, under the row
+    lock, whatever path the decision came by (dashboard, bulk, API, a
+    script). ``attempt`` is as the caller locked it; its pending linked
+    retries are read here when the move needs them."""
+    children: Sequence[Attempt] = ()
+    if move == "request_retry":
+        children = list(attempt.children.filter(state__in=PENDING_RETRY_STATES).order_by("id")[:1])
+    allowed: Allowed = getattr(moves_for(user, attempt, children=children), move)
+    if not allowed:
+        raise allowed.error(attempt)
+
+
+def may_own(owner: Person, attempt: Attempt) -> Allowed:
+    """Whether ``owner`` may be given ``attempt``: owning work means acting
+    on it, so they need the operator role in its tenant."""
+    missing = tenancy.refusal(owner, attempt.tenant_id, Role.OPERATOR, tenant=attempt.tenant.slug)
+    return Allowed(False, missing, Because.ROLE) if missing else YES
+
+
+def claimable(operates: bool, owner_id: int | None, user_pk: int | None) -> bool:
+    """Whether a person who operates the tenant (or not) may claim work
+    owned by ``owner_id``: :func:`moves_for`'s claim rule, for a list that
+    knows the roles of its page without asking per row."""
+    return operates and owner_id != user_pk
+
+
+@dataclass(frozen=True)
+class IncidentMoves:
+    """What a person may do to an incident now."""
+
+    claim: Allowed
+    assign: Allowed
+    resolve: Allowed
+
+    @property
+    def operate(self) -> bool:
+        return self.resolve.because != Because.ROLE
+
+
+def incident_moves_for(user: Person, incident: Incident) -> IncidentMoves:
+    """The moves ``user`` may make on ``incident``: operators of its tenant
+    own and resolve open incidents."""
+    missing = tenancy.refusal(user, incident.tenant_id, Role.OPERATOR)
+    if missing:
+        refused = Allowed(False, missing, Because.ROLE)
+        return IncidentMoves(refused, refused, refused)
+    is_open = incident.status == Incident.Status.OPEN
+    closed = f"incident #{incident.pk} is already {incident.status}"
+    return IncidentMoves(
+        claim=_state(
+            is_open and incident.owner_id != getattr(user, "pk", None), closed if not is_open else "you own it already"
+        ),
+        assign=_state(is_open, closed),
+        resolve=_state(is_open, closed),
+    )
+
+
+def require_incident(user: Person, incident: Incident, move: str) -> None:
+    """:func:`require` for an incident's moves (``claim`` or ``resolve``)."""
+    allowed: Allowed = getattr(incident_moves_for(user, incident), move)
+    if not allowed:
+        raise RoleRequired(allowed.why_not) if allowed.because == Because.ROLE else IncidentError(allowed.why_not)

@@ -26,6 +26,7 @@ __all__ = [
     "can",
     "member_names_who_can",
     "refusal",
+    "refusal_by",
     "role_in",
     "tenant_ids_for",
     "tenants_for",
@@ -58,16 +59,24 @@ def _with_article(role: str) -> str:
     return f"an {role}" if role[:1] in "aeiou" else f"a {role}"
 
 
-def refusal(user: Person, tenant_id: int, role: Role | str) -> str | None:
-    """Why ``user`` may not act as ``role`` in the tenant now, in words; None when they may."""
+def refusal(user: Person, tenant_id: int, role: Role | str, *, tenant: str = "the tenant") -> str | None:
+    """Why ``user`` may not act as ``role`` in the tenant now, in words
+    (``tenant``: how to name it); None when they may."""
+    account = _active(user)
+    return refusal_by(account, role_in(account, tenant_id) if account is not None else None, role, tenant=tenant)
+
+
+def refusal_by(
+    user: Person, membership: Membership | None, role: Role | str, *, tenant: str = "the tenant"
+) -> str | None:
+    """:func:`refusal`, for a caller that has read ``user``'s membership already."""
     if (account := _active(user)) is None:
         return "this account is not active"
-    membership = role_in(account, tenant_id)
     name = account.get_username()
     if membership is None:
-        return f"{name} is not a member of the tenant"
+        return f"{name} is not a member of {tenant}"
     if not membership.can(role):
-        return f"{name} is {_with_article(membership.role)} of the tenant and needs to be {_with_article(str(role))}"
+        return f"{name} is {_with_article(membership.role)} of {tenant} and needs to be {_with_article(str(role))}"
     return None
 
 

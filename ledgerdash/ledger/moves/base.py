@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from ledgerdash.ledger import clock, copies
+from ledgerdash.ledger import clock, copies, rules
 from ledgerdash.ledger.errors import (
     AttemptNotFound,
     IllegalTransition,
@@ -328,12 +328,28 @@ def locked_for_decision(attempt_id: int, fence_seen: int | None) -> Attempt:
     return attempt
 
 
+def person_of(actor: Actor) -> Any:
+    """The person behind ``actor``'s decision, read now (None for the
+    system, the reconciler and agents: their moves are not a person's)."""
+    if actor.user_id is None:
+        return None
+    return get_user_model().objects.filter(pk=actor.user_id).first()
+
+
+def person_may(actor: Actor, attempt: Attempt, move: str) -> None:
+    """A person's move asks :func:`ledgerdash.ledger.rules.require` with
+    the attempt as the caller locked it; the system's moves are not a
+    person's decision."""
+    if actor.user_id is not None:
+        rules.require(person_of(actor), attempt, move)
+
+
 def person_has_role(actor: Actor, tenant_id: int, role: Role) -> None:
     """A person's move needs ``role`` in the tenant now, asked
     here whatever path it came by (:class:`RoleRequired` says who lacks
     what); the system's and the reconciler's moves are not a person's."""
     if actor.user_id is None:
         return
-    missing = refusal(get_user_model().objects.filter(pk=actor.user_id).first(), tenant_id, role)
+    missing = refusal(person_of(actor), tenant_id, role)
     if missing:
         raise RoleRequired(missing)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.db.models import F
 
-from ledgerdash.ledger import clock
+from ledgerdash.ledger import clock, rules
 from ledgerdash.ledger.errors import (
     IncidentError,
     OwnershipError,
@@ -15,13 +15,12 @@ from ledgerdash.ledger.errors import (
 )
 from ledgerdash.ledger.models import (
     Incident,
-    Role,
 )
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
-from ledgerdash.ledger.moves.base import person_has_role, required
+from ledgerdash.ledger.moves.base import person_of, required
 
 
 def _locked_incident(incident_id: int, fence_seen: int | None) -> Incident:
@@ -34,15 +33,18 @@ def _locked_incident(incident_id: int, fence_seen: int | None) -> Incident:
     return incident
 
 
+def _person_may(actor: Actor, incident: Incident, move: str) -> None:
+    if actor.user_id is not None:
+        rules.require_incident(person_of(actor), incident, move)
+
+
 def incident_resolve(*, incident: Incident, actor: Actor, resolution: str, fence: int | None = None) -> Incident:
     """A person settles an incident, saying what was done (refunded the
     second charge, told the customer, confirmed only one landed)."""
     resolution = required(resolution, "resolution")
     with transaction.atomic():
         incident = _locked_incident(incident.pk, fence)
-        person_has_role(actor, incident.tenant_id, Role.OPERATOR)
-        if incident.status != Incident.Status.OPEN:
-            raise IncidentError(f"incident {incident.pk} is already {incident.status}")
+        _person_may(actor, incident, "resolve")
         now = clock.now()
         Incident.objects.filter(pk=incident.pk).update(
             status=Incident.Status.RESOLVED,
@@ -74,7 +76,7 @@ def incident_assign(
     """Give an open incident to ``owner``; refuse if its owner changed since the caller looked."""
     with transaction.atomic():
         incident = _locked_incident(incident.pk, None)
-        person_has_role(actor, incident.tenant_id, Role.OPERATOR)
+        _person_may(actor, incident, "claim" if owner.pk == actor.user_id else "assign")
         if expected_owner_id is not ... and incident.owner_id != expected_owner_id:
             raise OwnershipError(f"incident {incident.pk} is now owned by someone else; reload and try again")
         if incident.owner_id == owner.pk:

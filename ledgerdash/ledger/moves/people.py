@@ -12,7 +12,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from ledgerdash.ledger import clock
@@ -20,7 +19,6 @@ from ledgerdash.ledger.authority import authorize, current_policy
 from ledgerdash.ledger.errors import (
     ApprovalRefused,
     AttemptNotFound,
-    IllegalTransition,
     InvalidField,
     OwnershipError,
     RequestIdConflict,
@@ -32,7 +30,6 @@ from ledgerdash.ledger.models import (
     Attempt,
     AttemptEvent,
     FailedBecause,
-    Role,
 )
 
 if TYPE_CHECKING:
@@ -46,12 +43,13 @@ from ledgerdash.ledger.moves.base import (
     locked_for_decision,
     move,
     only_from,
-    person_has_role,
+    person_may,
+    person_of,
     required,
     validate_ref,
 )
 from ledgerdash.ledger.moves.create import create_retry_under
-from ledgerdash.ledger.rules import approval_check, awaiting_approval, moves_for, self_decision
+from ledgerdash.ledger.rules import Because, approval_check, may_own, moves_for
 
 
 def attempt_assign(
@@ -65,14 +63,16 @@ def attempt_assign(
     attempt_id = attempt.pk
     with transaction.atomic():
         attempt = get_attempt(attempt_id, lock=True)
-        person_has_role(actor, attempt.tenant_id, Role.OPERATOR)
+        new_owner_id = owner.pk if owner is not None else None
+        person_may(actor, attempt, _ownership_move(actor, new_owner_id))
         if expected_owner_id is not ... and attempt.owner_id != expected_owner_id:
             raise OwnershipError(f"attempt {attempt_id} is now owned by someone else; reload and try again")
-        new_owner_id = owner.pk if owner is not None else None
         if attempt.owner_id == new_owner_id:
             return attempt
         if new_owner_id is None and attempt.state in OWNED_STATES:
             raise OwnershipError(f"attempt {attempt_id} is {attempt.state} and must keep an owner")
+        if owner is not None and not (allowed := may_own(owner, attempt)):
+            raise OwnershipError(f"#{attempt_id} cannot be given to them: {allowed.why_not}")
         previous = attempt.owner_id
         now = clock.now()
         Attempt.objects.filter(pk=attempt.pk).update(owner_id=new_owner_id, updated_at=now)
@@ -94,6 +94,12 @@ def attempt_assign(
     return attempt
 
 
+def _ownership_move(actor: Actor, new_owner_id: int | None) -> str:
+    if new_owner_id is None:
+        return "unassign"
+    return "claim" if new_owner_id == actor.user_id else "assign"
+
+
 def attempt_comment(*, attempt: Attempt, actor: Actor, text: str) -> AttemptEvent:
     attempt_id = attempt.pk
     text = text.strip()
@@ -101,7 +107,7 @@ def attempt_comment(*, attempt: Attempt, actor: Actor, text: str) -> AttemptEven
         raise InvalidField(InvalidField.EMPTY.format(field="comment"))
     with transaction.atomic():
         attempt = get_attempt(attempt_id)
-        person_has_role(actor, attempt.tenant_id, Role.OPERATOR)
+        person_may(actor, attempt, "comment")
         (event,) = append_events(
             [EventDraft(attempt.tenant_id, attempt.pk, EventKind.COMMENT, actor, fence=attempt.fence, reason=text)]
         )
@@ -122,8 +128,7 @@ def attempt_verify(
     provider_request_id = validate_ref(provider_request_id.strip(), "provider_request_id", 255)
     with transaction.atomic():
         attempt = locked_for_decision(attempt_id, fence)
-        person_has_role(actor, attempt.tenant_id, Role.OPERATOR)
-        _never_sent(attempt, "verify")
+        person_may(actor, attempt, "verify")
         updates: dict[str, Any] = {"result_ref": clean_text(evidence)[:1000]}
         if provider_request_id:
             if attempt.provider_request_id and attempt.provider_request_id != provider_request_id:
@@ -163,7 +168,8 @@ def _failed_by_person(attempt: Attempt, actor: Actor, reason: str, fence: int | 
     reason = required(reason, "reason")
     with transaction.atomic():
         attempt = locked_for_decision(attempt_id, fence)
-        only_from(attempt, S.MANUAL_REVIEW, f"{kind} is decided")
+        if actor.user_id is None:
+            only_from(attempt, S.MANUAL_REVIEW, f"{kind} is decided")
         person_may(actor, attempt, rule)
         because = FailedBecause.REJECTED if attempt.dispatch_count == 0 else FailedBecause.PERSON
         return move(
@@ -177,36 +183,13 @@ def _failed_by_person(attempt: Attempt, actor: Actor, reason: str, fence: int | 
         )
 
 
-#: The role each person's move needs, as :func:`ledgerdash.ledger.rules.moves_for` grants it.
-ROLE_OF_RULE = {"mark_failed": Role.OPERATOR, "decide_retry": Role.APPROVER}
-
-
-def person_may(actor: Actor, attempt: Attempt, rule: str) -> None:
-    """Refuse a person's move that :func:`~ledgerdash.ledger.rules.moves_for`
-    refuses, asked here, under the row lock, whatever path the decision came
-    by: the role (:class:`RoleRequired`), four eyes (:class:`SelfApproval`),
-    then the attempt's state (:class:`IllegalTransition`). A move made by the
-    system (no person) is not a person's decision."""
-    if actor.user_id is None:
-        return
-    person = get_user_model().objects.filter(pk=actor.user_id).first()
-    allowed = getattr(moves_for(person, attempt), rule)
-    if allowed:
-        return
-    person_has_role(actor, attempt.tenant_id, ROLE_OF_RULE[rule])
-    if rule == "decide_retry" and person is not None and person.pk == attempt.requested_by_id:
-        message = self_decision(attempt)
-        raise SelfApproval(message, [message])
-    raise IllegalTransition(f"#{attempt.pk}: {allowed.why_not}")
-
-
 def intent_abandon(*, attempt: Attempt, actor: Actor, reason: str, fence: int | None = None) -> Attempt:
     """An operator gives up an intent nobody sent (see :func:`attempt_abandon_intent`)."""
     attempt_id = attempt.pk
     reason = required(reason, "reason")
     with transaction.atomic():
         attempt = locked_for_decision(attempt_id, fence)
-        person_has_role(actor, attempt.tenant_id, Role.OPERATOR)
+        person_may(actor, attempt, "abandon")
         return attempt_abandon_intent(attempt=attempt, fence=attempt.fence, actor=actor, reason=reason)
 
 
@@ -217,8 +200,7 @@ def attempt_recheck(*, attempt: Attempt, actor: Actor, reason: str = "") -> Atte
     now = clock.now()
     with transaction.atomic():
         attempt = get_attempt(attempt_id, lock=True)
-        person_has_role(actor, attempt.tenant_id, Role.OPERATOR)
-        _never_sent(attempt, "look up")
+        person_may(actor, attempt, "recheck")
         note = reason.strip() or "re-check requested"
         if attempt.state == S.UNKNOWN:
             Attempt.objects.filter(pk=attempt.pk).update(next_check_at=now, updated_at=now)
@@ -246,12 +228,7 @@ def retry_request(*, attempt: Attempt, actor: Actor, reason: str) -> Attempt:
     reason = required(reason, "reason")
     with transaction.atomic():
         original = get_attempt(attempt_id, lock=True)
-        person_has_role(actor, original.tenant_id, Role.OPERATOR)
-        if original.state != S.MANUAL_REVIEW:
-            raise IllegalTransition(f"only an attempt under review can be retried; #{attempt_id} is {original.state}")
-        pending = original.children.filter(state__in=[S.MANUAL_REVIEW, S.INTENT_RECORDED, S.DISPATCHED]).first()
-        if pending is not None:
-            raise IllegalTransition(f"attempt #{attempt_id} already has a pending linked retry #{pending.pk}")
+        person_may(actor, original, "request_retry")
         policy = current_policy(original.tenant_id)
         # The one authority check every call passes: the tenant active, a policy, the tool allowed.
         allowed = authorize(original.tenant, policy, original.tool_name)
@@ -263,15 +240,6 @@ def retry_request(*, attempt: Attempt, actor: Actor, reason: str) -> Attempt:
             actor=actor,
             reason=f"retry requested by {actor.label}: {reason}",
             requested_by_id=actor.user_id,
-        )
-
-
-def _never_sent(attempt: Attempt, what: str) -> None:
-    # A linked attempt nobody sent has nothing at the provider to look up or
-    # verify; re-checking it would hand it to the reconciler unapproved.
-    if attempt.state == S.MANUAL_REVIEW and attempt.dispatch_count == 0:
-        raise IllegalTransition(
-            f"#{attempt.pk} was never sent, so there is nothing to {what}; approve or reject it instead"
         )
 
 
@@ -310,18 +278,18 @@ def retry_approve(
                 .values_list("pk", flat=True)
             )
             original = get_attempt(peek.parent_id, lock=True)
-        elif not peek.approval_required:
-            raise IllegalTransition(f"attempt #{attempt_id} is neither a linked retry nor a call awaiting approval")
         retry = locked_for_decision(attempt_id, fence)
-        if original is None and not awaiting_approval(retry):
-            raise IllegalTransition(f"attempt #{attempt_id} does not await approval (it is {retry.state})")
-        check_move(retry, S.INTENT_RECORDED, actor)
-        approver = get_user_model().objects.filter(pk=actor.user_id).first() if actor.user_id else None
-        check = approval_check(retry, original, approver)
+        approver = person_of(actor)
+        decide = moves_for(approver, retry).decide_retry
+        if not decide and decide.because == Because.STATE:
+            # Only what awaits approval: a sent retry back under review is
+            # settled as any sent attempt is, never approved a second time.
+            raise decide.error(retry)
+        check = approval_check(retry, original, approver)  # the role and four eyes, recorded when refused
         standing = check.standing
         changes = check.refusals(safe_because=safe_because)
         if changes:
-            error = SelfApproval if approver is not None and approver.pk == retry.requested_by_id else ApprovalRefused
+            error = SelfApproval if check.own else ApprovalRefused
             message = (
                 (SelfApproval.MESSAGE if original is not None else SelfApproval.FIRST_CALL).format(user=actor.label)
                 if error is SelfApproval
@@ -343,6 +311,7 @@ def retry_approve(
                 ]
             )
         elif original is None:
+            check_move(retry, S.INTENT_RECORDED, actor)
             return _approve_first_call(retry, actor=actor, comment=comment, policy_version_now=check.policy_version_now)
         else:
             now = clock.now()
@@ -357,6 +326,7 @@ def retry_approve(
             }
             if safe_because.strip():
                 details["safe_because"] = safe_because.strip()
+            check_move(retry, S.INTENT_RECORDED, actor)
             if original.state == S.MANUAL_REVIEW:
                 move(
                     original,
@@ -412,11 +382,7 @@ def retry_reject(*, attempt: Attempt, actor: Actor, comment: str, fence: int | N
     """Reject a linked retry, or a first call awaiting approval:
     MANUAL_REVIEW -> FAILED, for good, with the approver's reason (the agent
     is told it). A rejected retry's original stays as it is."""
-    attempt_id = attempt.pk
-    peek = get_attempt(attempt_id)
-    if peek.parent_id is None and not awaiting_approval(peek):
-        raise IllegalTransition(f"attempt #{attempt_id} is neither a linked retry nor a call awaiting approval")
-    kind = "retry rejected" if peek.parent_id is not None else "rejected"
+    kind = "retry rejected" if attempt.parent_id is not None else "rejected"
     return _failed_by_person(attempt, actor, comment, fence, kind, "decide_retry")
 
 
@@ -460,6 +426,10 @@ def attempts_assign(
                 f"the owner of {listed} changed since the preview; nothing was assigned, preview again"
             )
         moving = [a for a in attempts if a.owner_id != owner.pk]
+        for attempt in moving:
+            person_may(actor, attempt, _ownership_move(actor, owner.pk))
+            if not (allowed := may_own(owner, attempt)):
+                raise OwnershipError(f"#{attempt.pk} cannot be given to them: {allowed.why_not}")
         if not moving:
             return attempts
         now = clock.now()
