@@ -21,7 +21,7 @@ from ledgerdash.ledger.models import Attempt, Role, State
 from ledgerdash.ledger.tenancy import Person
 from reviews import queries
 from reviews.forms import ListForm
-from reviews.shortcuts import HtmxHttpRequest, render_region, tenants_or_403
+from reviews.shortcuts import HtmxHttpRequest, refresh_paused, render_region, tenants_or_403
 
 
 @dataclass(frozen=True)
@@ -71,5 +71,6 @@ def approvals(request: HtmxHttpRequest) -> HttpResponse:
         "for_me": for_me,
         "tools": queries.known_tools(tenant_ids),
         "counts": queries.queue_counts(request.user, tenant_ids=tenant_ids),
+        "paused": refresh_paused(request),
     }
     return render_region(request, "reviews/approvals.html", "results", context)

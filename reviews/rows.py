@@ -35,6 +35,7 @@ _PK = 2_147_483_647
 _MUTED_NONE = mark_safe('<span class="muted">none</span>')
 _MUTED_NOBODY = mark_safe('<span class="muted">nobody</span>')
 _YOURS = mark_safe('<span class="mine">yours</span>')
+_CHECKED = mark_safe(" checked")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class RowSetting:
 
     user_pk: int | None
     operator_tenants: frozenset[int]
+    #: The rows the user ticked, as the list's own refresh sends them: they come back ticked.
+    ticked: frozenset[int]
     csrf_token: str
     next_url: str
     attempt_url: str
@@ -62,6 +65,7 @@ def setting_for(context: Context) -> RowSetting:
         cached = RowSetting(
             user_pk=request.user.pk,
             operator_tenants=frozenset(context.get("operator_tenants") or ()),
+            ticked=frozenset(int(v) for v in request.GET.getlist("ids") if v.isdecimal() and len(v) < 19),
             csrf_token=get_token(request),
             next_url=list_url,
             attempt_url=reverse("reviews:attempt", args=[_PK]),
@@ -84,7 +88,12 @@ def row(attempt: Attempt, setting: RowSetting) -> SafeString:
     pk = attempt.pk
     operates = attempt.tenant_id in setting.operator_tenants
     select = (
-        format_markup('<input type="checkbox" name="ids" value="{}" form="bulk" aria-label="Select #{}">', pk, pk)
+        format_markup(
+            '<input type="checkbox" name="ids" value="{}" form="bulk" aria-label="Select #{}"{}>',
+            pk,
+            pk,
+            _CHECKED if pk in setting.ticked else "",
+        )
         if operates
         else ""
     )

@@ -39,6 +39,12 @@ def render_region(request: HtmxHttpRequest, template: str, region: str, context:
     return response
 
 
+def refresh_paused(request: HttpRequest) -> bool:
+    """Whether the user paused the list's own refresh (``?refresh=off``,
+    kept by its filters): the page then changes only when they act."""
+    return request.GET.get("refresh") == "off"
+
+
 def tenants_or_403(request: HttpRequest) -> list[Tenant]:
     tenants = list(tenancy.tenants_for(request.user).order_by("slug"))
     if not tenants:

@@ -48,6 +48,7 @@ from reviews.shortcuts import (
     attempt_for_user,
     form_errors,
     is_partial,
+    refresh_paused,
     render_region,
     safe_next,
     see_other,
@@ -66,7 +67,11 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
     roles = tenancy.roles_by_tenant(request.user)
     approving = roles_at_least(Role.APPROVER)
     approves = [pk for pk, role in roles.items() if role in approving]
-    context: dict[str, Any] = {"counts": counts, "first": queries.first_things(request.user, tenants, approves)}
+    context: dict[str, Any] = {
+        "counts": counts,
+        "first": queries.first_things(request.user, tenants, approves),
+        "paused": refresh_paused(request),
+    }
     if not is_partial(request):
         context["latest_drills"] = list(queries.drill_runs_for(request.user, tenant_ids=tenant_ids)[:3])
         context["chains"] = queries.chain_status(request.user, tenants=tenants)
@@ -80,7 +85,8 @@ def _list_title(state: str) -> str:
 
 
 #: List parameters an export does not carry: it is every page, in chain order.
-EXPORT_SKIPS = frozenset({"after", "before", "sort", "queue", "links"})
+#: ``refresh`` (paused or not) and ``ids`` (ticked rows) are the page's, not the list's.
+EXPORT_SKIPS = frozenset({"after", "before", "sort", "queue", "links", "refresh", "ids"})
 
 
 @login_required
@@ -116,6 +122,7 @@ def attempt_list(request: HtmxHttpRequest, queue: str = "") -> HttpResponse:
         "bulk_owners": owners,
         "tools": queries.known_tools(tenant_ids),
         "counts": queries.queue_counts(request.user, tenant_ids=tenant_ids),
+        "paused": refresh_paused(request),
     }
     return render_region(request, "reviews/attempt_list.html", "results", context)
 

@@ -211,10 +211,14 @@ def test_bulk_assignment_previews_then_assigns(people: Any, tenant_a: Tenant, op
     page.goto(operator.base_url + "/queues/unknown/")
     page.get_by_label(f"Select #{first.pk}", exact=True).check()
     page.get_by_label(f"Select #{second.pk}", exact=True).check()
-    # The list refreshes itself (every 10 s; here, now): new work appears,
-    # and the ticked boxes and the selected row stay as they were.
+    # The list refreshes itself (every 10 s; here, now, as its poller does):
+    # new work appears, morphed in, and the ticked boxes and the selected
+    # row stay as they were.
     arrived = attempt_in(S.UNKNOWN, tenant_a, key="bulk-3")
-    page.evaluate("htmx.ajax('GET', location.pathname + location.search, {target: '#results', swap: 'outerHTML'})")
+    page.evaluate(
+        "htmx.ajax('GET', document.getElementById('results-poller').getAttribute('hx-get'),"
+        " {source: '#results-poller'})"
+    )
     expect(page.locator(f"#row-{arrived.pk}")).to_be_visible()
     expect(page.get_by_label(f"Select #{first.pk}", exact=True)).to_be_checked()
     expect(page.get_by_label(f"Select #{second.pk}", exact=True)).to_be_checked()
@@ -233,6 +237,31 @@ def test_bulk_assignment_previews_then_assigns(people: Any, tenant_a: Tenant, op
     expect(page.locator(f"#row-{first.pk}")).to_contain_text("yours")
     expect(page.locator(f"#row-{second.pk}")).to_contain_text("yours")
     assert Attempt.objects.filter(owner=operator_a).count() == 2
+
+
+def test_the_keys_can_be_turned_off_and_the_refresh_paused(people: Any, tenant_a: Tenant, operator_a: Any) -> None:
+    from playwright.sync_api import expect
+
+    stuck = attempt_in(S.UNKNOWN, tenant_a, key="keys-1")
+    operator = people("operator-a")
+    page = operator.page
+    page.goto(operator.base_url + "/queues/unknown/")
+    row = page.locator(f"#row-{stuck.pk}")
+    page.get_by_role("button", name="Turn keyboard shortcuts off").click()
+    expect(page.locator("#shortcuts-toggle")).to_have_attribute("aria-pressed", "false")
+    page.keyboard.press("j")
+    expect(row).not_to_have_class("selected")
+    page.reload()  # the choice is remembered in this browser
+    page.keyboard.press("j")
+    expect(row).not_to_have_class("selected")
+    page.get_by_role("button", name="Turn keyboard shortcuts on").click()
+    page.keyboard.press("j")
+    expect(row).to_have_class("selected")
+    page.get_by_role("link", name="Pause auto-refresh").click()
+    expect(page.get_by_role("link", name="Resume auto-refresh")).to_be_visible()
+    assert "refresh=off" in page.url
+    expect(page.locator("#results-poller")).to_have_attribute("hx-trigger", "ledgerdash:refresh from:body")
+    operator.shot("unknown-queue-paused")
 
 
 def test_hostile_tool_arguments_render_as_text_and_run_nothing(people: Any, tenant_a: Tenant, operator_a: Any) -> None:

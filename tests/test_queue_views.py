@@ -4,6 +4,7 @@ all list state in the query string, keyset pages, htmx regions."""
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,6 +100,47 @@ def test_under_htmx_the_queue_renders_only_its_results_with_live_counts(
     assert 'hx-trigger="every 10s' in page
     assert 'id="count-unknown" hx-swap-oob="true">1<' in page
     assert "HX-Request" in response.get("Vary", "")
+
+
+def test_the_refresh_can_be_paused_and_the_pause_is_kept_by_the_filters(
+    stuck: dict[str, Attempt], operator_a: Any
+) -> None:
+    """WCAG 2.2.2: a page that updates itself has a way to stop it, and
+    stopping it is in the address, so it survives filtering and a reload."""
+    client = as_user(operator_a)
+    live = client.get(UNKNOWN_QUEUE).content.decode()
+    assert 'hx-trigger="every 10s, ledgerdash:refresh from:body"' in live
+    assert '<a href="?refresh=off" id="refresh-toggle">Pause auto-refresh</a>' in live
+    paused = client.get(UNKNOWN_QUEUE, {"refresh": "off", "owner": "anyone"}).content.decode()
+    assert "every 10s" not in paused
+    assert 'hx-trigger="ledgerdash:refresh from:body"' in paused  # an action of the user's still shows its effect
+    assert '<input type="hidden" name="refresh" value="off">' in paused  # the filters keep the pause
+    assert '<a href="?owner=anyone" id="refresh-toggle">Resume auto-refresh</a>' in paused
+    assert 'name="refresh"' not in paused.split('class="exports"')[1].split("</form>")[0]  # nor does an export
+    home = client.get(reverse("reviews:home"), {"refresh": "off"}).content.decode()
+    assert "every 15s" not in home
+    assert "Resume auto-refresh" in home
+
+
+def test_the_lists_own_refresh_sends_the_ticked_rows_and_gets_them_back_ticked(
+    stuck: dict[str, Attempt], operator_a: Any
+) -> None:
+    attempt = stuck["a_unknown"]
+    page = as_user(operator_a).get(UNKNOWN_QUEUE, {"ids": [attempt.pk, "x"]}, headers=HTMX).content.decode()
+    assert f'value="{attempt.pk}" form="bulk" aria-label="Select #{attempt.pk}" checked>' in page
+    # The poller asks for the list without them (each refresh sends what is ticked then) and includes the ticks.
+    assert f'hx-get="{UNKNOWN_QUEUE}?"' in page or f'hx-get="{UNKNOWN_QUEUE}"' in page
+    assert 'hx-include="#results input[name=ids]:checked, #results-poller"' in page
+    unticked = as_user(operator_a).get(UNKNOWN_QUEUE, headers=HTMX).content.decode()
+    assert f'aria-label="Select #{attempt.pk}" checked' not in unticked
+
+
+def test_the_keys_can_be_turned_off(stuck: dict[str, Attempt], operator_a: Any) -> None:
+    """WCAG 2.1.4: single-key shortcuts have a switch (shown by the script that adds them)."""
+    page = as_user(operator_a).get(UNKNOWN_QUEUE).content.decode()
+    assert 'id="shortcuts-toggle" aria-pressed="true" hidden>Turn keyboard shortcuts off</button>' in page
+    script = (Path(__file__).resolve().parent.parent / "static/ledgerdash/dashboard.js").read_text()
+    assert "!shortcutsOn()" in script.split('addEventListener("keydown"')[1].split("\n")[1]
 
 
 def test_a_history_restore_gets_the_whole_page(stuck: dict[str, Attempt], operator_a: Any) -> None:

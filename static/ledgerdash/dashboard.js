@@ -2,14 +2,17 @@
 //
 // A same-origin file (the CSP allows scripts from 'self' and with the page's
 // nonce only), so no inline handlers anywhere: everything is delegated from
-// the document. Pages work without it; it only adds shortcuts and keeps the
-// user's place when the list refreshes itself.
+// the document. Pages work without it; it only adds the shortcuts (which the
+// user can turn off) and the copy buttons.
 (function () {
   "use strict";
 
   var selectedId = null;
-  var checkedIds = [];
-  var focusWasInResults = false;
+  var SHORTCUTS_KEY = "ledgerdash.shortcuts";
+
+  function shortcutsOn() {
+    try { return window.localStorage.getItem(SHORTCUTS_KEY) !== "off"; } catch (e) { return true; }
+  }
 
   function rows() {
     return Array.prototype.slice.call(document.querySelectorAll("#results tbody tr[data-attempt]"));
@@ -51,7 +54,7 @@
   }
 
   document.addEventListener("keydown", function (event) {
-    if (event.ctrlKey || event.metaKey || event.altKey || event.defaultPrevented) return;
+    if (event.ctrlKey || event.metaKey || event.altKey || event.defaultPrevented || !shortcutsOn()) return;
     var where = event.target;
     if (where && where.closest && where.closest("input, textarea, select, [contenteditable]")) return;
     if (!document.getElementById("results")) return;
@@ -80,32 +83,34 @@
     }
   });
 
-  // The results region is replaced when it refreshes itself (or a row after
-  // a claim): remember the selected row, ticked boxes and focus; restore them.
-  document.addEventListener("htmx:beforeSwap", function () {
-    checkedIds = Array.prototype.map.call(
-      document.querySelectorAll('#results input[name="ids"]:checked'),
-      function (box) { return box.value; }
-    );
-    var active = document.activeElement;
-    focusWasInResults = !!(active && active.closest && active.closest("#results"));
-  });
+  // The list is morphed in place when it refreshes (idiomorph): focus and
+  // the ticked boxes (sent with the refresh, rendered ticked) survive on
+  // their own. The row the keys selected is this script's, so it is marked
+  // again.
+  document.addEventListener("htmx:afterSettle", function () { mark(current()); });
 
-  // A bulk assignment went through: its selection is spent.
+  // A bulk decision went through: its selection is spent. Capture phase, so
+  // the boxes are unticked before the refresh this event starts reads them.
   document.addEventListener("ledgerdash:refresh", function () {
-    checkedIds = [];
     Array.prototype.forEach.call(document.querySelectorAll('#results input[name="ids"]:checked'), function (box) {
       box.checked = false;
     });
-  });
+  }, true);
 
-  document.addEventListener("htmx:afterSettle", function () {
-    checkedIds.forEach(function (id) {
-      var box = document.querySelector('#results input[name="ids"][value="' + id + '"]');
-      if (box) box.checked = true;
-    });
-    var row = current();
-    mark(row);
-    if (row && focusWasInResults) row.focus({ preventScroll: true });
+  // The shortcuts can be turned off (WCAG 2.1.4), remembered in this browser.
+  function showToggle() {
+    var toggle = document.getElementById("shortcuts-toggle");
+    if (!toggle) return;
+    toggle.hidden = false;
+    toggle.setAttribute("aria-pressed", shortcutsOn() ? "true" : "false");
+    toggle.textContent = shortcutsOn() ? "Turn keyboard shortcuts off" : "Turn keyboard shortcuts on";
+  }
+  document.addEventListener("click", function (event) {
+    var toggle = event.target && event.target.closest && event.target.closest("#shortcuts-toggle");
+    if (!toggle) return;
+    try { window.localStorage.setItem(SHORTCUTS_KEY, shortcutsOn() ? "off" : "on"); } catch (e) { /* private mode */ }
+    showToggle();
   });
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", showToggle);
+  else showToggle();
 })();
