@@ -285,6 +285,11 @@ SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", SECURE_HSTS_SECONDS > 0)
 # again: a revoked token (or a deactivated tenant) is refused by every worker
 # within this many seconds (at once by the one that revoked it). 0: never kept.
 LEDGER_TOKEN_CACHE_SECONDS = env_int("LEDGER_TOKEN_CACHE_SECONDS", 5, minimum=0)
+# The store's fast paths to switch off (ledgerdash/ledger/store/switches.py
+# names them); empty: every one is on. The answers are the same either way.
+LEDGER_FAST_PATHS_OFF = (
+    frozenset(env_list("LEDGER_FAST_PATHS_OFF", [])) if env_str("LEDGER_FAST_PATHS_OFF").strip() else frozenset()
+)
 #: A JSON file of secret names to values (provider credentials that tools and
 #: tenants' credential bindings name); empty: secrets come from the environment only.
 LEDGERDASH_SECRETS_FILE = env_str("LEDGERDASH_SECRETS_FILE")

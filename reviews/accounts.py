@@ -28,8 +28,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from ledgerdash.ledger.events import Actor, EventKind, event_record
+from ledgerdash.ledger.events import Actor, EventKind
 from ledgerdash.ledger.models import Membership, Role
+from ledgerdash.ledger.store import event_record
 
 LOCKED = EventKind.ACCOUNT_LOCKED
 UNLOCKED = EventKind.ACCOUNT_UNLOCKED

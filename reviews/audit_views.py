@@ -25,7 +25,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
-from ledgerdash.ledger import events, tenancy
+from ledgerdash.ledger import store, tenancy
 from ledgerdash.ledger.events import EventKind
 from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun, Role
 from reviews import diffs, drills, exports, history, pdf_bounds, queries
@@ -236,7 +236,7 @@ def _record_reading(request: HttpRequest, response: HttpResponse, tenant_id: int
     counts (not a HEAD, not a refused or failed PDF)."""
     if request.method == "GET" and response.status_code == 200:
         pdf = response["Content-Type"] == "application/pdf"
-        events.event_record(
+        store.event_record(
             tenant=tenant_id,
             kind=EventKind.REPORT,
             actor=actor_of(request),

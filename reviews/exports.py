@@ -45,9 +45,10 @@ from django.db.models.functions import Cast, Mod
 from django.utils import timezone
 
 from ledgerdash.ledger import chain
-from ledgerdash.ledger.events import Actor, EventKind, event_record
+from ledgerdash.ledger.events import Actor, EventKind
 from ledgerdash.ledger.models import Attempt, AttemptEvent, Tenant
 from ledgerdash.ledger.queries import chain_heads, events_by_seq, per_chain
+from ledgerdash.ledger.store import event_record
 from reviews.queries import ListQuery, attempt_filter
 
 log = logging.getLogger(__name__)

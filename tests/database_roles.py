@@ -40,7 +40,7 @@ from django.conf import settings
 from django.db import connections
 from django.test import TransactionTestCase
 
-from ledgerdash.ledger import dbroles, events
+from ledgerdash.ledger import dbroles, store
 
 RUN = secrets.token_hex(4)
 
@@ -118,7 +118,7 @@ def _fresh_database(self: TransactionTestCase) -> None:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}" OWNER "{owner}"')
     # The copy's sequences start again: ids this process reserved from the old ones must not be used,
     # and a tenant id may name another tenant, with another number of chains.
-    events.forget_database()
+    store.forget()
 
 
 def _no_dead_connection() -> None:

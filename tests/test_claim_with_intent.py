@@ -90,7 +90,7 @@ def test_the_pair_is_a_statement_psycopg_keeps_parsed(
     agent's statements, must stay within both, in one chain or several."""
     from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH, MAX_CACHED_STATEMENT_PARAMS
 
-    from ledgerdash.ledger import events
+    from ledgerdash.ledger.store import statements as events
 
     owner = request.getfixturevalue(tenant)
     intent(owner, unique_key("warm"))  # the process now knows the tenant's authority: the statement is guarded

@@ -1,5 +1,5 @@
 """The API acts on the copy of an attempt its process wrote last, only when
-the write confirms the row is still that copy (ledgerdash.ledger.copies).
+the write confirms the row is still that copy (ledgerdash.ledger.store.copies).
 
 Each test changes the row behind the copy's back, the way another process
 would (a person, the reconciler, an in-process step), and checks that the
@@ -13,8 +13,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledgerdash.ledger import copies, moves, recording
+from ledgerdash.ledger import moves, recording
 from ledgerdash.ledger.models import Attempt, State, Tenant
+from ledgerdash.ledger.store import copies
 from tests.api_support import Api, issue_token
 from tests.conftest import RECONCILER
 
@@ -134,7 +135,7 @@ def test_the_steps_on_a_copy_are_statements_psycopg_keeps_parsed(
     the report stay within psycopg's limits for keeping a parsed statement."""
     from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH, MAX_CACHED_STATEMENT_PARAMS
 
-    from ledgerdash.ledger import events
+    from ledgerdash.ledger.store import statements as events
 
     api = Api(issue_token(request.getfixturevalue(tenant)))
     warm = api.record("warm")

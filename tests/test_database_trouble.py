@@ -27,9 +27,9 @@ from django.conf import settings
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from ledgerdash.client import LedgerClient, LedgerUnavailable
-from ledgerdash.db.postgresql.base import QUIET_WITHIN
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Membership, State, Tenant, TokenScope
+from ledgerdash.ledger.store.connection import QUIET_WITHIN
 from ledgerdash.ledger.tokens import token_create
 from tests.conftest import SERVER_OUTPUT
 from tests.database_roles import admin_connect

@@ -15,6 +15,7 @@ from django.db import connection, connections
 from django.db.backends.postgresql import base as django_postgresql
 
 from ledgerdash.db.postgresql import base
+from ledgerdash.ledger.store.connection import QUIET_WITHIN
 
 pytestmark = pytest.mark.postgres
 
@@ -66,7 +67,7 @@ def test_a_connection_used_a_moment_ago_is_taken_without_a_round_trip(kept: Any,
 
 def test_a_connection_idle_for_longer_gets_a_select_1(kept: Any, round_trips: list[str]) -> None:
     pid = kept.connection.info.backend_pid
-    kept.last_used = time.monotonic() - base.QUIET_WITHIN - 1
+    kept.last_used = time.monotonic() - QUIET_WITHIN - 1
     kept.close_if_health_check_failed()
     assert round_trips == ["SELECT 1"]
     assert backend_pid(kept) == pid

@@ -135,3 +135,39 @@ def test_the_ledger_and_its_server_import_nothing_of_the_dashboard() -> None:
             if bad:
                 upward.setdefault(name, []).extend(bad)
     assert upward == {}
+
+
+STORE = "ledgerdash.ledger.store"
+#: The store's parts a module outside it may import: the PostgreSQL backend asks its connection check.
+STORE_PARTS_ALLOWED = {"ledgerdash.db.postgresql.base": {"ledgerdash.ledger.store.connection"}}
+
+
+def _store_parts_imported_from_outside() -> dict[str, set[str]]:
+    outside = dict(MODULES)
+    for path in (ROOT / "reviews").rglob("*.py"):
+        if "migrations" not in path.parts:
+            outside[".".join(path.relative_to(ROOT).with_suffix("").parts)] = path
+    found: dict[str, set[str]] = {}
+    for name, path in outside.items():
+        if name == STORE or name.startswith(STORE + "."):
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                base = node.module or ""
+                names = [base] if base != STORE else [f"{STORE}.{a.name}" for a in node.names]
+            parts = {n for n in names if n.startswith(STORE + ".") and f"{STORE}.{n.split('.')[3]}" in MODULES}
+            parts -= STORE_PARTS_ALLOWED.get(name, set())
+            if parts:
+                found.setdefault(name, set()).update(parts)
+    return found
+
+
+def test_the_fast_paths_live_in_the_store_and_nothing_outside_knows_its_parts() -> None:
+    """The moves, the API and the dashboard use the store's interface
+    (``ledgerdash.ledger.store``); how it reads and writes fast (its parts:
+    statements, copies, the remembered authority, the compiled read, the
+    connection check) is its own business."""
+    assert _store_parts_imported_from_outside() == {}
+    assert {"ledgerdash.ledger.store.statements", "ledgerdash.ledger.store.copies"} <= set(MODULES)

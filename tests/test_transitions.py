@@ -655,7 +655,7 @@ def test_a_one_statement_change_sends_every_value_as_the_orm_would() -> None:
 
     from django.db import connection
 
-    from ledgerdash.ledger import events
+    from ledgerdash.ledger.store import statements
 
     aware = dt.datetime(2026, 12, 1, 14, 0, tzinfo=dt.UTC)
     samples: list[Any] = [
@@ -663,7 +663,7 @@ def test_a_one_statement_change_sends_every_value_as_the_orm_would() -> None:
         S.DISPATCHED,
     ]  # fmt: skip
     for field in Attempt._meta.concrete_fields:
-        column = events._column(field.name)
+        column = statements._column(field.name)
         assert column.field is field
         for value in samples:
             with warnings.catch_warnings():
@@ -677,11 +677,11 @@ def test_a_one_statement_change_sends_every_value_as_the_orm_would() -> None:
             assert repr(sent) == repr(expected), (field.name, value, expected)
     # The ORM is skipped for text and datetimes, never for JSON or integers
     # (typed by the column's size), and a naive datetime still gets its warning.
-    kinds = {f.get_internal_type(): events._column(f.name).as_is for f in Attempt._meta.concrete_fields}
+    kinds = {f.get_internal_type(): statements._column(f.name).as_is for f in Attempt._meta.concrete_fields}
     assert (kinds["CharField"], kinds["TextField"], kinds["DateTimeField"]) == (str, str, dt.datetime)
     assert (kinds["JSONField"], kinds["PositiveIntegerField"], kinds["ForeignKey"]) == (None, None, None)
     with pytest.warns(RuntimeWarning, match="naive datetime"):
-        events._column("updated_at").db_value(aware.replace(tzinfo=None), connection)
+        statements._column("updated_at").db_value(aware.replace(tzinfo=None), connection)
 
 
 def test_a_late_report_sent_twice_is_recorded_once(tenant_a: Any) -> None:

@@ -12,3 +12,6 @@ class LedgerConfig(AppConfig):
     def ready(self) -> None:
         # Connects the hook that makes every configuration delete an event.
         from ledgerdash.ledger import configuration  # noqa: F401
+
+        # Registers the check that refuses an unknown name in LEDGER_FAST_PATHS_OFF.
+        from ledgerdash.ledger import store  # noqa: F401

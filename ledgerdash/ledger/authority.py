@@ -8,7 +8,7 @@ must not apply yesterday's authority to today's task.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import jmespath
@@ -17,7 +17,6 @@ from django.db import connection
 from jmespath.exceptions import JMESPathError
 
 from ledgerdash.ledger.errors import LedgerError, NoPolicy, ScopeNotAllowed, TenantInactive, ToolNotAllowed
-from ledgerdash.ledger.events import one_statement
 from ledgerdash.ledger.models import Attempt, Policy, Tenant, Tool
 
 
@@ -92,26 +91,11 @@ class Authority:
     timing: Timing
     #: The tool row's lease, request time and claim_with_intent as stored (all None: no row).
     tool_row: tuple[float | None, float | None, bool | None] = (None, None, None)
-    #: Read by this process earlier (:func:`authority_for_change`): a change
-    #: made under it must carry :meth:`guard`, and only a fresh read may refuse.
-    remembered: bool = False
 
     @property
     def claims_with_intent(self) -> bool:
         """Whether the tool's intent and dispatch claim commit together (``Tool.claim_with_intent``)."""
         return bool(self.tool_row[2])
-
-    def guard(self, tool_name: str) -> tuple[str, list[Any]]:
-        """A SQL condition, with its parameters, that holds exactly while
-        this is still the tenant's current authority for ``tool_name``: the
-        tenant active, the same newest policy row (versions are final, so the
-        same row says the same; its id and creation time name it, even across
-        a restore that hands ids out again), the tool's timing and claim
-        setting as read."""
-        assert self.tenant is not None
-        assert self.policy is not None
-        sql = _GUARD_SQL.format(tenant=Tenant._meta.db_table, policy=Policy._meta.db_table, tool=Tool._meta.db_table)
-        return sql, [tool_name, self.tenant.pk, self.policy.pk, self.policy.created_at, *self.tool_row]
 
 
 #: One round trip for the questions every intent and every dispatch asks.
@@ -125,16 +109,6 @@ LEFT JOIN {tool} l ON l.name = %s
 LEFT JOIN {policy} p ON p.tenant_id = t.id AND p.version = (SELECT max(version) FROM {policy} WHERE tenant_id = t.id)
 WHERE t.id = %s
 """
-
-_GUARD_SQL = """EXISTS (
-    SELECT FROM {tenant} t LEFT JOIN {tool} l ON l.name = %s
-    WHERE t.id = %s AND t.is_active
-      AND (SELECT (p.id, p.created_at) FROM {policy} p WHERE p.tenant_id = t.id ORDER BY p.version DESC LIMIT 1)
-          = (%s::bigint, %s::timestamptz)
-      AND l.dispatch_lease_seconds IS NOT DISTINCT FROM %s::double precision
-      AND l.max_request_seconds IS NOT DISTINCT FROM %s::double precision
-      AND l.claim_with_intent IS NOT DISTINCT FROM %s::boolean
-)"""
 
 
 def authority_of(tenant_id: int, tool_name: str) -> Authority:
@@ -155,46 +129,6 @@ def authority_of(tenant_id: int, tool_name: str) -> Authority:
         policy._state.adding = False
     claim = None if claim is None else bool(claim)
     return Authority(tenant, policy, timing(lease, max_request), (lease, max_request, claim))
-
-
-#: (database, tenant id, tool name) -> the authority this process read last.
-_remembered: dict[tuple[str, int, str], Authority] = {}
-
-
-def forget() -> None:
-    """Drop every authority this process remembers (its database was replaced)."""
-    _remembered.clear()
-
-
-def _remembered_key(tenant_id: int, tool_name: str) -> tuple[str, int, str]:
-    return (str(connection.settings_dict["NAME"]), tenant_id, tool_name)
-
-
-def authority_for_change(tenant_id: int, tool_name: str, *, fresh: bool = False) -> Authority:
-    """The authority an agent's intent or dispatch is checked against.
-
-    Where the change is one autocommitted statement (PostgreSQL, no
-    transaction open), the authority this process read last for the tenant
-    and tool, without a round trip; the change then carries
-    :meth:`Authority.guard`, so the server makes it only if that authority
-    is still the current one at that very moment (a stricter check than a
-    read before the write, which a policy change could follow). When the
-    guard fails, or the remembered authority would refuse, the caller asks
-    again with ``fresh=True``: a refusal always rests on a read made now.
-    Elsewhere (SQLite, inside a transaction), read now.
-    """
-    key = _remembered_key(tenant_id, tool_name)
-    use_memory = one_statement()
-    if use_memory and not fresh:
-        found = _remembered.get(key)
-        if found is not None:
-            return found
-    read = authority_of(tenant_id, tool_name)
-    if use_memory and read.tenant is not None and read.policy is not None:
-        _remembered[key] = replace(read, remembered=True)
-    else:
-        _remembered.pop(key, None)
-    return read
 
 
 def standing_under(

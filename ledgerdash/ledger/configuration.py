@@ -39,8 +39,9 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
 from ledgerdash.ledger import audited
-from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events
+from ledgerdash.ledger.events import Actor, EventDraft, EventKind
 from ledgerdash.ledger.models import Membership, OnCallShift, Policy, Tenant, Tool, ToolCredential
+from ledgerdash.ledger.store import append_events
 
 if TYPE_CHECKING:
     from django.db.models import Model

@@ -46,8 +46,8 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from ledgerdash import toolcalls
-from ledgerdash.ledger import clock, keys, moves, rules
-from ledgerdash.ledger.authority import approval_needed, authority_for_change, authorize
+from ledgerdash.ledger import clock, keys, moves, rules, store
+from ledgerdash.ledger.authority import Authority, approval_needed, authorize
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
     ApprovalRejected,
@@ -74,6 +74,7 @@ from ledgerdash.ledger.errors import (
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, FailedBecause, ResultSource, State, Tenant
 from ledgerdash.ledger.moves import NewAttempt, Outcome, Report
+from ledgerdash.ledger.store import Guard
 from ledgerdash.toolcalls import ToolCall
 
 __all__ = [
@@ -247,22 +248,17 @@ def record_intent(
     requested = parse_scope(credential_scope)
     normalized, args_hash = normalize_args(args)
     found = resolve_tenant(tenant)
-    # The authority this process read last for the tenant and tool, with the
-    # insert guarded by it; a fresh read when that would refuse, or when the
-    # insert wrote nothing (the key is recorded already, or the authority
-    # changed): a refusal, and a match against an earlier attempt, always
-    # rest on the authority read now.
-    for fresh in (False, True):
-        authority = authority_for_change(found.pk, tool_name, fresh=fresh)
-        policy = authority.policy
-        try:
-            # The tenant as read with the policy: a task's copy may predate its deactivation.
-            scopes = authorize(authority.tenant or found, policy, tool_name, requested)
-        except LedgerError:
-            if authority.remembered:
-                continue
-            raise
-        assert policy is not None  # authorize refuses a tenant without one
+    # Under the authority the store gives (:func:`ledgerdash.ledger.store.under_authority`):
+    # a refusal, and a match against an earlier attempt, always rest on the
+    # authority read now. Most keys are new: the intent is recorded first,
+    # and only when the key already has an attempt (recorded earlier, or a
+    # moment ago by a concurrent caller) is its chain read to match against.
+    tried: list[NewAttempt] = []
+
+    def intend(authority: Authority, guard: Guard | None) -> Attempt | None:
+        # The tenant as read with the policy: a task's copy may predate its deactivation.
+        scopes = authorize(authority.tenant or found, authority.policy, tool_name, requested)
+        assert authority.policy is not None  # authorize refuses a tenant without one
         new = NewAttempt(
             tenant_id=found.pk,
             task_id=task_id,
@@ -270,25 +266,24 @@ def record_intent(
             idempotency_key=key,
             args=normalized,
             args_hash=args_hash,
-            policy_version=policy.version,
+            policy_version=authority.policy.version,
             scopes=scopes,
             api_token_id=api_token_id,
         )
-        # Most keys are new: try to record the intent first, and only when the
-        # key already has an attempt (recorded earlier, or a moment ago by a
-        # concurrent caller) read its chain to match against it.
-        created = moves.attempt_create_intent(
+        tried.append(new)
+        return moves.attempt_create_intent(
             new=new,
             actor=actor,
-            approval_required=approval_needed(policy, tool_name, normalized),
+            approval_required=approval_needed(authority.policy, tool_name, normalized),
             requested_by_id=requested_by_id,
-            guard=authority.guard(tool_name) if authority.remembered else None,
+            guard=guard,
             claim=authority.timing if claim and authority.claims_with_intent else None,
         )
-        if created is not None:
-            return Recorded(created, True)
-        if not authority.remembered:
-            break
+
+    created = store.under_authority(found.pk, tool_name, intend)
+    if created is not None:
+        return Recorded(created, True)
+    new = tried[-1]
     existing = _match(found.pk, key, args_hash, tool_name)
     if existing is not None and existing.args_hash == args_hash and existing.tool_name == tool_name:
         return Recorded(existing, False)

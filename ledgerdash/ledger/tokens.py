@@ -25,8 +25,9 @@ from django.utils import timezone
 
 from ledgerdash.ledger import tenancy
 from ledgerdash.ledger.errors import InvalidField, InvalidToken, TokenExpired, TokenRevoked
-from ledgerdash.ledger.events import Actor, EventKind, event_record
+from ledgerdash.ledger.events import Actor, EventKind
 from ledgerdash.ledger.models import ApiToken, Role, Tenant, TokenScope
+from ledgerdash.ledger.store import event_record
 
 TOKEN_PREFIX = "ldk_"  # noqa: S105 - the public marker every token starts with
 PREFIX_HEX = 12

@@ -11,8 +11,9 @@ from django.core.validators import URLValidator, validate_email
 from django.db import transaction
 
 from ledgerdash.ledger import clock
-from ledgerdash.ledger.events import Actor, EventKind, event_record
+from ledgerdash.ledger.events import Actor, EventKind
 from ledgerdash.ledger.models import ApiToken, Tenant
+from ledgerdash.ledger.store import event_record
 from ledgerdash.notify import signing
 from ledgerdash.notify.models import Channel, ChannelKind, Rule, RuleEvent
 from ledgerdash.notify.outbox import start_seqs

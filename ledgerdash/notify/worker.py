@@ -27,7 +27,8 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from ledgerdash.ledger import clock
-from ledgerdash.ledger.events import Actor, EventKind, event_record
+from ledgerdash.ledger.events import Actor, EventKind
+from ledgerdash.ledger.store import event_record
 from ledgerdash.notify import heartbeat, outbox, senders
 from ledgerdash.notify.models import Delivery, DeliveryStatus, DeliveryTry
 

@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router
 from ninja.responses import Status
 
-from ledgerdash.ledger import copies, moves, recording
+from ledgerdash.ledger import moves, recording, store
 from ledgerdash.ledger.api.auth import READ, WRITE, BearerToken, actor_of, token_of
 from ledgerdash.ledger.api.errors import ApiError
 from ledgerdash.ledger.api_schemas import (
@@ -70,9 +70,9 @@ def _act(request: HttpRequest, attempt_id: int, op: Callable[[Attempt], Attempt]
     """``op`` on the caller's tenant's attempt: on the copy this process's
     last write of it left, when the write ``op`` makes confirms the copy is
     current (an agent's next step usually comes to the process that served
-    its last: :mod:`ledgerdash.ledger.copies`), else on the row read now."""
+    its last: :mod:`ledgerdash.ledger.store.copies`), else on the row read now."""
     tenant_id = token_of(request).tenant_id
-    return copies.act(attempt_id, tenant_id, op, lambda: _attempt_for(request, attempt_id))
+    return store.act(attempt_id, tenant_id, op, lambda: _attempt_for(request, attempt_id))
 
 
 def _whole(attempt: Attempt, *, events: bool = False) -> Attempt:
@@ -132,7 +132,7 @@ def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentI
     recording.refuse_while_approval_pending(recorded.attempt)
     if not recorded.created:
         response[REPLAYED_HEADER] = "true"
-    copies.keep(recorded.attempt)
+    store.keep(recorded.attempt)
     return Status(201 if recorded.created else 200, _whole(recorded.attempt))
 
 

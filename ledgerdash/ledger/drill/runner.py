@@ -68,7 +68,7 @@ from ledgerdash.ledger.drill.processes import (
     web_service,
 )
 from ledgerdash.ledger.errors import LedgerError
-from ledgerdash.ledger.events import Actor, EventKind, event_record
+from ledgerdash.ledger.events import Actor, EventKind
 from ledgerdash.ledger.models import (
     IN_FLIGHT_STATES,
     OWNED_STATES,
@@ -84,6 +84,7 @@ from ledgerdash.ledger.models import (
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.queries import events_of_attempts, needs_attention
 from ledgerdash.ledger.reconciler import Reconciler
+from ledgerdash.ledger.store import event_record
 from ledgerdash.ledger.tokens import token_create, token_revoke
 from ledgerdash.sandbox import http_adapter_config
 

@@ -12,8 +12,8 @@ from django.db import transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 
-from ledgerdash.ledger import clock, copies, landing
-from ledgerdash.ledger.authority import authority_for_change, authority_of, standing_under
+from ledgerdash.ledger import clock, landing, store
+from ledgerdash.ledger.authority import Authority, authority_of, standing_under
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
     ClaimLost,
@@ -23,7 +23,7 @@ from ledgerdash.ledger.errors import (
     RetryPending,
     StaleFence,
 )
-from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
+from ledgerdash.ledger.events import Actor, EventDraft, EventKind, clean_text
 from ledgerdash.ledger.models import (
     ActorKind,
     Attempt,
@@ -42,11 +42,10 @@ from ledgerdash.ledger.moves.base import (
 )
 from ledgerdash.ledger.moves.evidence import OUTCOME_STATE, Evidence, Outcome, Report, late_evidence
 from ledgerdash.ledger.moves.reconciler import attempt_escalate_for_retry
+from ledgerdash.ledger.store import Guard, append_events
 
 
-def attempt_dispatch(
-    *, attempt: Attempt, actor: Actor, fence: int | None = None, reason: str = "", fresh: bool = False
-) -> Attempt:
+def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None, reason: str = "") -> Attempt:
     """Claim the attempt for dispatch, committed BEFORE the request leaves.
 
     Re-checks the tenant's current authority first. When it no longer holds,
@@ -56,12 +55,9 @@ def attempt_dispatch(
     re-send a retryable failure only after its back-off (the reconciler
     sends it when its claim finds it due). The returned attempt's ``fence``
     is the token the dispatcher must present with the outcome; a concurrent
-    claimer loses with :class:`ClaimLost`.
-
-    The authority may be the one this process read last, with the claim
-    guarded by it (:func:`~ledgerdash.ledger.authority.authority_for_change`);
-    when it would refuse, or the guarded claim fails, the dispatch is tried
-    once more with the authority read now (``fresh``), which decides.
+    claimer loses with :class:`ClaimLost`. The authority is the store's
+    (:func:`ledgerdash.ledger.store.under_authority`): a refusal, and a
+    claim lost, rest on the authority read now.
     """
     if actor.kind == ActorKind.AGENT:
         refuse_open_transaction("claiming a dispatch")
@@ -74,43 +70,48 @@ def attempt_dispatch(
         and attempt.next_check_at > now
     ):
         raise RetryPending(RetryPending.MESSAGE.format(attempt_id=attempt.pk, due=attempt.next_check_at), attempt)
-    authority = authority_for_change(attempt.tenant_id, attempt.tool_name, fresh=fresh)
-    standing, timing = standing_under(attempt, authority), authority.timing
-    if not standing.holds:
-        if authority.remembered:
-            return attempt_dispatch(attempt=attempt, actor=actor, fence=fence, reason=reason, fresh=True)
-        _refuse_changed_authority(attempt, actor=actor, fence=fence, changes=standing.changes)
-    try:
-        return move(
-            attempt,
-            to_state=S.DISPATCHED,
-            actor=actor,
-            fence=fence,
-            reason=reason or ("dispatched" if attempt.dispatch_count == 0 else "dispatched again with the same key"),
-            updates={
-                "dispatch_fence": attempt.fence + 1,
-                "dispatch_count": attempt.dispatch_count + 1,
-                "check_count": 0,
-                "next_check_at": now + timedelta(seconds=timing.lease_seconds),
-                "lands_by": landing.while_silent(now, timing),
-                "first_dispatched_at": attempt.first_dispatched_at or now,
-            },
-            details={
-                "provider_key": attempt.provider_key,
-                "dispatch": attempt.dispatch_count + 1,
-                "policy_version": standing.policy.version if standing.policy else None,
-                "lease_seconds": timing.lease_seconds,
-                "max_request_seconds": timing.max_request_seconds,
-            },
-            now=now,
-            stale_error=ClaimLost,
-            guard=authority.guard(attempt.tool_name) if authority.remembered else None,
-        )
-    except ClaimLost:
-        if not authority.remembered:
-            raise
-        # The claim was lost, or the authority changed since this process read it: a fresh read tells which.
-        return attempt_dispatch(attempt=attempt, actor=actor, fence=fence, reason=reason, fresh=True)
+
+    def claim(authority: Authority, guard: Guard | None) -> Attempt | None:
+        standing, timing = standing_under(attempt, authority), authority.timing
+        if not standing.holds:
+            if guard is not None:
+                return None  # refused on what this process remembered: the authority read now decides
+            _refuse_changed_authority(attempt, actor=actor, fence=fence, changes=standing.changes)
+        try:
+            return move(
+                attempt,
+                to_state=S.DISPATCHED,
+                actor=actor,
+                fence=fence,
+                reason=reason
+                or ("dispatched" if attempt.dispatch_count == 0 else "dispatched again with the same key"),
+                updates={
+                    "dispatch_fence": attempt.fence + 1,
+                    "dispatch_count": attempt.dispatch_count + 1,
+                    "check_count": 0,
+                    "next_check_at": now + timedelta(seconds=timing.lease_seconds),
+                    "lands_by": landing.while_silent(now, timing),
+                    "first_dispatched_at": attempt.first_dispatched_at or now,
+                },
+                details={
+                    "provider_key": attempt.provider_key,
+                    "dispatch": attempt.dispatch_count + 1,
+                    "policy_version": standing.policy.version if standing.policy else None,
+                    "lease_seconds": timing.lease_seconds,
+                    "max_request_seconds": timing.max_request_seconds,
+                },
+                now=now,
+                stale_error=ClaimLost,
+                guard=guard,
+            )
+        except ClaimLost:
+            if guard is None:
+                raise
+            return None  # the claim was lost, or the authority changed: a fresh read tells which
+
+    claimed = store.under_authority(attempt.tenant_id, attempt.tool_name, claim)
+    assert claimed is not None  # without a guard, the claim is made or refused
+    return claimed
 
 
 def _refuse_changed_authority(attempt: Attempt, *, actor: Actor, fence: int | None, changes: Sequence[str]) -> None:
@@ -222,7 +223,7 @@ def _as_holder(
             return Report(op(attempt))
         except (StaleFence, IllegalTransition):
             pass  # the caller's copy is out of date: what the row says decides
-    copies.refuse_speculative(attempt)  # a copy that does not fit: the caller reads the row itself
+    store.refuse_speculative(attempt)  # a copy that does not fit: the caller reads the row itself
     fresh = get_attempt(attempt.pk)
     if _already_reported(fresh, fence, evidence):
         return Report(fresh, replayed=True)
@@ -285,7 +286,7 @@ def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, 
             return op(attempt)  # the caller's copy, the common case
         except StaleFence:
             pass  # the attempt moved on since the caller read it
-    copies.refuse_speculative(attempt)
+    store.refuse_speculative(attempt)
     fresh = get_attempt(attempt.pk)
     if fresh.provider_request_id == request_id:
         return fresh

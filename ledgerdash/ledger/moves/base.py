@@ -8,15 +8,12 @@ else writes ``Attempt.state``.
 
 from __future__ import annotations
 
-import functools
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, transaction
-from django.db.models import F
 
-from ledgerdash.ledger import clock, copies, rules
+from ledgerdash.ledger import clock, rules, store
 from ledgerdash.ledger.errors import (
     AttemptNotFound,
     IllegalTransition,
@@ -25,29 +22,18 @@ from ledgerdash.ledger.errors import (
     RoleRequired,
     StaleFence,
 )
-from ledgerdash.ledger.events import (
-    Actor,
-    EventDraft,
-    EventKind,
-    Guard,
-    append_events,
-    cas_with_event,
-    clean_text,
-    on_its_own,
-    one_statement,
-    outside_any_transaction,
-)
+from ledgerdash.ledger.events import Actor, EventDraft, EventKind, clean_text
 from ledgerdash.ledger.models import (
     IN_FLIGHT_STATES,
     OWNED_STATES,
     ActorKind,
     Attempt,
-    ChainHead,
     OnCallShift,
     Role,
     State,
     Tenant,
 )
+from ledgerdash.ledger.store import Guard
 from ledgerdash.ledger.tenancy import refusal
 
 S = State
@@ -109,7 +95,7 @@ def refuse_open_transaction(what: str) -> None:
     would be a savepoint: recovery could not see them while the tool runs,
     and the caller's rollback would erase them although the provider acted.
     """
-    if not outside_any_transaction():
+    if not store.outside_any_transaction():
         raise InsideTransaction(InsideTransaction.MESSAGE.format(what=what))
 
 
@@ -117,58 +103,15 @@ def get_attempt(attempt_id: int, *, tenant_id: int | None = None, lock: bool = F
     """The attempt ``attempt_id`` (of ``tenant_id``, when given: another
     tenant's looks like none at all), or :class:`AttemptNotFound`.
 
-    Without a lock it is read with a statement built once per process and
-    made an instance straight from its row: the ORM compiles a query of this
-    model's 36 columns anew on every call, and a raw query set resolves
-    them against the row's description on every call, each costing more
-    than the read itself, once in every API request about an attempt."""
+    Without a lock, the store reads it (:func:`ledgerdash.ledger.store.read_attempt`)."""
     if lock:
         qs = Attempt.objects.select_for_update().filter(pk=attempt_id)
         found = qs.filter(tenant_id=tenant_id).first() if tenant_id is not None else qs.first()
     else:
-        found = _read(attempt_id, tenant_id)
+        found = store.read_attempt(attempt_id, tenant_id)
     if found is None:
         raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=attempt_id))
     return found
-
-
-def _read(attempt_id: int, tenant_id: int | None) -> Attempt | None:
-    connection = transaction.get_connection()
-    sql, converted = _read_plan(connection.vendor, tenant_id is not None)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [attempt_id] if tenant_id is None else [attempt_id, tenant_id])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    values = list(row)
-    fields = Attempt._meta.concrete_fields
-    for i in converted:  # as a query set would: JSON decoded, and on SQLite datetimes and booleans
-        column = fields[i].get_col(Attempt._meta.db_table)
-        for convert in _converters(column, connection):
-            values[i] = convert(values[i], column, connection)
-    return Attempt.from_db(connection.alias, _ATTNAMES, values)
-
-
-_ATTNAMES = tuple(f.attname for f in Attempt._meta.concrete_fields)
-
-
-def _converters(column: Any, connection: Any) -> list[Any]:
-    """The functions a query set passes ``column``'s values through, the backend's then the field's."""
-    return [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
-
-
-@functools.cache
-def _read_plan(vendor: str, of_tenant: bool) -> tuple[str, tuple[int, ...]]:
-    """The statement :func:`get_attempt` reads with (columns and table from
-    the model), and which of its columns have converters on this backend."""
-    connection = transaction.get_connection()
-    quote = connection.ops.quote_name
-    fields = Attempt._meta.concrete_fields
-    columns = ", ".join(quote(f.column) for f in fields)
-    where = f"{quote('id')} = %s" + (f" AND {quote('tenant_id')} = %s" if of_tenant else "")
-    sql = f"SELECT {columns} FROM {quote(Attempt._meta.db_table)} WHERE {where}"  # noqa: S608
-    table = Attempt._meta.db_table
-    return sql, tuple(i for i, f in enumerate(fields) if _converters(f.get_col(table), connection))
 
 
 def check_move(attempt: Attempt, to_state: str, actor: Actor) -> None:
@@ -247,28 +190,8 @@ def move(
         reason=reason,
         details=details,
     )
-    if one_statement() and not extra_events:
-        try:
-            with on_its_own():
-                written = cas_with_event(attempt, values, event, now, guard=guard)
-            if not written:
-                raise_stale(attempt, stale_error)
-            return moved(attempt, values)
-        except IntegrityError:
-            if ChainHead.objects.filter(tenant_id=attempt.tenant_id).exists():
-                raise
-            # The tenant's first event: the path below creates its chain head.
-    if guard is not None:
-        raise_stale(attempt, stale_error)  # a guard is kept by one statement only: the caller reads afresh
-    copies.refuse_speculative(attempt)  # only the one statement checks a copy's row version
-    with transaction.atomic():
-        changed = Attempt.objects.filter(pk=attempt.pk, state=attempt.state, fence=attempt.fence).update(
-            fence=F("fence") + 1, **values
-        )
-        if changed != 1:
-            raise_stale(attempt, stale_error)
-        append_events([event, *(extra_events or [])], now=now)
-    copies.written(attempt, None)
+    if not store.change(attempt, values, [event, *(extra_events or [])], now, guard=guard):
+        raise_stale(attempt, stale_error)
     return moved(attempt, values)
 
 
@@ -281,7 +204,6 @@ def moved(attempt: Attempt, values: dict[str, Any]) -> Attempt:
 
 
 def raise_stale(attempt: Attempt, stale_error: type[StaleFence]) -> None:
-    copies.refuse_speculative(attempt)  # the copy was out of date: the caller reads the row, not this
     current = Attempt.objects.filter(pk=attempt.pk).values_list("state", "fence").first()
     if current is None:
         raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=attempt.pk))

@@ -8,31 +8,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 
-from ledgerdash.ledger import clock, landing
+from ledgerdash.ledger import clock, landing, store
 from ledgerdash.ledger.authority import Timing, scope_string
 from ledgerdash.ledger.errors import (
     IllegalTransition,
 )
-from ledgerdash.ledger.events import (
-    Actor,
-    EventDraft,
-    EventKind,
-    Guard,
-    append_events,
-    clean_text,
-    insert_with_events,
-    on_its_own,
-    one_statement,
-    reserved_id_taken,
-)
+from ledgerdash.ledger.events import Actor, EventDraft, EventKind, clean_text
 from ledgerdash.ledger.models import (
     Attempt,
-    ChainHead,
     Policy,
 )
 from ledgerdash.ledger.moves.base import CREATE_MOVES, S, check_move, pick_owner, refuse_open_transaction
+from ledgerdash.ledger.store import Guard, append_events
 
 
 def _lease(seconds: int, now: datetime) -> datetime:
@@ -74,7 +63,7 @@ def attempt_create_intent(
     Returns None when the key already has a root (perhaps one committed a
     moment ago by a concurrent caller): the caller then matches against it.
     With ``guard`` (the authority the intent was checked against, still
-    current: see :func:`ledgerdash.ledger.authority.authority_for_change`),
+    current: see :func:`ledgerdash.ledger.store.under_authority`),
     also None when it no longer holds.
 
     With ``claim`` (the tool's timing, for a tool whose intent and dispatch
@@ -135,43 +124,7 @@ def attempt_create_intent(
     events = [event]
     if claim is not None and not approval_required:
         events.append(_claim_with_intent(attempt, actor, claim, now))
-    if one_statement():
-        try:
-            try:
-                with on_its_own():
-                    inserted = insert_with_events(attempt, events, now, guard=guard)
-            except IntegrityError as exc:
-                if not reserved_id_taken(exc):
-                    raise
-                # The ids this process reserved were handed out again (the
-                # sequence was reset, by a restore say): reserve afresh, once.
-                attempt.pk = None
-                with on_its_own():
-                    inserted = insert_with_events(attempt, events, now, guard=guard)
-            return attempt if inserted else None
-        except IntegrityError:
-            if ChainHead.objects.filter(tenant_id=new.tenant_id).exists():
-                raise
-            # The tenant's first event: the path below creates its chain head
-            # (unguarded: the caller asks again with the authority read now).
-            if guard is not None:
-                return None
-            attempt.pk, attempt._state.adding = None, True
-    # The insert is the transaction's first statement, so a duplicate key
-    # rolls back the whole (still empty) transaction: no savepoint needed.
-    try:
-        with transaction.atomic():
-            attempt.save(force_insert=True)
-            for each in events:
-                each.attempt_id = attempt.pk
-            append_events(events, now=now)
-    except IntegrityError:
-        if Attempt.objects.filter(
-            tenant_id=new.tenant_id, idempotency_key=new.idempotency_key, parent__isnull=True
-        ).exists():
-            return None
-        raise
-    return attempt
+    return attempt if store.insert_root(attempt, events, now, guard=guard) else None
 
 
 def _claim_with_intent(attempt: Attempt, actor: Actor, timing: Timing, now: datetime) -> EventDraft:

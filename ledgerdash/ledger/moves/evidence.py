@@ -13,13 +13,14 @@ from django.db import models, transaction
 
 from ledgerdash.ledger import clock, landing
 from ledgerdash.ledger.authority import authority_of
-from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
+from ledgerdash.ledger.events import Actor, EventDraft, EventKind, clean_text
 from ledgerdash.ledger.models import (
     Attempt,
     FailedBecause,
     Incident,
 )
 from ledgerdash.ledger.moves.base import S, get_attempt, move, pick_owner
+from ledgerdash.ledger.store import append_events
 
 
 @dataclass(frozen=True)

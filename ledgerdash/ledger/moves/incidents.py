@@ -19,8 +19,9 @@ from ledgerdash.ledger.models import (
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
-from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
+from ledgerdash.ledger.events import Actor, EventDraft, EventKind, clean_text
 from ledgerdash.ledger.moves.base import person_of, required
+from ledgerdash.ledger.store import append_events
 
 
 def _locked_incident(incident_id: int, fence_seen: int | None) -> Incident:

@@ -34,7 +34,7 @@ from ledgerdash.ledger.models import (
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
-from ledgerdash.ledger.events import Actor, EventDraft, EventKind, append_events, clean_text
+from ledgerdash.ledger.events import Actor, EventDraft, EventKind, clean_text
 from ledgerdash.ledger.moves.agent import attempt_abandon_intent
 from ledgerdash.ledger.moves.base import (
     S,
@@ -50,6 +50,7 @@ from ledgerdash.ledger.moves.base import (
 )
 from ledgerdash.ledger.moves.create import create_retry_under
 from ledgerdash.ledger.rules import Because, approval_check, may_own, moves_for
+from ledgerdash.ledger.store import append_events
 
 
 def attempt_assign(

@@ -27,14 +27,13 @@ from typing import Any
 from django.core.management import call_command
 from django.db import connections
 
-from ledgerdash.ledger import authority, events
+from ledgerdash.ledger import store
 
 
 def _forget() -> None:
     """Drop what this process remembers of the database it used before."""
     connections.close_all()
-    events.forget_database()
-    authority.forget()
+    store.forget()
 
 
 class ScratchDatabases:

@@ -1,0 +1,214 @@
+"""Where the ledger's rows are read and written, and the one place that
+knows how to do it fast.
+
+The moves (:mod:`ledgerdash.ledger.moves`) decide what changes; this layer
+writes it. Every fast path lives here, each with the plain way it replaces,
+and each can be switched off by name (``LEDGER_FAST_PATHS_OFF``, for the
+benchmark that measures what each one gains, and for anyone who wants the
+plain way): the answer is the same either way, only the round trips differ.
+
+==========================  ==================================================================
+``one_statement``           a change and its events in one autocommitted statement
+                            (PostgreSQL: :mod:`.statements`), not a transaction of three to
+                            six round trips
+``id_blocks``               a new attempt's id from a block this process reserved (32 at a
+                            time), not a round trip per intent
+``remembered_authority``    the tenant's authority this process read last, guarded in the
+                            write (:mod:`.memory`), not a read per intent and dispatch
+``compiled_read``           an attempt read by a statement built once per process
+                            (:mod:`.reads`), not an ORM query compiled per read
+``copies``                  the attempt this process wrote last, kept for the agent's next
+                            request and checked by the write (:mod:`.copies`), not read again
+``quiet_connection_check``  a connection used a moment ago taken as alive when nothing waits on
+                            its socket (:mod:`.connection`), not a ``SELECT 1`` per request
+==========================  ==================================================================
+
+``python -m bench --only fastpaths`` measures each: the same calls with it
+switched off beside all of them on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from ledgerdash.ledger.authority import Authority
+from ledgerdash.ledger.events import EventDraft
+from ledgerdash.ledger.models import Attempt, ChainHead
+from ledgerdash.ledger.store import copies, memory, reads, statements
+from ledgerdash.ledger.store.chains import append_events, event_record
+from ledgerdash.ledger.store.copies import CopyOutdated
+from ledgerdash.ledger.store.statements import Guard, on_its_own, outside_any_transaction
+from ledgerdash.ledger.store.switches import FAST_PATHS, enabled
+
+__all__ = [
+    "FAST_PATHS",
+    "CopyOutdated",
+    "Guard",
+    "act",
+    "append_events",
+    "change",
+    "enabled",
+    "event_record",
+    "forget",
+    "insert_root",
+    "keep",
+    "on_its_own",
+    "one_statement",
+    "outside_any_transaction",
+    "read_attempt",
+    "refuse_speculative",
+    "under_authority",
+]
+
+
+def one_statement() -> bool:
+    """Whether a change and its events can be one autocommitted statement:
+    on PostgreSQL, when no transaction is open (inside one, the caller's
+    other statements must commit with it)."""
+    return enabled("one_statement") and statements.one_statement()
+
+
+# --- reads -----------------------------------------------------------------------------------------
+
+
+def read_attempt(attempt_id: int, tenant_id: int | None) -> Attempt | None:
+    """The attempt (of ``tenant_id``, when given), unlocked; None when there is none."""
+    if enabled("compiled_read"):
+        return reads.read_attempt(attempt_id, tenant_id)
+    found = Attempt.objects.filter(pk=attempt_id)
+    return (found.filter(tenant_id=tenant_id) if tenant_id is not None else found).first()
+
+
+# --- writes ----------------------------------------------------------------------------------------
+
+
+def change(
+    attempt: Attempt,
+    values: dict[str, Any],
+    events: list[EventDraft],
+    now: datetime,
+    *,
+    guard: Guard | None = None,
+) -> bool:
+    """Compare-and-set ``attempt`` (as the caller read it) on (id, state,
+    fence): bump its fence, write ``values`` and append ``events``, all or
+    nothing. False when the row had moved on or ``guard`` did not hold;
+    nothing was written. ``guard`` is kept by one statement only: without
+    one, a guarded change is False and the caller asks again without it."""
+    if one_statement() and len(events) == 1:
+        try:
+            with on_its_own():
+                if statements.cas_with_event(attempt, values, events[0], now, guard=guard):
+                    return True
+            copies.refuse_speculative(attempt)  # the copy was out of date: the caller reads the row, not this
+            return False
+        except IntegrityError:
+            if ChainHead.objects.filter(tenant_id=attempt.tenant_id).exists():
+                raise
+            # The tenant's first event: the path below creates its chain head.
+    if guard is not None:
+        copies.refuse_speculative(attempt)
+        return False
+    copies.refuse_speculative(attempt)  # only the one statement checks a copy's row version
+    with transaction.atomic():
+        changed = Attempt.objects.filter(pk=attempt.pk, state=attempt.state, fence=attempt.fence).update(
+            fence=F("fence") + 1, **values
+        )
+        if changed != 1:
+            return False
+        append_events(events, now=now)
+    copies.written(attempt, None)
+    return True
+
+
+def insert_root(attempt: Attempt, events: list[EventDraft], now: datetime, *, guard: Guard | None = None) -> bool:
+    """Insert a root attempt and append its events (in order, naming it),
+    all or nothing. False when its key already has a root (perhaps one
+    committed a moment ago by a concurrent caller) or ``guard`` did not
+    hold: nothing was written."""
+    if one_statement():
+        try:
+            try:
+                with on_its_own():
+                    return statements.insert_with_events(attempt, events, now, guard=guard)
+            except IntegrityError as exc:
+                if not statements.reserved_id_taken(exc):
+                    raise
+                # The ids this process reserved were handed out again (the
+                # sequence was reset, by a restore say): reserve afresh, once.
+                attempt.pk = None
+                with on_its_own():
+                    return statements.insert_with_events(attempt, events, now, guard=guard)
+        except IntegrityError:
+            if ChainHead.objects.filter(tenant_id=attempt.tenant_id).exists():
+                raise
+            # The tenant's first event: the path below creates its chain head
+            # (unguarded: the caller asks again with the authority read now).
+            if guard is not None:
+                return False
+            attempt.pk, attempt._state.adding = None, True
+    elif guard is not None:
+        return False
+    # The insert is the transaction's first statement, so a duplicate key
+    # rolls back the whole (still empty) transaction: no savepoint needed.
+    try:
+        with transaction.atomic():
+            attempt.save(force_insert=True)
+            for each in events:
+                each.attempt_id = attempt.pk
+            append_events(events, now=now)
+    except IntegrityError:
+        if Attempt.objects.filter(
+            tenant_id=attempt.tenant_id, idempotency_key=attempt.idempotency_key, parent__isnull=True
+        ).exists():
+            attempt.pk, attempt._state.adding = None, True
+            return False
+        raise
+    return True
+
+
+# --- the authority an agent's change is checked against --------------------------------------------
+
+
+def under_authority[T](tenant_id: int, tool_name: str, act: Callable[[Authority, Guard | None], T | None]) -> T | None:
+    """``act`` under the tenant's current authority for ``tool_name``
+    (:func:`ledgerdash.ledger.store.memory.under_authority`): ``act`` gets the
+    authority and the guard its write must carry (None: none), and returns
+    None when it wrote nothing; a refusal rests on a read made now."""
+    remember = enabled("remembered_authority") and one_statement()
+    return memory.under_authority(tenant_id, tool_name, act, remember=remember)
+
+
+# --- copies of what this process wrote last --------------------------------------------------------
+
+
+def keep(attempt: Attempt) -> None:
+    """Keep ``attempt`` for this process's next request about it."""
+    if enabled("copies"):
+        copies.keep(attempt)
+
+
+def act(attempt_id: int, tenant_id: int, op: Callable[[Attempt], Attempt], read: Callable[[], Attempt]) -> Attempt:
+    """``op`` on the tenant's attempt: on this process's copy when a write
+    confirms it (:func:`ledgerdash.ledger.store.copies.act`), else on the row
+    as ``read`` reads it."""
+    if enabled("copies"):
+        return copies.act(attempt_id, tenant_id, op, read)
+    return op(read())
+
+
+def refuse_speculative(attempt: Attempt) -> None:
+    """Refuse to go on from a copy no write has confirmed (:class:`CopyOutdated`): the caller reads the row."""
+    copies.refuse_speculative(attempt)
+
+
+def forget() -> None:
+    """Drop everything this process remembers of its database: for a process
+    that outlives its database being replaced (a test's fresh copy)."""
+    statements.forget_database()
+    memory.forget()

@@ -1,0 +1,130 @@
+"""The store's fast paths change round trips, never answers: with any one
+of them switched off (``LEDGER_FAST_PATHS_OFF``), a tool call in process
+and over the API, a replay, a lost claim, a policy change between intent
+and dispatch and a reused key give the same results, the chains verify, and
+the round trips are the plain way's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.checks import run_checks
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from ledgerdash.ledger import audit, recording, store
+from ledgerdash.ledger.errors import AuthorizationChanged, ClaimLost, IdempotencyConflict
+from ledgerdash.ledger.events import Actor
+from ledgerdash.ledger.models import Attempt, State, Tenant
+from ledgerdash.ledger.policies import policy_publish
+from tests.api_support import Api, intent, issue_token
+from tests.conftest import AGENT, TOOLS_V1, record
+
+S = State
+OFF = [(), *((name,) for name in store.FAST_PATHS), tuple(store.FAST_PATHS)]
+
+
+def _named(off: tuple[str, ...]) -> str:
+    return "all on" if not off else "all off" if len(off) > 1 else f"{off[0]} off"
+
+
+@pytest.fixture(params=OFF, ids=_named)
+def switched(request: pytest.FixtureRequest, settings: Any) -> tuple[str, ...]:
+    settings.LEDGER_FAST_PATHS_OFF = frozenset(request.param)
+    store.forget()  # nothing remembered from another setting
+    return request.param
+
+
+@pytest.mark.postgres
+def test_the_answers_are_the_same_with_any_fast_path_off(switched: tuple[str, ...], tenant_a: Tenant) -> None:
+    api_a = Api(issue_token(tenant_a))
+    # In process: intent, claim, outcome; the same intent again is the same attempt.
+    attempt = record(tenant_a, "k-in-process")
+    assert record(tenant_a, "k-in-process").pk == attempt.pk
+    stale = Attempt.objects.get(pk=attempt.pk)
+    claimed = recording.mark_dispatched(attempt, actor=AGENT)
+    with pytest.raises(ClaimLost):
+        recording.mark_dispatched(stale, actor=AGENT)  # a copy from before the claim: it lost
+    done = recording.confirm(claimed, provider_request_id="req-1", actor=AGENT)
+    assert done.state == S.OUTCOME_CONFIRMED
+    # The same key with other arguments: a linked attempt for review, not a call.
+    with pytest.raises(IdempotencyConflict):
+        record(tenant_a, "k-in-process", args={"to": "someone-else@example.com"})
+    # A policy change between intent and dispatch: the claim is refused and reviewed.
+    waiting = record(tenant_a, "k-policy")
+    policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "send_email": []}, actor=Actor.system("t"), note="v2")
+    with pytest.raises(AuthorizationChanged):
+        recording.mark_dispatched(waiting, actor=AGENT)
+    assert Attempt.objects.get(pk=waiting.pk).state == S.MANUAL_REVIEW
+    policy_publish(tenant=tenant_a, tools=TOOLS_V1, actor=Actor.system("t"), note="v3")
+    # Over the API: record, claim, report; a replayed report is answered as the first.
+    created = api_a.record("k-over-http")
+    fence = api_a.dispatch(created["id"]).json()["fence"]
+    first = api_a.outcome(created["id"], "confirmed", fence, provider_request_id="req-2")
+    again = api_a.outcome(created["id"], "confirmed", fence, provider_request_id="req-2")
+    assert first.status_code == again.status_code == 200
+    assert first.json()["state"] == again.json()["state"] == S.OUTCOME_CONFIRMED
+    replay = api_a.post("/attempts", intent("k-over-http"))
+    assert replay.status_code == 200
+    assert replay.json()["id"] == created["id"]
+    assert all(result.ok for result in audit.verify())
+
+
+@pytest.mark.postgres
+def test_switched_off_the_round_trips_are_the_plain_ways(settings: Any, tenant_a: Tenant) -> None:
+    record(tenant_a, "k-warm")  # the tenant's chain exists; the authority is remembered
+    with CaptureQueriesContext(connection) as fast:
+        recording.mark_dispatched(record(tenant_a, "k-fast"), actor=AGENT)
+    settings.LEDGER_FAST_PATHS_OFF = frozenset({"one_statement", "remembered_authority"})
+    with CaptureQueriesContext(connection) as plain:
+        recording.mark_dispatched(record(tenant_a, "k-plain"), actor=AGENT)
+
+    def statements(captured: CaptureQueriesContext) -> list[str]:
+        return [q["sql"] for q in captured.captured_queries if "SAVEPOINT" not in q["sql"]]
+
+    assert len(statements(fast)) == 2  # the intent, the claim
+    assert len(statements(plain)) > 2 * len(statements(fast))
+
+
+def test_an_unknown_fast_path_is_refused_by_the_checks(settings: Any, db: None) -> None:
+    settings.LEDGER_FAST_PATHS_OFF = frozenset({"copys"})
+    (error,) = [e for e in run_checks() if e.id == "ledgerdash.E012"]
+    assert "copys" in error.msg
+    assert "copies" in (error.hint or "")
+
+
+def _sql_of_a_call(tenant: Tenant, api: Api, key: str) -> list[str]:
+    """The statements of one tool call over the API (record, claim), warm."""
+    with CaptureQueriesContext(connection) as captured:
+        created = api.record(key)
+        api.dispatch(created["id"])
+    return [q["sql"] for q in captured.captured_queries if "SAVEPOINT" not in q["sql"]]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("name", [n for n in store.FAST_PATHS if n != "quiet_connection_check"])
+def test_each_fast_path_switched_off_takes_the_plain_way(name: str, settings: Any, tenant_a: Tenant) -> None:
+    api = Api(issue_token(tenant_a))
+    _sql_of_a_call(tenant_a, api, "k-warm-1")
+    _sql_of_a_call(tenant_a, api, "k-warm-2")  # the id block, the authority and the token are known now
+    fast = _sql_of_a_call(tenant_a, api, "k-fast")
+    settings.LEDGER_FAST_PATHS_OFF = frozenset({name})
+    store.forget()
+    _sql_of_a_call(tenant_a, api, "k-warm-3")
+    plain = _sql_of_a_call(tenant_a, api, "k-plain")
+    assert plain != fast, f"{name} off took the same statements"
+    if name != "compiled_read":  # the same round trips, a query the ORM compiles
+        assert len(plain) > len(fast), (name, fast, plain)
+
+
+@pytest.mark.postgres
+def test_switched_off_a_quiet_connection_is_asked_again(settings: Any, db: None) -> None:
+    import time
+
+    from ledgerdash.ledger.store.connection import usable_without_asking
+
+    connection.ensure_connection()
+    assert usable_without_asking(connection.connection, time.monotonic())
+    settings.LEDGER_FAST_PATHS_OFF = frozenset({"quiet_connection_check"})
+    assert not usable_without_asking(connection.connection, time.monotonic())
