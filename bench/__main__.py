@@ -27,7 +27,7 @@ from typing import Any
 
 from bench.common import ROOT, Databases, Target, say, setup_django
 
-BENCHMARKS = ("recording", "queue", "reconciler", "export", "notify")
+BENCHMARKS = ("recording", "fastpaths", "queue", "reconciler", "export", "notify")
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/ledgerdash_bench"
 
 

@@ -311,13 +311,15 @@ def start_gunicorn(
     threads: int = 1,
     settings_module: str = "ledgerdash.settings",
     port: int = GUNICORN_PORT,
+    **extra_env: str,
 ) -> subprocess.Popen[bytes]:
     """gunicorn serving the project against ``database_url`` on loopback, as
     deployed (static files collected first, deploy/gunicorn.conf.py, DEBUG
-    off; ``threads`` as ``GUNICORN_THREADS``), once it answers ``/healthz``;
-    stop it with :func:`ledgerdash.processes.stop_group`."""
+    off; ``threads`` as ``GUNICORN_THREADS``; ``extra_env`` in its
+    environment), once it answers ``/healthz``; stop it with
+    :func:`ledgerdash.processes.stop_group`."""
     run_manage(["collectstatic", "--noinput", "-v", "0"], database_url)
-    env = django_env(database_url, DJANGO_SETTINGS_MODULE=settings_module, GUNICORN_THREADS=str(threads))
+    env = django_env(database_url, DJANGO_SETTINGS_MODULE=settings_module, GUNICORN_THREADS=str(threads), **extra_env)
     # This interpreter's gunicorn (the benchmark's environment has the app's packages): the
     # orchestrator and the server run the same code, and no other environment need exist.
     cmd = [

@@ -50,7 +50,7 @@ def test_it_describes_the_machine(report: dict[str, Any]) -> None:
     machine = report["machine"]
     assert machine["nproc"] >= 1
     assert machine["postgresql"]["synchronous_commit"]
-    assert set(report["benchmarks"]) == {"recording", "queue", "reconciler", "export", "notify"}
+    assert set(report["benchmarks"]) == {"recording", "fastpaths", "queue", "reconciler", "export", "notify"}
 
 
 def test_the_run_drops_its_own_databases_and_no_others(report: dict[str, Any]) -> None:
@@ -114,6 +114,17 @@ def test_recording_reports_every_peer_at_its_levels(report: dict[str, Any]) -> N
     http = [t for t in recording["targets"] if t["name"].startswith("HTTP tool call")]
     assert len(http) == 4
     assert all("before any ledger work" in t["detail"] for t in http), http
+
+
+def test_fastpaths_reports_each_fast_paths_gain_on_its_path(report: dict[str, Any]) -> None:
+    from ledgerdash.ledger.store import FAST_PATHS
+
+    fast = report["benchmarks"]["fastpaths"]
+    assert set(fast["gain_pct"]) == set(FAST_PATHS)
+    for key, calls in fast["calls"].items():
+        assert calls > 0, key
+        assert _positive(fast["p50_ms"][key]), key
+    assert {t["name"].split(":")[0] for t in fast["targets"]} == set(FAST_PATHS)
 
 
 def test_queue_reports_both_sides_of_each_view(report: dict[str, Any]) -> None:
