@@ -27,9 +27,6 @@ TARGET_OF = {
     "one_statement": "in process",
     "id_blocks": "in process",
     "remembered_authority": "in process",
-    "compiled_read": "HTTP",
-    "copies": "HTTP",
-    "quiet_connection_check": "HTTP",
 }
 ALL_ON = "all on"
 SETTINGS = (ALL_ON, *TARGET_OF)

@@ -13,8 +13,7 @@ the ingest API's three requests, each handed to Django's WSGI handler in
 this process (the request cycle gunicorn runs, without sockets), beside
 the calls in process, alternating, and how a call through the API splits
 between its statements, the connection health checks that went to the
-server (a connection used a moment ago is checked without one: see
-ledgerdash/db/postgresql/base.py), and the Python of Django, django-ninja
+server, and the Python of Django, django-ninja
 and the ledger.
 
 WAL is measured two ways around a loop of calls on this one connection:

@@ -129,8 +129,6 @@ def database_config(url: str) -> dict[str, object]:
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
         }
     elif engine == "django.db.backends.postgresql":
-        # Django's backend, with a cheaper health check (ledgerdash/db/postgresql/base.py).
-        config["ENGINE"] = "ledgerdash.db.postgresql"
         config["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
         # A connection kept from an earlier request is tested before it is
         # used again: after a server restart or a terminated session, the

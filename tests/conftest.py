@@ -244,6 +244,17 @@ AGENT = Actor.agent("agent-test")
 RECONCILER = Actor.reconciler("reconciler-test")
 
 
+#: A policy condition: charges over 500.00 wait for an approver.
+THRESHOLD = {"charge_card": "amount_cents > `50000`"}
+
+
+@pytest.fixture
+def guarded(tenant_a: Tenant) -> Tenant:
+    """tenant_a with a policy under which big charges wait for an approver."""
+    policy_publish(tenant=tenant_a, tools=TOOLS_V1, approvals=THRESHOLD, actor=Actor.system("t"), note="big charges")
+    return tenant_a
+
+
 @pytest.fixture
 def stuck(tenant_a: Tenant, tenant_b: Tenant) -> dict[str, Attempt]:
     """Work spread over two tenants: two queues' worth in A, one in B, one done."""

@@ -29,18 +29,6 @@ DECIDE = TokenScope.DECIDE.value
 BIG_CHARGE = intent("order:9:charge", tool_name="charge_card", args={"amount_cents": 60000})
 
 
-@pytest.fixture
-def guarded(tenant_a: Tenant) -> Tenant:
-    policy_publish(
-        tenant=tenant_a,
-        tools=TOOLS_V1,
-        approvals={"charge_card": "amount_cents > `50000`"},
-        actor=Actor.system("t"),
-        note="big charges wait for an approver",
-    )
-    return tenant_a
-
-
 def agent(tenant: Tenant, issuer: Actor | None = None) -> Api:
     return Api(token_create(tenant=tenant, name="shop agent", scopes=BOTH, actor=issuer or Actor.system("t"))[1])
 

@@ -27,16 +27,9 @@ from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash.ledger.tokens import token_create
 from reviews import queries
 from tests.api_support import BOTH, Api, intent
-from tests.conftest import TOOLS_V1, as_user
+from tests.conftest import THRESHOLD, TOOLS_V1, as_user
 
 S = State
-THRESHOLD = {"charge_card": "amount_cents > `50000`"}
-
-
-@pytest.fixture
-def guarded(tenant_a: Tenant) -> Tenant:
-    policy_publish(tenant=tenant_a, tools=TOOLS_V1, approvals=THRESHOLD, actor=Actor.system("t"), note="big charges")
-    return tenant_a
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ class LedgerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Connects the hook that makes every configuration delete an event.
-        from ledgerdash.ledger import configuration  # noqa: F401
-
-        # Registers the check that refuses an unknown name in LEDGER_FAST_PATHS_OFF.
-        from ledgerdash.ledger import store  # noqa: F401
+        # Imported for what they connect: configuration, the hook that makes
+        # every configuration delete an event; store, the check that refuses
+        # an unknown name in LEDGER_FAST_PATHS_OFF.
+        from ledgerdash.ledger import configuration, store  # noqa: F401

@@ -1,6 +1,6 @@
 """The ledger's tables.
 
-Rows here are written by :mod:`ledgerdash.ledger.transitions` (attempts and
+Rows here are written by :mod:`ledgerdash.ledger.moves` (attempts and
 their events) and by admins (tenants, policies). Nothing else writes
 ``Attempt.state``; events are append-only, which the database itself enforces
 (see migration 0002).

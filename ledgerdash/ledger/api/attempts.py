@@ -14,7 +14,6 @@ only what is loaded (``tests/test_answers_under_trouble.py``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet, prefetch_related_objects
@@ -22,7 +21,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router
 from ninja.responses import Status
 
-from ledgerdash.ledger import moves, recording, store
+from ledgerdash.ledger import moves, recording
 from ledgerdash.ledger.api.auth import READ, WRITE, BearerToken, actor_of, token_of
 from ledgerdash.ledger.api.errors import ApiError
 from ledgerdash.ledger.api_schemas import (
@@ -64,15 +63,6 @@ router = Router()
 def _attempt_for(request: HttpRequest, attempt_id: int) -> Attempt:
     """The caller's tenant's attempt, or 404: another tenant's looks like none at all."""
     return moves.get_attempt(attempt_id, tenant_id=token_of(request).tenant_id)
-
-
-def _act(request: HttpRequest, attempt_id: int, op: Callable[[Attempt], Attempt]) -> Attempt:
-    """``op`` on the caller's tenant's attempt: on the copy this process's
-    last write of it left, when the write ``op`` makes confirms the copy is
-    current (an agent's next step usually comes to the process that served
-    its last: :mod:`ledgerdash.ledger.store.copies`), else on the row read now."""
-    tenant_id = token_of(request).tenant_id
-    return store.act(attempt_id, tenant_id, op, lambda: _attempt_for(request, attempt_id))
 
 
 def _whole(attempt: Attempt, *, events: bool = False) -> Attempt:
@@ -132,7 +122,6 @@ def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentI
     recording.refuse_while_approval_pending(recorded.attempt)
     if not recorded.created:
         response[REPLAYED_HEADER] = "true"
-    store.keep(recorded.attempt)
     return Status(201 if recorded.created else 200, _whole(recorded.attempt))
 
 
@@ -163,7 +152,7 @@ def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: D
             )
         return recording.mark_dispatched(attempt, actor=actor)
 
-    return _whole(_act(request, attempt_id, claim))
+    return _whole(claim(_attempt_for(request, attempt_id)))
 
 
 @router.post(
@@ -227,7 +216,7 @@ def report_outcome(
         ]
         return reports[0].attempt
 
-    attempt = _act(request, attempt_id, report)
+    attempt = report(_attempt_for(request, attempt_id))
     if reports[0].replayed:
         response[REPLAYED_HEADER] = "true"
     if reports[0].late:

@@ -223,7 +223,6 @@ def _as_holder(
             return Report(op(attempt))
         except (StaleFence, IllegalTransition):
             pass  # the caller's copy is out of date: what the row says decides
-    store.refuse_speculative(attempt)  # a copy that does not fit: the caller reads the row itself
     fresh = get_attempt(attempt.pk)
     if _already_reported(fresh, fence, evidence):
         return Report(fresh, replayed=True)
@@ -286,7 +285,6 @@ def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, 
             return op(attempt)  # the caller's copy, the common case
         except StaleFence:
             pass  # the attempt moved on since the caller read it
-    store.refuse_speculative(attempt)
     fresh = get_attempt(attempt.pk)
     if fresh.provider_request_id == request_id:
         return fresh

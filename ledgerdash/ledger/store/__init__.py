@@ -15,16 +15,16 @@ plain way): the answer is the same either way, only the round trips differ.
                             time), not a round trip per intent
 ``remembered_authority``    the tenant's authority this process read last, guarded in the
                             write (:mod:`.memory`), not a read per intent and dispatch
-``compiled_read``           an attempt read by a statement built once per process
-                            (:mod:`.reads`), not an ORM query compiled per read
-``copies``                  the attempt this process wrote last, kept for the agent's next
-                            request and checked by the write (:mod:`.copies`), not read again
-``quiet_connection_check``  a connection used a moment ago taken as alive when nothing waits on
-                            its socket (:mod:`.connection`), not a ``SELECT 1`` per request
 ==========================  ==================================================================
 
 ``python -m bench --only fastpaths`` measures each: the same calls with it
-switched off beside all of them on.
+switched off beside all of them on. A fast path that gains under 5% on the
+path it was made for does not earn its place and is not kept: a compiled
+read of an attempt, a per-process copy of the attempt written last (checked
+by the row's version in the next write) and a health check of a connection
+used a moment ago without ``SELECT 1`` were measured at -1.6%, 3.5% and 3.2%
+of an HTTP call and taken out (docs/benchmarks.md, *What each fast path
+gains*).
 """
 
 from __future__ import annotations
@@ -39,29 +39,24 @@ from django.db.models import F
 from ledgerdash.ledger.authority import Authority
 from ledgerdash.ledger.events import EventDraft
 from ledgerdash.ledger.models import Attempt, ChainHead
-from ledgerdash.ledger.store import copies, memory, reads, statements
+from ledgerdash.ledger.store import memory, statements
 from ledgerdash.ledger.store.chains import append_events, event_record
-from ledgerdash.ledger.store.copies import CopyOutdated
 from ledgerdash.ledger.store.statements import Guard, on_its_own, outside_any_transaction
 from ledgerdash.ledger.store.switches import FAST_PATHS, enabled
 
 __all__ = [
     "FAST_PATHS",
-    "CopyOutdated",
     "Guard",
-    "act",
     "append_events",
     "change",
     "enabled",
     "event_record",
     "forget",
     "insert_root",
-    "keep",
     "on_its_own",
     "one_statement",
     "outside_any_transaction",
     "read_attempt",
-    "refuse_speculative",
     "under_authority",
 ]
 
@@ -78,8 +73,6 @@ def one_statement() -> bool:
 
 def read_attempt(attempt_id: int, tenant_id: int | None) -> Attempt | None:
     """The attempt (of ``tenant_id``, when given), unlocked; None when there is none."""
-    if enabled("compiled_read"):
-        return reads.read_attempt(attempt_id, tenant_id)
     found = Attempt.objects.filter(pk=attempt_id)
     return (found.filter(tenant_id=tenant_id) if tenant_id is not None else found).first()
 
@@ -103,18 +96,13 @@ def change(
     if one_statement() and len(events) == 1:
         try:
             with on_its_own():
-                if statements.cas_with_event(attempt, values, events[0], now, guard=guard):
-                    return True
-            copies.refuse_speculative(attempt)  # the copy was out of date: the caller reads the row, not this
-            return False
+                return statements.cas_with_event(attempt, values, events[0], now, guard=guard)
         except IntegrityError:
             if ChainHead.objects.filter(tenant_id=attempt.tenant_id).exists():
                 raise
             # The tenant's first event: the path below creates its chain head.
     if guard is not None:
-        copies.refuse_speculative(attempt)
         return False
-    copies.refuse_speculative(attempt)  # only the one statement checks a copy's row version
     with transaction.atomic():
         changed = Attempt.objects.filter(pk=attempt.pk, state=attempt.state, fence=attempt.fence).update(
             fence=F("fence") + 1, **values
@@ -122,7 +110,6 @@ def change(
         if changed != 1:
             return False
         append_events(events, now=now)
-    copies.written(attempt, None)
     return True
 
 
@@ -182,29 +169,6 @@ def under_authority[T](tenant_id: int, tool_name: str, act: Callable[[Authority,
     None when it wrote nothing; a refusal rests on a read made now."""
     remember = enabled("remembered_authority") and one_statement()
     return memory.under_authority(tenant_id, tool_name, act, remember=remember)
-
-
-# --- copies of what this process wrote last --------------------------------------------------------
-
-
-def keep(attempt: Attempt) -> None:
-    """Keep ``attempt`` for this process's next request about it."""
-    if enabled("copies"):
-        copies.keep(attempt)
-
-
-def act(attempt_id: int, tenant_id: int, op: Callable[[Attempt], Attempt], read: Callable[[], Attempt]) -> Attempt:
-    """``op`` on the tenant's attempt: on this process's copy when a write
-    confirms it (:func:`ledgerdash.ledger.store.copies.act`), else on the row
-    as ``read`` reads it."""
-    if enabled("copies"):
-        return copies.act(attempt_id, tenant_id, op, read)
-    return op(read())
-
-
-def refuse_speculative(attempt: Attempt) -> None:
-    """Refuse to go on from a copy no write has confirmed (:class:`CopyOutdated`): the caller reads the row."""
-    copies.refuse_speculative(attempt)
 
 
 def forget() -> None:

@@ -20,7 +20,6 @@ from typing import Any
 from django.db import transaction
 from django.db.models import NOT_PROVIDED, Field
 
-import ledgerdash.ledger.store.copies as copies
 from ledgerdash.ledger import chain
 from ledgerdash.ledger.events import EventDraft, Linked, event_row
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, Tenant
@@ -61,7 +60,7 @@ INSERT INTO {event} (
     fence, reason, details, created_at, content_hash, prev_hash, hash
 )
 {rows}
-RETURNING id, seq, prev_hash, hash, xmin::text
+RETURNING id, seq, prev_hash, hash
 """
 
 
@@ -157,13 +156,9 @@ def chains_of(tenant_id: int) -> int:
     return int(row[0])
 
 
-def _execute_append[R: (AttemptEvent, Linked)](
-    sql: str, params: list[Any], rows: list[R]
-) -> tuple[list[R], str] | None:
-    """Run an append statement: the event rows as written (in chain order)
-    and the version (``xmin``) of what it wrote, or None if it wrote nothing.
-    The events and the attempt row a change wrote with them were written by
-    one transaction: they share the version (:mod:`ledgerdash.ledger.store.copies`)."""
+def _execute_append[R: (AttemptEvent, Linked)](sql: str, params: list[Any], rows: list[R]) -> list[R] | None:
+    """Run an append statement: the event rows as written (in chain order),
+    or None if it wrote nothing."""
     connection = transaction.get_connection()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -171,12 +166,12 @@ def _execute_append[R: (AttemptEvent, Linked)](
     if not returned:
         return None
     assert len(returned) == len(rows)
-    for row, (pk, seq, prev_hash, this_hash, _version) in zip(rows, returned, strict=True):
+    for row, (pk, seq, prev_hash, this_hash) in zip(rows, returned, strict=True):
         row.pk, row.seq, row.prev_hash, row.hash = pk, seq, prev_hash, this_hash
         if isinstance(row, AttemptEvent):
             row._state.adding = False
             row._state.db = connection.alias
-    return rows, returned[0][4]
+    return rows
 
 
 def append_one(event: EventDraft, now: datetime) -> AttemptEvent | None:
@@ -185,7 +180,7 @@ def append_one(event: EventDraft, now: datetime) -> AttemptEvent | None:
     rows = [event_row(event, now)]
     sql = _append_sql(chains=chains_of(event.tenant_id))
     written = _execute_append(sql, _append_params(rows, transaction.get_connection(), change=False), rows)
-    return written[0][0] if written else None
+    return written[0] if written else None
 
 
 def outside_any_transaction() -> bool:
@@ -293,29 +288,22 @@ def cas_with_event(
 ) -> bool:
     """Compare-and-set ``attempt`` on (id, state, fence), bump its fence, write
     ``values`` and append ``event``, in one statement. False if the row had
-    moved on, or ``guard`` did not hold (nothing was written). On a
-    speculative copy (:mod:`ledgerdash.ledger.store.copies`) the row must also
-    still be the version the copy was written as."""
+    moved on, or ``guard`` did not hold (nothing was written)."""
     connection = transaction.get_connection()
     columns = [_column(name) for name in values]
     sets = ", ".join(f"{column.sql} = %s" for column in columns)
     guard_sql, guard_params = guard or ("", [])
-    version = copies.speculative_version(attempt)
     # Table and column names come from the model; every value is a parameter.
     table = Attempt._meta.db_table
     change = (
         f"UPDATE {table} SET fence = fence + 1, {sets} WHERE id = %s AND state = %s AND fence = %s"  # noqa: S608
-        f"{' AND xmin::text = %s' if version else ''}{' AND ' + guard_sql if guard else ''} RETURNING id, tenant_id"
+        f"{' AND ' + guard_sql if guard else ''} RETURNING id, tenant_id"
     )
     rows = [Linked(event, now)]
     params = [column.db_value(value, connection) for column, value in zip(columns, values.values(), strict=True)]
-    params += [attempt.pk, attempt.state, attempt.fence, *([version] if version else []), *guard_params]
+    params += [attempt.pk, attempt.state, attempt.fence, *guard_params]
     sql = _append_sql(change, chains=chains_of(attempt.tenant_id))
-    written = _execute_append(sql, params + _append_params(rows, connection), rows)
-    if written is None:
-        return False
-    copies.written(attempt, written[1])
-    return True
+    return _execute_append(sql, params + _append_params(rows, connection), rows) is not None
 
 
 #: How many attempt ids a process takes from the sequence at once.
@@ -358,7 +346,6 @@ def forget_database() -> None:
         _ids.clear()
     with _chains_lock:
         _chains.clear()
-    copies.forget()
 
 
 def reserved_id_taken(error: Exception) -> bool:
@@ -401,7 +388,6 @@ def insert_with_events(
     if written is None:
         attempt.pk = None
         return False
-    copies.written(attempt, written[1])
     attempt._state.adding = False
     attempt._state.db = connection.alias
     return True

@@ -1,1 +1,0 @@
-"""The project's database backend (see :mod:`ledgerdash.db.postgresql`)."""
