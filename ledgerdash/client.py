@@ -1,3 +1,4 @@
+# Over 600 lines because: the HTTP client is the in-process API's twin, each step beside its retry rule.
 """The ledger over HTTP: the in-process wrapper's shape, for agents in another process.
 
 Wrap each side-effecting tool once, exactly as with

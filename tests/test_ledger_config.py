@@ -16,7 +16,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from ledgerdash.ledger import audit, config_file, recording
+from ledgerdash.ledger import audit, config, recording
 from ledgerdash.ledger.events import Actor, EventKind
 from ledgerdash.ledger.models import (
     AttemptEvent,
@@ -415,7 +415,7 @@ def test_the_example_file_makes_a_tenant_an_agent_can_use_at_once() -> None:
 
 @pytest.mark.django_db
 def test_the_example_file_parses_into_one_tenant_with_the_sandbox_tool() -> None:
-    desired = config_file.parse_file(EXAMPLE)
+    desired = config.parse_file(EXAMPLE)
     assert [t.slug for t in desired.tenants] == ["acme"]
     (tool,) = desired.tools
     assert tool.name == "drill.send_email"

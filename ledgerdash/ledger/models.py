@@ -1,3 +1,4 @@
+# Over 600 lines because: Django finds an app's models in one module, and the tables' rules sit with their fields.
 """The ledger's tables.
 
 Rows here are written by :mod:`ledgerdash.ledger.moves` (attempts and

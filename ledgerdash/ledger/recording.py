@@ -1,3 +1,4 @@
+# Over 600 lines because: it is the agent's whole in-process API, the wrapper and every step.
 """The agent-facing recording API.
 
 Wrap each side-effecting tool once::

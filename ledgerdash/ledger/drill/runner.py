@@ -1,3 +1,4 @@
+# Over 600 lines because: a case's run (kill, restart, people's steps, recovery, checks) reads best in one place.
 """The crash drill: failure injection as a deployment gate.
 
 For each case (:mod:`.cases`) real agent workers (:mod:`.agent`) run a task

@@ -1,3 +1,4 @@
+# Over 600 lines because: each actor's moves are chosen against the others' in one scheduler step.
 """The simulation's actors, each running the ledger's real code:
 
 - agents call their tools through the recording wrapper

@@ -29,7 +29,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ledgerdash.ledger import clock, config_file, moves, recording
+from ledgerdash.ledger import clock, config, moves, recording
 from ledgerdash.ledger.authority import current_policy
 from ledgerdash.ledger.drill.runner import (
     IDEMPOTENT_TOOL,
@@ -83,7 +83,7 @@ class Command(BaseCommand):
             logging.getLogger("ledgerdash.reconciler").setLevel(logging.WARNING)
         if not settings.DEBUG and not options["force"]:
             raise CommandError("refusing to create demo users with a known password while DEBUG is off (use --force)")
-        demo = config_file.parse_file(DEMO_FILE)
+        demo = config.parse_file(DEMO_FILE)
         slugs = [tenant.slug for tenant in demo.tenants]
         if Tenant.objects.filter(slug__in=slugs).exists():
             self.stdout.write("demo data already loaded")
@@ -94,9 +94,9 @@ class Command(BaseCommand):
         for username, _role, what in PEOPLE:
             self.stdout.write(f"  {username:<9} {what}")
 
-    def _load(self, demo: config_file.Desired, slugs: list[str], sandbox_url: str | None) -> None:
+    def _load(self, demo: config.Desired, slugs: list[str], sandbox_url: str | None) -> None:
         users = self._people()
-        config_file.apply(demo, actor=Actor.user(users["admin"]))
+        config.apply(demo, actor=Actor.user(users["admin"]))
         self.stdout.write("crashing agents for the demo (the crash drill, against the sandbox provider)…")
         with Drill(tenant="acme", sandbox_url=sandbox_url) as drill:
             # The cases whose agents run in process and leave work for people;

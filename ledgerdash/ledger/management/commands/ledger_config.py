@@ -8,7 +8,7 @@ credential bindings and notifications from one TOML file.
 Every change is an event in the affected tenant's chain, made by
 ``system manage.py ledger_config``. Nothing is ever deleted, and no secret
 is ever in the file. See docs/configuration.md and
-:mod:`ledgerdash.ledger.config_file`.
+:mod:`ledgerdash.ledger.config`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledgerdash.ledger import config_file
+from ledgerdash.ledger import config
 
 
 class Command(BaseCommand):
@@ -32,8 +32,8 @@ class Command(BaseCommand):
         action, path = options["action"], options["file"]
         if action == "export":
             try:
-                text = config_file.export()
-            except config_file.ConfigError as exc:
+                text = config.export()
+            except config.ConfigError as exc:
                 raise CommandError(f"cannot export: {exc}") from None
             if path and path != "-":
                 Path(path).write_text(text, encoding="utf-8")
@@ -44,13 +44,13 @@ class Command(BaseCommand):
         if not path:
             raise CommandError(f"{action} needs the file: manage.py ledger_config {action} FILE")
         try:
-            desired = config_file.parse_file(path)
+            desired = config.parse_file(path)
             shown: list[str] = []
             if action == "plan":
-                plan = config_file.make_plan(desired)
+                plan = config.make_plan(desired)
             else:
-                plan, shown = config_file.apply(desired)
-        except config_file.ConfigError as exc:
+                plan, shown = config.apply(desired)
+        except config.ConfigError as exc:
             raise CommandError(f"{exc} (nothing was written)") from None
         for line in plan.lines():
             self.stdout.write(line)

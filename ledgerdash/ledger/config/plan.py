@@ -1,0 +1,585 @@
+"""What applying the desired state would change, and applying it in one
+transaction, each change the way the dashboard makes it (an event in the
+affected tenant's chain)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db import models, transaction
+from django.utils import timezone
+
+from ledgerdash.ledger.config.parse import (
+    ACTOR,
+    NEW_USER_NOTE,
+    TOOL_FIELDS,
+    ChannelSpec,
+    ConfigError,
+    CredentialSpec,
+    Desired,
+    PolicySpec,
+    RuleSpec,
+    ShiftSpec,
+    TenantSpec,
+    first_error,
+    where_at,
+)
+from ledgerdash.ledger.configuration import acting_as, masked, secret_names
+from ledgerdash.ledger.events import Actor
+from ledgerdash.ledger.models import Membership, OnCallShift, Policy, Tenant, Tool, ToolCredential
+from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.notify import services
+from ledgerdash.notify.models import Channel, ChannelKind, Rule
+
+# --- the plan ---------------------------------------------------------------------------
+
+CREATE, CHANGE, PUBLISH, UNCHANGED, KEPT = "create", "change", "publish", "unchanged", "kept"
+
+
+@dataclass
+class Step:
+    """One line of the plan: what happens to one thing, and how."""
+
+    action: str
+    what: str
+    details: list[str] = field(default_factory=list)
+    #: Makes the change (None: nothing to do); may return a line to show once.
+    run: Callable[[Actor], str | None] | None = field(default=None, repr=False, compare=False)
+
+    def describe(self) -> str:
+        label = {KEPT: "kept (not in the file)"}.get(self.action, self.action)
+        text = f"{label:<9} {self.what}"
+        if self.details:
+            text += ": " + "; ".join(self.details)
+        return text
+
+
+@dataclass
+class Plan:
+    source: str
+    steps: list[Step]
+
+    @property
+    def changes(self) -> list[Step]:
+        return [s for s in self.steps if s.run is not None]
+
+    def summary(self) -> str:
+        if not self.changes:
+            return "no changes"
+        counts = {a: sum(1 for s in self.steps if s.action == a) for a in (CREATE, CHANGE, PUBLISH)}
+        parts = [f"{n} to {a}" for a, n in counts.items() if n]
+        count = len(self.changes)
+        return f"{count} change{'' if count == 1 else 's'}: " + ", ".join(parts)
+
+    def lines(self) -> list[str]:
+        kept = [s for s in self.steps if s.action == KEPT]
+        body = [s.describe() for s in self.steps if s.action != KEPT]
+        if kept:
+            body += ["not in the file: kept (never deleted):"] + [f"  {s.what}" for s in kept]
+        return [*body, self.summary()]
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(empty)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:g}"
+    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def _moved(name: str, old: Any, new: Any) -> str:
+    return f"{name} from {_show(old)} to {_show(new)}"
+
+
+def _config_moves(old: Any, new: Any, prefix: str = "config", hide_all: bool = False) -> list[str]:
+    """The settings of a tool's config that differ: header values and
+    secret-like settings show only the ``${NAME}`` references they hold."""
+    old = old if isinstance(old, dict) else {}
+    new = new if isinstance(new, dict) else {}
+    found = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        name = f"{prefix}.{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += _config_moves(a, b, name, hide_all or key == "headers")
+            continue
+        shown_a, shown_b = (None if v is None else (secret_names(v) if hide_all else masked(key, v)) for v in (a, b))
+        found.append(_moved(name, shown_a, shown_b) if shown_a != shown_b else f"{name} changed (not shown)")
+    return found
+
+
+def _user_model() -> Any:
+    return get_user_model()
+
+
+def _user(username: str | None) -> Any:
+    if not username:
+        return None
+    return _user_model()._default_manager.get_by_natural_key(username)
+
+
+def make_plan(desired: Desired) -> Plan:
+    """What applying ``desired`` would do; writes nothing. Raises
+    :class:`ConfigError` when something cannot be applied as written."""
+    steps: list[Step] = []
+    steps += _user_steps(desired)
+    tools = _tool_instances(desired)
+    for tenant in desired.tenants:
+        steps += _tenant_steps(tenant)
+    for tenant in desired.tenants:
+        if tenant.policy is not None:
+            steps += _policy_steps(tenant, tenant.policy, set(tools) | set(desired.in_process))
+    steps += _tool_steps(desired, tools)
+    for tenant in desired.tenants:
+        steps += _credential_steps(tenant, tools)
+        steps += _member_steps(tenant)
+        steps += _shift_steps(tenant)
+        steps += _channel_steps(tenant)
+        steps += _rule_steps(tenant)
+    steps += _kept_steps(desired)
+    return Plan(desired.source, steps)
+
+
+def apply(desired: Desired, *, actor: Actor = ACTOR) -> tuple[Plan, list[str]]:
+    """Make the plan's changes in one transaction (all or none); the plan,
+    and the lines to show once (a new webhook's signing secret)."""
+    shown: list[str] = []
+    with transaction.atomic(), acting_as(actor):
+        plan = make_plan(desired)
+        for step in plan.changes:
+            assert step.run is not None
+            line = step.run(actor)
+            if line:
+                shown.append(line)
+        left = make_plan(desired).changes
+        if left:  # the database must now be as the file says: else undo it all
+            raise RuntimeError("apply left changes unmade: " + "; ".join(step.describe() for step in left))
+    return plan, shown
+
+
+def _user_steps(desired: Desired) -> list[Step]:
+    existing = set(
+        _user_model()
+        ._default_manager.filter(username__in=[name for name, _ in desired.usernames()])
+        .values_list("username", flat=True)
+    )
+    steps = []
+    for username, _where in desired.usernames():
+        if username in existing:
+            continue
+
+        def create(_actor: Actor, username: str = username) -> None:
+            _user_model()._default_manager.create_user(username=username)
+
+        steps.append(Step(CREATE, f"user {username}", [NEW_USER_NOTE], create))
+    return steps
+
+
+def _tenant_steps(spec: TenantSpec) -> list[Step]:
+    current = Tenant.objects.filter(slug=spec.slug).select_related("default_owner").first()
+    probe = copy.copy(current) if current is not None else Tenant(slug=spec.slug)
+    for name, value in spec.values.items():
+        if name != "default_owner":
+            setattr(probe, name, value)
+    try:
+        probe.full_clean(exclude=["default_owner", "created_at"])
+    except ValidationError as exc:
+        bad, message = first_error(exc)
+        raise ConfigError(where_at(spec.where, bad) if bad else spec.where, message) from None
+    what = f"tenant {spec.slug}"
+    if current is None:
+
+        def create(_actor: Actor) -> None:
+            values = {k: v for k, v in spec.values.items() if k != "default_owner"}
+            Tenant.objects.create(slug=spec.slug, default_owner=_user(spec.values.get("default_owner")), **values)
+
+        details = [f"{k} {_show(v)}" for k, v in spec.values.items()]
+        return [Step(CREATE, what, details, create)]
+    now = {
+        "name": current.name,
+        "is_active": current.is_active,
+        "sla_minutes": current.sla_minutes,
+        "default_owner": current.default_owner.get_username() if current.default_owner else None,
+        "chain_stripes": current.chain_stripes,
+    }
+    moved = {k: v for k, v in spec.values.items() if now[k] != v}
+    if not moved:
+        return [Step(UNCHANGED, what)]
+
+    def change(_actor: Actor) -> None:
+        row = Tenant.objects.get(slug=spec.slug)
+        for name, value in moved.items():
+            setattr(row, name, _user(value) if name == "default_owner" else value)
+        row.save()
+
+    return [Step(CHANGE, what, [_moved(k, now[k], v) for k, v in moved.items()], change)]
+
+
+def _normal_tools(tools: dict[str, Any]) -> dict[str, list[str]]:
+    return {name: sorted(scopes) for name, scopes in tools.items()}
+
+
+def _policy_steps(tenant: TenantSpec, spec: PolicySpec, known: set[str]) -> list[Step]:
+    for name in spec.tools:
+        if name not in known:
+            raise ConfigError(
+                where_at(spec.where, "tools", name),
+                "no such tool: describe it under [tools], or name it in in_process_tools "
+                "when agents run it in their own process",
+            )
+    current = (
+        Policy.objects.filter(tenant__slug=tenant.slug).order_by("-version").first()
+        if Tenant.objects.filter(slug=tenant.slug).exists()
+        else None
+    )
+    what = f"policy of {tenant.slug}"
+    if current is not None:
+        what += f" v{current.version}"
+        old_tools, old_approvals = _normal_tools(current.tools or {}), dict(current.approvals or {})
+    else:
+        old_tools, old_approvals = {}, {}
+    new_tools, new_approvals = _normal_tools(spec.tools), dict(spec.approvals)
+    if current is not None and old_tools == new_tools and old_approvals == new_approvals:
+        return [Step(UNCHANGED, what)]
+    details = []
+    for name in sorted(set(old_tools) | set(new_tools)):
+        if name not in new_tools:
+            details.append(f"drop {name}")
+        elif name not in old_tools:
+            details.append(f"allow {name} {' '.join(new_tools[name]) or '(no scopes)'}")
+        elif old_tools[name] != new_tools[name]:
+            details.append(_moved(f"{name} scopes", " ".join(old_tools[name]), " ".join(new_tools[name])))
+    for name in sorted(set(old_approvals) | set(new_approvals)):
+        if old_approvals.get(name) != new_approvals.get(name):
+            details.append(_moved(f"approval of {name}", old_approvals.get(name), new_approvals.get(name)))
+    version = (current.version + 1) if current is not None else 1
+
+    def publish(actor: Actor) -> None:
+        policy_publish(
+            tenant=Tenant.objects.get(slug=tenant.slug),
+            tools=spec.tools,
+            approvals=spec.approvals,
+            note=spec.note,
+            actor=actor,
+        )
+
+    return [Step(PUBLISH, f"policy of {tenant.slug} v{version}", details, publish)]
+
+
+def tool_values(tool: Tool) -> dict[str, Any]:
+    return {name: getattr(tool, name) for name in TOOL_FIELDS}
+
+
+def _tool_instances(desired: Desired) -> dict[str, Tool]:
+    """Every tool as it will be: the database's, with the file's values over
+    them, each checked by the model (``Tool.full_clean``)."""
+    tools = {tool.name: tool for tool in Tool.objects.all()}
+    for spec in desired.tools:
+        current = tools.get(spec.name)
+        probe = copy.copy(current) if current is not None else Tool(name=spec.name)
+        for name, value in spec.values.items():
+            setattr(probe, name, value)
+        try:
+            probe.full_clean()
+        except ValidationError as exc:
+            bad, message = first_error(exc)
+            raise ConfigError(where_at(spec.where, bad) if bad else spec.where, message) from None
+        tools[spec.name] = probe
+    return tools
+
+
+def _tool_steps(desired: Desired, tools: dict[str, Tool]) -> list[Step]:
+    steps = []
+    for spec in desired.tools:
+        current = Tool.objects.filter(name=spec.name).first()
+        what = f"tool {spec.name}"
+        wanted = tool_values(tools[spec.name])
+        if current is None:
+
+            def create(_actor: Actor, name: str = spec.name, values: dict[str, Any] = wanted) -> None:
+                Tool.objects.create(name=name, **values)
+
+            details = [f"{k} {_show(v)}" for k, v in spec.values.items() if k != "config"]
+            steps.append(Step(CREATE, what, details, create))
+            continue
+        now = tool_values(current)
+        moved = {k: v for k, v in spec.values.items() if now[k] != v}
+        if not moved:
+            steps.append(Step(UNCHANGED, what))
+            continue
+        details = []
+        for name, value in moved.items():
+            details += _config_moves(now[name], value) if name == "config" else [_moved(name, now[name], value)]
+
+        def change(_actor: Actor, name: str = spec.name, moved: dict[str, Any] = moved) -> None:
+            row = Tool.objects.get(name=name)
+            for key, value in moved.items():
+                setattr(row, key, value)
+            row.save()
+
+        steps.append(Step(CHANGE, what, details, change))
+    return steps
+
+
+def _credential_steps(tenant: TenantSpec, tools: dict[str, Tool]) -> list[Step]:
+    steps = []
+    for spec in tenant.credentials:
+        tool = tools.get(spec.tool)
+        if tool is None:
+            raise ConfigError(where_at(spec.where, "tool"), f"no such tool {spec.tool!r}")
+        probe_tool = copy.copy(tool)
+        if probe_tool.pk is None:
+            probe_tool.pk = 0  # lets the binding's own check read the tool's headers
+        probe = ToolCredential(placeholder=spec.placeholder, secret_name=spec.secret_name)
+        probe.tool = probe_tool
+        try:
+            probe.clean_fields(exclude=["tenant", "tool", "created_at"])
+            probe.clean()
+        except ValidationError as exc:
+            bad, message = first_error(exc)
+            raise ConfigError(where_at(spec.where, bad) if bad else spec.where, message) from None
+        what = f"credential binding {spec.tool} ${{{spec.placeholder}}} in {tenant.slug}"
+        current = ToolCredential.objects.filter(
+            tenant__slug=tenant.slug, tool__name=spec.tool, placeholder=spec.placeholder
+        ).first()
+
+        def create(_actor: Actor, spec: CredentialSpec = spec) -> None:
+            ToolCredential.objects.create(
+                tenant=Tenant.objects.get(slug=tenant.slug),
+                tool=Tool.objects.get(name=spec.tool),
+                placeholder=spec.placeholder,
+                secret_name=spec.secret_name,
+            )
+
+        steps.append(
+            _setting_step(
+                what, current, "secret_name", spec.secret_name, create, f"secret_name {_show(spec.secret_name)}"
+            )
+        )
+    return steps
+
+
+def _setting_step(
+    what: str,
+    row: models.Model | None,
+    name: str,
+    wanted: Any,
+    create: Callable[[Actor], None],
+    created: str,
+    show: Callable[[Any], Any] = lambda value: value,
+) -> Step:
+    """The step for a row that the file settles by one setting: create it
+    (``created`` says with what), leave it, or change that setting."""
+    if row is None:
+        return Step(CREATE, what, [created], create)
+    if getattr(row, name) == wanted:
+        return Step(UNCHANGED, what)
+
+    def change(_actor: Actor) -> None:
+        setattr(row, name, wanted)
+        row.save()
+
+    return Step(CHANGE, what, [_moved(name, show(getattr(row, name)), show(wanted))], change)
+
+
+def _member_steps(tenant: TenantSpec) -> list[Step]:
+    current = {
+        m.user.get_username(): m
+        for m in Membership.objects.filter(
+            tenant__slug=tenant.slug, user__username__in=list(tenant.members)
+        ).select_related("user")
+    }
+    steps = []
+    for username, role in tenant.members.items():
+        what = f"membership {username} in {tenant.slug}"
+        row = current.get(username)
+
+        def create(_actor: Actor, username: str = username, role: str = role) -> None:
+            Membership.objects.create(user=_user(username), tenant=Tenant.objects.get(slug=tenant.slug), role=role)
+
+        steps.append(_setting_step(what, row, "role", role, create, f"role {role}"))
+    return steps
+
+
+def _shift_steps(tenant: TenantSpec) -> list[Step]:
+    steps = []
+    for spec in tenant.on_call:
+        what = f"on-call shift of {spec.user} in {tenant.slug} from {_when(spec.starts_at)}"
+        row = OnCallShift.objects.filter(
+            tenant__slug=tenant.slug, user__username=spec.user, starts_at=spec.starts_at
+        ).first()
+
+        def create(_actor: Actor, spec: ShiftSpec = spec) -> None:
+            OnCallShift.objects.create(
+                tenant=Tenant.objects.get(slug=tenant.slug),
+                user=_user(spec.user),
+                starts_at=spec.starts_at,
+                ends_at=spec.ends_at,
+            )
+
+        steps.append(
+            _setting_step(what, row, "ends_at", spec.ends_at, create, f"ends_at {_when(spec.ends_at)}", show=_when)
+        )
+    return steps
+
+
+def _when(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _channel_steps(tenant: TenantSpec) -> list[Step]:
+    steps = []
+    for spec in tenant.channels:
+        what = f"channel {spec.name} in {tenant.slug}"
+        row = Channel.objects.filter(tenant__slug=tenant.slug, name=spec.name).first()
+        if row is None:
+            if spec.kind is None or spec.target is None:
+                raise ConfigError(spec.where, "a new channel needs its kind and target")
+
+            def create(actor: Actor, spec: ChannelSpec = spec) -> str | None:
+                assert spec.kind is not None
+                assert spec.target is not None
+                channel = services.channel_create(
+                    tenant=Tenant.objects.get(slug=tenant.slug),
+                    name=spec.name,
+                    kind=spec.kind,
+                    target=spec.target,
+                    actor=actor,
+                )
+                if spec.enabled is False:
+                    services.channel_update(channel=channel, actor=actor, enabled=False)
+                if channel.secret:
+                    return (
+                        f"channel {channel.name} in {tenant.slug}: signing secret {channel.secret} "
+                        "(shown only now; rotate it on the channel's page for a new one)"
+                    )
+                return None
+
+            details = [f"kind {spec.kind}", f"target {_show(spec.target)}"]
+            if spec.enabled is False:
+                details.append("disabled")
+            steps.append(Step(CREATE, what, details, create))
+            continue
+        if spec.kind is not None and spec.kind != row.kind:
+            raise ConfigError(
+                where_at(spec.where, "kind"),
+                f"channel {spec.name!r} is {_show(row.kind)}; a channel's kind is not changed (name a new one)",
+            )
+        try:
+            target = services.check_target(row.kind, spec.target) if spec.target is not None else None
+        except ValidationError as exc:
+            raise ConfigError(where_at(spec.where, "target"), "; ".join(exc.messages)) from None
+        moved: dict[str, Any] = {}
+        if target is not None and target != row.target:
+            moved["target"] = target
+        if spec.enabled is not None and spec.enabled != row.enabled:
+            moved["enabled"] = spec.enabled
+        if not moved:
+            steps.append(Step(UNCHANGED, what))
+            continue
+
+        def change(actor: Actor, row: Channel = row, moved: dict[str, Any] = moved) -> None:
+            services.channel_update(channel=row, actor=actor, **moved)
+
+        details = [_moved(k, getattr(row, k), v) for k, v in moved.items()]
+        steps.append(Step(CHANGE, what, details, change))
+    return steps
+
+
+def _rule_steps(tenant: TenantSpec) -> list[Step]:
+    names = {c.name for c in tenant.channels}
+    steps = []
+    for spec in tenant.rules:
+        channel = Channel.objects.filter(tenant__slug=tenant.slug, name=spec.channel).first()
+        if channel is None and spec.channel not in names:
+            raise ConfigError(where_at(spec.where, "channel"), f"no channel {spec.channel!r} in {tenant.slug}")
+        if channel is not None and channel.kind == ChannelKind.AGENT:
+            raise ConfigError(where_at(spec.where, "channel"), "an agent callback needs no rule")
+        what = f"rule {spec.event} -> {spec.channel} in {tenant.slug}"
+        row = (
+            Rule.objects.filter(tenant__slug=tenant.slug, event=spec.event, channel=channel).order_by("id").first()
+            if channel is not None
+            else None
+        )
+        if row is None:
+
+            def create(actor: Actor, spec: RuleSpec = spec) -> None:
+                services.rule_create(
+                    tenant=Tenant.objects.get(slug=tenant.slug),
+                    actor=actor,
+                    event=spec.event,
+                    channel_id=Channel.objects.get(tenant__slug=tenant.slug, name=spec.channel).pk,
+                    **spec.values,
+                )
+
+            steps.append(Step(CREATE, what, [f"{k} {_show(v)}" for k, v in spec.values.items()], create))
+            continue
+        moved = {k: v for k, v in spec.values.items() if getattr(row, k) != v}
+        if not moved:
+            steps.append(Step(UNCHANGED, what))
+            continue
+
+        def change(actor: Actor, row: Rule = row, moved: dict[str, Any] = moved) -> None:
+            services.rule_update(rule=row, actor=actor, **moved)
+
+        steps.append(Step(CHANGE, what, [_moved(k, getattr(row, k), v) for k, v in moved.items()], change))
+    return steps
+
+
+def _kept_steps(desired: Desired) -> list[Step]:
+    steps = []
+    in_file = {t.slug for t in desired.tenants}
+    steps += [
+        Step(KEPT, f"tenant {slug}") for slug in Tenant.objects.exclude(slug__in=in_file).values_list("slug", flat=True)
+    ]
+    tool_names = {t.name for t in desired.tools}
+    steps += [
+        Step(KEPT, f"tool {name}") for name in Tool.objects.exclude(name__in=tool_names).values_list("name", flat=True)
+    ]
+    now = timezone.now()
+    for tenant in desired.tenants:
+        slug = tenant.slug
+        if tenant.policy is None:
+            policy = Policy.objects.filter(tenant__slug=slug).order_by("-version").first()
+            if policy is not None:
+                steps.append(Step(KEPT, f"policy of {slug} v{policy.version}"))
+        for username, role in (
+            Membership.objects.filter(tenant__slug=slug)
+            .exclude(user__username__in=list(tenant.members))
+            .values_list("user__username", "role")
+        ):
+            steps.append(Step(KEPT, f"membership {username} in {slug} ({role})"))
+        bound = {(c.tool, c.placeholder) for c in tenant.credentials}
+        for tool, placeholder in ToolCredential.objects.filter(tenant__slug=slug).values_list(
+            "tool__name", "placeholder"
+        ):
+            if (tool, placeholder) not in bound:
+                steps.append(Step(KEPT, f"credential binding {tool} ${{{placeholder}}} in {slug}"))
+        shifts = {(s.user, s.starts_at) for s in tenant.on_call}
+        for row in OnCallShift.objects.filter(tenant__slug=slug, ends_at__gt=now).select_related("user"):
+            if (row.user.get_username(), row.starts_at) not in shifts:
+                steps.append(
+                    Step(KEPT, f"on-call shift of {row.user.get_username()} in {slug} from {_when(row.starts_at)}")
+                )
+        channels = {c.name for c in tenant.channels}
+        for name in Channel.objects.filter(tenant__slug=slug).values_list("name", flat=True):
+            if name not in channels:
+                steps.append(Step(KEPT, f"channel {name} in {slug}"))
+        rules = {(r.event, r.channel) for r in tenant.rules}
+        for event, channel in Rule.objects.filter(tenant__slug=slug).values_list("event", "channel__name"):
+            if (event, channel) not in rules:
+                steps.append(Step(KEPT, f"rule {event} -> {channel} in {slug}"))
+    return steps
