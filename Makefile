@@ -45,7 +45,7 @@ bench-quick: bench-venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy ledgerdash reviews bench
+	$(VENV)/bin/mypy ledgerdash reviews bench clients/python/src/ledgerdash_client
 
 clean:
 	rm -rf $(VENV) .venv-bench var staticfiles test-artifacts .coverage .coverage.* htmlcov

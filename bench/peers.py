@@ -8,7 +8,7 @@ connections until its next call, so that peers waiting their turn hold none.
 
 - :func:`ledgerdash_agent`: the recording API, in process.
 - :func:`http_agent`: the same steps over the ingest API, with the Python
-  client (:class:`ledgerdash.client.LedgerClient`), against gunicorn.
+  client (:class:`ledgerdash_client.LedgerClient`), against gunicorn.
 - :func:`minimal_agent`: the floor. Hand-written SQL over psycopg 3 that
   writes the rows the ledger writes (the attempt, its three events with
   their RFC 8785 content hashes, links computed by the server under the
@@ -127,7 +127,7 @@ def ledgerdash_two_commit_agent(cfg: dict[str, Any], index: int) -> Agent:
 
 
 def http_agent(cfg: dict[str, Any], index: int, *, peer: str = "ledgerdash HTTP", claim: bool = False) -> Agent:
-    from ledgerdash.client import LedgerClient
+    from ledgerdash_client import LedgerClient
 
     shared_slug, own_slug = _tenants(cfg, peer, index)
     label = f"bench-http-{index}@{os.getpid()}"

@@ -413,7 +413,7 @@ def no_op_requests(base_url: str, count: int) -> list[float]:
     gunicorn, Django's handler and the dashboard's middleware (a few more
     layers than an API request passes, all of them cheap for a GET without
     a session cookie)."""
-    from ledgerdash.httpconn import Connections
+    from ledgerdash_client.httpconn import Connections
 
     connections = Connections(base_url)
     took: list[float] = []

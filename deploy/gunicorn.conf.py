@@ -17,7 +17,7 @@ GUNICORN_CMD_ARGS. The timeouts are chosen together with the database's:
   (sync workers close it after each answer). An agent's tool call is two
   or three requests in a row; the Python client sends them on one
   connection and never reuses one idle for more than 1.5 s
-  (ledgerdash/httpconn.py).
+  (clients/python/src/ledgerdash_client/httpconn.py).
 """
 
 from __future__ import annotations

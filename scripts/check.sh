@@ -11,7 +11,7 @@ echo "== ruff"
 $BIN/ruff check .
 $BIN/ruff format --check .
 echo "== mypy"
-$BIN/mypy ledgerdash reviews bench
+$BIN/mypy ledgerdash reviews bench clients/python/src/ledgerdash_client
 
 echo "== pytest on SQLite, without the slow tests"
 env -u DATABASE_URL $BIN/pytest -n "${WORKERS:-auto}" -m "not postgres and not slow" "$@"

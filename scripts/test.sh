@@ -29,7 +29,7 @@ echo "== ruff"
 $BIN/ruff check .
 $BIN/ruff format --check .
 echo "== mypy"
-$BIN/mypy ledgerdash reviews bench
+$BIN/mypy ledgerdash reviews bench clients/python/src/ledgerdash_client
 
 # The floor is judged once, on both passes together: PostgreSQL-only code
 # would count as missed in either pass alone.

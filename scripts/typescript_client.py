@@ -3,7 +3,7 @@
 - ``clients/typescript/src/api.d.ts``: the API's types, from its OpenAPI document;
 - ``clients/typescript/src/errors.js`` and ``errors.d.ts``: one error class per
   code the ledger answers with, in the Python client's hierarchy
-  (``ledgerdash.client.ERRORS``), so both clients catch the same way.
+  (``ledgerdash_client.ERRORS``), so both clients catch the same way.
 
     DEBUG=true .venv/bin/python scripts/typescript_client.py           # write them
     DEBUG=true .venv/bin/python scripts/typescript_client.py --check   # exit 1 when stale
@@ -131,7 +131,7 @@ def api_types(document: dict[str, Any]) -> str:
 def error_tree() -> list[tuple[str, str, str]]:
     """(class, code, parent class) for each code, parents first."""
     sys.path.insert(0, str(ROOT))
-    from ledgerdash import client
+    import ledgerdash_client as client
 
     rows: list[tuple[str, str, str]] = []
     seen: set[type] = set()

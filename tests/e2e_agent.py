@@ -17,8 +17,8 @@ import sys
 import urllib.parse
 from typing import Any
 
-from ledgerdash import client as ledger
-from ledgerdash.ledger import crashpoints
+import ledgerdash_client as ledger
+from ledgerdash_client import crashpoints
 
 
 @ledger.tool("send_email", key="invoice:{invoice_id}:send")

@@ -17,8 +17,8 @@ import urllib.request
 import uuid
 from typing import Any
 
-from ledgerdash import client as ledger
-from ledgerdash.adapters import current_call
+import ledgerdash_client as ledger
+from ledgerdash_client.adapters import current_call
 
 KEY = "invoice:{invoice_id}:send"
 
@@ -43,7 +43,7 @@ def with_langchain(arguments: dict[str, Any]) -> Any:
     from langchain_core.messages import AIMessage, HumanMessage
     from langchain_core.tools import tool
 
-    from ledgerdash.adapters.langchain import ledger_tool
+    from ledgerdash_client.adapters.langchain import ledger_tool
 
     @tool
     def send_email(invoice_id: str, to: str) -> str:
@@ -67,7 +67,7 @@ def with_openai_agents(arguments: dict[str, Any]) -> Any:
     from agents.usage import Usage
     from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
-    from ledgerdash.adapters.openai_agents import ledger_function_tool
+    from ledgerdash_client.adapters.openai_agents import ledger_function_tool
 
     @function_tool
     def send_email(invoice_id: str, to: str) -> str:

@@ -35,9 +35,9 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from ledgerdash.adapters import current_call
-from ledgerdash.adapters.langchain import ledger_tool
-from ledgerdash.adapters.openai_agents import ledger_function_tool
+from ledgerdash_client.adapters import current_call
+from ledgerdash_client.adapters.langchain import ledger_tool
+from ledgerdash_client.adapters.openai_agents import ledger_function_tool
 
 S = State
 KEY = "invoice:{invoice_id}:send"
@@ -221,8 +221,8 @@ def test_an_agent_killed_after_its_tool_acted_never_acts_again_and_the_rerun_rep
 
     from django.utils import timezone
 
-    from ledgerdash.ledger import crashpoints
     from ledgerdash.ledger.reconciler import Reconciler
+    from ledgerdash_client import crashpoints
     from tests.api_support import issue_token
     from tests.live import PYTHON, ROOT
     from tests.sandboxes import unique_key

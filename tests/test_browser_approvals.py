@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ledgerdash import client as ledger_client
+import ledgerdash_client as ledger_client
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, State, Tenant
 from ledgerdash.ledger.policies import policy_publish

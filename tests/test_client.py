@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ledgerdash import client as ledger
+import ledgerdash_client as ledger
 from ledgerdash.ledger import api as ledger_api
 from ledgerdash.ledger import errors, moves
 from ledgerdash.ledger.events import Actor

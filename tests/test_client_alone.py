@@ -1,28 +1,31 @@
-"""The Python client runs in an agent's environment without Django, WeasyPrint
-or any other package the server needs: importing it (and using it up to the
-network) touches the standard library and a few Django-free modules only."""
+"""The Python client is a package of its own (clients/python): installed
+into a fresh virtualenv it brings nothing but itself (no Django, no
+WeasyPrint, none of the server), and an agent runs with it there."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import venv
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import pytest
 
-#: What `from ledgerdash import client` may load of this project; each is standard library only.
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "clients" / "python"
+
+#: What ``import ledgerdash_client`` loads of the package, each module standard library only.
 CLIENT_MODULES = {
-    "ledgerdash",
-    "ledgerdash.client",
-    "ledgerdash.errorcodes",
-    "ledgerdash.httpconn",
-    "ledgerdash.toolcalls",
-    "ledgerdash.ledger",
-    "ledgerdash.ledger.crashpoints",
-    "ledgerdash.ledger.errors",
-    "ledgerdash.ledger.keys",
+    "ledgerdash_client",
+    "ledgerdash_client.crashpoints",
+    "ledgerdash_client.errorcodes",
+    "ledgerdash_client.httpconn",
+    "ledgerdash_client.keys",
+    "ledgerdash_client.outcomes",
+    "ledgerdash_client.toolcalls",
 }
 
 AGENT = textwrap.dedent(
@@ -30,17 +33,17 @@ AGENT = textwrap.dedent(
     import sys
 
     class OnlyTheStandardLibrary:
-        # Refuses every module outside the standard library and this project: django, weasyprint, ninja, ...
+        # Refuses every module outside the standard library and the client: django, weasyprint, the server...
         def find_spec(self, name, path=None, target=None):
             top = name.partition(".")[0]
-            if top not in sys.stdlib_module_names and top != "ledgerdash":
+            if top not in sys.stdlib_module_names and top != "ledgerdash_client":
                 raise ImportError(f"the client imported {name}")
             return None
 
     sys.meta_path.insert(0, OnlyTheStandardLibrary())
 
-    from ledgerdash import client as ledger
-    from ledgerdash.client import IdempotencyConflict, LedgerClient
+    import ledgerdash_client as ledger
+    from ledgerdash_client import IdempotencyConflict, LedgerClient, NothingHappened
 
     @ledger.tool("send_email", key="invoice:{invoice_id}:send")
     def send_email(call, *, invoice_id):
@@ -49,6 +52,7 @@ AGENT = textwrap.dedent(
     api = LedgerClient("http://127.0.0.1:9", "token", retries=0, timeout=1)
     exc = ledger.error_for(409, {"code": "idempotency_key_reused", "message": "m", "original_id": 3})
     assert isinstance(exc, IdempotencyConflict) and exc.original_id == 3
+    assert issubclass(NothingHappened, Exception)
     try:
         with ledger.task(task_id="t", client=api):
             send_email(invoice_id="INV-7")
@@ -56,15 +60,49 @@ AGENT = textwrap.dedent(
         assert unreachable.sent is False
     else:
         raise AssertionError("the closed port answered")
-    print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] == "ledgerdash")))
+    print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] == "ledgerdash_client")))
     """
 )
 
 
-def test_the_client_imports_and_runs_without_django() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+def _run_agent(python: str | Path, cwd: Path) -> set[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH")}
     done = subprocess.run(
-        [sys.executable, "-c", AGENT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+        [str(python), "-c", AGENT], cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert set(done.stdout.split()) == CLIENT_MODULES
+    return set(done.stdout.split())
+
+
+def test_the_client_imports_and_runs_without_the_server() -> None:
+    assert _run_agent(sys.executable, ROOT) == CLIENT_MODULES
+
+
+@pytest.mark.slow
+def test_pip_installs_the_client_alone_into_a_fresh_virtualenv(tmp_path: Path) -> None:
+    """``pip install ./clients/python``: the client and nothing else, and an agent runs with it."""
+    env_dir = tmp_path / "agent-env"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    before = _installed(python)
+    # A copy: building writes beside the sources (build/, egg-info), which is not the checkout's business.
+    source = tmp_path / "ledgerdash-client"
+    shutil.copytree(PACKAGE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", str(source)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert _installed(python) - before == {"ledgerdash-client"}
+    # Run from outside the checkout: what the agent imports is the installed package.
+    assert _run_agent(python, tmp_path) == CLIENT_MODULES
+
+
+def _installed(python: Path) -> set[str]:
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format", "freeze"], capture_output=True, text=True, check=True
+    )
+    return {line.split("==")[0].lower() for line in listed.stdout.split() if "==" in line}

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from ledgerdash.ledger import crashpoints
 from ledgerdash.ledger.models import Attempt, State, Tenant
 from ledgerdash.ledger.reconciler import Reconciler
+from ledgerdash_client import crashpoints
 from tests.api_support import issue_token
 from tests.live import PYTHON, ROOT
 from tests.sandboxes import Sandbox, unique_key

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from ledgerdash.ledger import crashpoints
 from ledgerdash.ledger.drill.cases import CLAIMED_TOOL
 from ledgerdash.ledger.drill.runner import CASES, Drill, Planned, fixed_plan, random_plan
 from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun
 from ledgerdash.ledger.providers.registry import ToolProfile
 from ledgerdash.ledger.reconciler import Reconciler
+from ledgerdash_client import crashpoints
 from tests.live import PYTHON, ROOT
 
 #: Under `--dist loadgroup` (make test) the drills run one after another on

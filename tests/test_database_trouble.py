@@ -26,10 +26,10 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
-from ledgerdash.client import LedgerClient, LedgerUnavailable
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Membership, State, Tenant, TokenScope
 from ledgerdash.ledger.tokens import token_create
+from ledgerdash_client import LedgerClient, LedgerUnavailable
 from tests.conftest import SERVER_OUTPUT
 from tests.database_roles import admin_connect
 from tests.live import PYTHON, ROOT, Browser, free_port, running
@@ -203,7 +203,7 @@ def test_a_table_locked_for_long_answers_503_within_the_lock_timeout(app: App) -
 
 AGENT = """
 import sys
-from ledgerdash.client import LedgerClient
+from ledgerdash_client import LedgerClient
 client = LedgerClient(sys.argv[1], sys.argv[2], retries=0, timeout=60)
 for n in range(5):
     assert client.find(f"invoice-{n}") == []

@@ -1,4 +1,4 @@
-"""The one table of error codes (ledgerdash/errorcodes.py) against what is
+"""The one table of error codes (clients/python/src/ledgerdash_client/errorcodes.py) against what is
 built from it: the ledger's errors, the API's statuses and OpenAPI enum, and
 the Python client's exception classes."""
 
@@ -11,9 +11,10 @@ import pytest
 from django.test import Client
 
 import ledgerdash.ledger
-from ledgerdash import client, errorcodes
+import ledgerdash_client as client
 from ledgerdash.ledger import errors
 from ledgerdash.ledger.api import errors as api_errors
+from ledgerdash_client import errorcodes
 
 
 def _ledger_errors() -> list[type[errors.LedgerError]]:
@@ -66,13 +67,13 @@ def test_the_client_has_a_class_for_every_row_that_names_one() -> None:
 
 
 def test_the_clients_classes_keep_their_names_and_hierarchy() -> None:
-    from ledgerdash.client import AttemptBlocked, IdempotencyConflict, InvalidKey, MalformedRequest, NotAllowed
+    from ledgerdash_client import AttemptBlocked, IdempotencyConflict, InvalidKey, MalformedRequest, NotAllowed
 
     assert issubclass(IdempotencyConflict, AttemptBlocked)
     assert issubclass(client.InvalidUtf8, MalformedRequest)
     assert issubclass(client.ScopeNotAllowed, NotAllowed)
     assert issubclass(InvalidKey, client.InvalidInput)
-    assert client.IdempotencyConflict.__module__ == "ledgerdash.client"
+    assert client.IdempotencyConflict.__module__ == "ledgerdash_client"
     with pytest.raises(AttributeError):
         _ = client.NoSuchError
 

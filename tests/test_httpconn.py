@@ -1,4 +1,4 @@
-"""The client's kept connections (ledgerdash.httpconn) against a real HTTP/1.1
+"""The client's kept connections (ledgerdash_client.httpconn) against a real HTTP/1.1
 server on loopback that counts the connections it accepted."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ledgerdash import httpconn
-from ledgerdash.httpconn import Connections, MaybeSent, NotSent
+from ledgerdash_client import httpconn
+from ledgerdash_client.httpconn import Connections, MaybeSent, NotSent
 from tests.live import free_port
 
 #: tcpi_state of a socket TCP has closed (include/net/tcp_states.h)

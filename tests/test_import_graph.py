@@ -17,10 +17,10 @@ PACKAGE = ROOT / "ledgerdash"
 #: Modules everything else builds on: the models, and what the models use to
 #: check a tool's configuration. Nothing they import may import them back.
 FOUNDATION = {
-    "ledgerdash.errorcodes",
+    "ledgerdash_client.errorcodes",
     "ledgerdash.ledger.models",
     "ledgerdash.ledger.errors",
-    "ledgerdash.ledger.keys",
+    "ledgerdash_client.keys",
     "ledgerdash.ledger.canonical",
     "ledgerdash.ledger.providers.base",
     "ledgerdash.ledger.providers.factory",

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from ledgerdash import client as ledger
-from ledgerdash.ledger import keys, recording
+import ledgerdash_client as ledger
+from ledgerdash.ledger import recording
 from ledgerdash.ledger.errors import InvalidKey
 from ledgerdash.ledger.models import Attempt, Tenant
+from ledgerdash_client import keys
 from tests.api_support import Api, intent, issue_token
 from tests.conftest import ledger_snapshot, record
 from tests.test_client import Stub, _client, stub  # noqa: F401 - the stub server fixture

@@ -24,7 +24,6 @@ import anyio.to_thread
 import pytest
 from django.utils import timezone
 
-from ledgerdash.ledger import crashpoints
 from ledgerdash.ledger.drill.processes import child_environment
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.gateway.keys import META_ATTEMPT, META_ERROR, META_REPEAT, META_REPLAYED, META_TASK
@@ -32,6 +31,7 @@ from ledgerdash.ledger.models import Attempt, State, Tenant, Tool
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash.processes import stop_group
+from ledgerdash_client import crashpoints
 from tests.live import PYTHON, ROOT, free_port, running
 
 pytest.importorskip("mcp")

@@ -25,7 +25,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledgerdash import client as ledger_client
+import ledgerdash_client as ledger_client
 from ledgerdash.ledger import clock, moves, recording, rules
 from ledgerdash.ledger.errors import (
     ApprovalRefused,

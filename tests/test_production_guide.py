@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from ledgerdash.client import LedgerClient
 from ledgerdash.processes import stop_group
+from ledgerdash_client import LedgerClient
 from tests.database_roles import admin_connect
 from tests.live import PYTHON, ROOT, Browser, free_port, output_tail
 

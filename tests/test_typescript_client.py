@@ -55,7 +55,7 @@ def test_the_generated_types_and_errors_are_up_to_date() -> None:
 
 
 def test_every_error_code_has_a_class_in_both_clients() -> None:
-    from ledgerdash import client
+    import ledgerdash_client as client
 
     errors_js = (CLIENT / "src" / "errors.js").read_text()
     assert set(re.findall(r'static code = "([a-z0-9_]+)"', errors_js)) == set(client.ERRORS)

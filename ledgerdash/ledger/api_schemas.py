@@ -13,10 +13,10 @@ from typing import Annotated, Any, Literal
 from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from ledgerdash import errorcodes
 from ledgerdash.ledger.events import MAX_REASON
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State
 from ledgerdash.ledger.recording import MAX_KEY, MAX_NAME
+from ledgerdash_client import errorcodes
 
 #: Largest value a fence or an id can take (a signed 64-bit column).
 MAX_BIGINT = 2**63 - 1
@@ -208,7 +208,7 @@ class ErrorOut(BaseModel):
     """Every error answer. ``code`` is stable and meant for machines."""
 
     code: str = Field(
-        description="Stable, for machines: what went wrong (ledgerdash/errorcodes.py has each code's meaning).",
+        description="Stable, for machines: what went wrong (ledgerdash_client.errorcodes has each code's meaning).",
         json_schema_extra={"enum": list[JsonValue](errorcodes.answered())},
     )
     message: str

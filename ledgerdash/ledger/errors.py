@@ -1,6 +1,6 @@
 """Named errors of the ledger. Messages are class constants so tests and the
 API can refer to them; each error has a stable ``code`` for machines, whose
-row in :mod:`ledgerdash.errorcodes` gives its HTTP status: a class whose code
+row in :mod:`ledgerdash_client.errorcodes` gives its HTTP status: a class whose code
 has no row is refused when this module is imported."""
 
 from __future__ import annotations
@@ -8,8 +8,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Protocol
 
-from ledgerdash import errorcodes
-from ledgerdash.ledger import keys
+from ledgerdash_client import errorcodes, keys
+
+# What a tool tells the ledger, shared with the client: the server's modules import them from here too.
+from ledgerdash_client.outcomes import NothingHappened as NothingHappened
+from ledgerdash_client.outcomes import PermanentFailure as PermanentFailure
 
 
 class Attempt(Protocol):
@@ -35,7 +38,7 @@ class LedgerError(Exception):
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if errorcodes.row(cls.code).origin not in ("ledger", "process"):
-            raise ValueError(f"{cls.__name__}: {cls.code} is not a ledger error's code in ledgerdash/errorcodes.py")
+            raise ValueError(f"{cls.__name__}: {cls.code} is not a ledger error's code in ledgerdash_client.errorcodes")
 
 
 # --- bad input: nothing was written ------------------------------------------
@@ -59,7 +62,7 @@ class InvalidArgs(InvalidInput):
 
 
 class InvalidKey(InvalidInput):
-    """The key breaks :mod:`ledgerdash.ledger.keys`' rule; the message says which part."""
+    """The key breaks :mod:`ledgerdash_client.keys`' rule; the message says which part."""
 
     code = "invalid_idempotency_key"
     EMPTY = keys.EMPTY
@@ -330,17 +333,3 @@ class ResultUnavailable(AttemptBlocked):
 class AttemptSuperseded(AttemptBlocked):
     code = "attempt_superseded"
     MESSAGE = "attempt {attempt_id} was superseded by linked attempt {child_id}"
-
-
-# --- what a tool tells the ledger ------------------------------------------------
-
-
-class NothingHappened(Exception):
-    """Raise from a tool when the provider guarantees it did not act (it
-    rejected the request before acting). The attempt becomes FAILED_RETRYABLE
-    and may be retried with the same key."""
-
-
-class PermanentFailure(Exception):
-    """Raise from a tool when the provider definitively refused; the attempt
-    becomes FAILED and is not retried."""

@@ -63,7 +63,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from ledgerdash.ledger import clock, crashpoints, landing, moves
+from ledgerdash.ledger import clock, landing, moves
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
@@ -78,7 +78,8 @@ from ledgerdash.ledger.models import Attempt, ResultSource, State
 from ledgerdash.ledger.providers import registry
 from ledgerdash.ledger.providers.base import Lookup, LookupStatus, ProviderAdapter
 from ledgerdash.ledger.providers.registry import ToolProfile
-from ledgerdash.toolcalls import storable_json
+from ledgerdash_client import crashpoints
+from ledgerdash_client.toolcalls import storable_json
 
 log = logging.getLogger("ledgerdash.reconciler")
 S = State

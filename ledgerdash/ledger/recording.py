@@ -46,8 +46,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from ledgerdash import toolcalls
-from ledgerdash.ledger import clock, keys, moves, rules, store
+from ledgerdash.ledger import clock, moves, rules, store
 from ledgerdash.ledger.authority import Authority, approval_needed, authorize
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
@@ -76,7 +75,8 @@ from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, FailedBecause, ResultSource, State, Tenant
 from ledgerdash.ledger.moves import NewAttempt, Outcome, Report
 from ledgerdash.ledger.store import Guard
-from ledgerdash.toolcalls import ToolCall
+from ledgerdash_client import keys, toolcalls
+from ledgerdash_client.toolcalls import ToolCall
 
 __all__ = [
     "ApprovalRejected",
@@ -134,6 +134,10 @@ def reconnecting[**P, T](step: Callable[P, T]) -> Callable[P, T]:
     return guarded
 
 
+#: What this ledger raises instead of letting a tool run (framework adapters never hand it to a model).
+REFUSALS = (LedgerError,)
+
+
 # --- validation -------------------------------------------------------------------
 
 
@@ -142,7 +146,7 @@ def _has_control(value: str) -> bool:
 
 
 def validate_key(key: Any) -> str:
-    """The key as given, or InvalidKey saying why not (the rule: :mod:`ledgerdash.ledger.keys`)."""
+    """The key as given, or InvalidKey saying why not (the rule: :mod:`ledgerdash_client.keys`)."""
     problem = keys.key_problem(key)
     if problem is not None:
         raise InvalidKey(problem)
@@ -529,7 +533,7 @@ def task(*, tenant: Tenant | str | int, task_id: str, agent: str | None = None) 
 
 
 class _InProcess:
-    """The wrapper's way to the ledger in this process (see :mod:`ledgerdash.toolcalls`)."""
+    """The wrapper's way to the ledger in this process (see :mod:`ledgerdash_client.toolcalls`)."""
 
     def __init__(self, context: TaskContext) -> None:
         self.context = context
@@ -624,7 +628,7 @@ def tool[T](
     :class:`PermanentFailure` for a definitive refusal; any other exception
     leaves the outcome UNKNOWN for the reconciler. Return JSON-serializable
     values to have them replayed on a re-run. (The steps are shared with the
-    HTTP client: :mod:`ledgerdash.toolcalls`.)
+    HTTP client: :mod:`ledgerdash_client.toolcalls`.)
     """
     validate_name(name, "tool name")
 

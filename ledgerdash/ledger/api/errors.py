@@ -21,7 +21,6 @@ from ninja import NinjaAPI
 from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
-from ledgerdash import errorcodes
 from ledgerdash.ledger.errors import (
     ApprovalRefused,
     AttemptBlocked,
@@ -37,6 +36,7 @@ from ledgerdash.ledger.errors import (
 from ledgerdash.ledger.models import ApiToken, Attempt, State
 from ledgerdash.ops.logs import first_line
 from ledgerdash.ops.requests import note_problem
+from ledgerdash_client import errorcodes
 
 log = logging.getLogger("ledgerdash.api")
 

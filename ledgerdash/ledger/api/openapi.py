@@ -1,14 +1,14 @@
 """What the generated OpenAPI document cannot say from the endpoints' types
 alone, added to it: the statuses every operation may answer whatever its
 handler (405 for another method, 411 for a chunked body), for each error
-status the codes it may carry (from :mod:`ledgerdash.errorcodes`), and the
+status the codes it may carry (from :mod:`ledgerdash_client.errorcodes`), and the
 headers the API sends."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ledgerdash import errorcodes
+from ledgerdash_client import errorcodes
 
 ERROR_REF = "#/components/schemas/ErrorOut"
 

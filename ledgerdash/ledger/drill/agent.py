@@ -5,7 +5,7 @@ runs each in a forked child process, the way a prefork worker pool runs
 tasks. A child is a complete agent process: it records, dispatches and
 reports through :func:`ledgerdash.ledger.recording.provider_tool`, exactly
 as production agents do; or, for a job ``via`` ``http``, through the Python
-client of the ingest API (:mod:`ledgerdash.client`), calling the provider
+client of the ingest API (:mod:`ledgerdash_client`), calling the provider
 with the adapter the job names, without touching the database. A job may
 ask to run its call inside a transaction it then rolls back, as a caller's
 view or task would. The crash point comes from the job and reaches the
@@ -30,12 +30,13 @@ from typing import IO, Any
 from django.db import connections, transaction
 from django.db.models import Q
 
-from ledgerdash import client, errorcodes
-from ledgerdash.ledger import crashpoints, recording
+import ledgerdash_client as client
+from ledgerdash.ledger import recording
 from ledgerdash.ledger.errors import AttemptBlocked, LedgerError
 from ledgerdash.ledger.models import Attempt, AttemptEvent
 from ledgerdash.ledger.providers.base import dispatch_through
 from ledgerdash.ledger.providers.http import HttpAdapter
+from ledgerdash_client import crashpoints, errorcodes
 
 
 class RolledBack(Exception):

@@ -34,7 +34,7 @@ import importlib.util
 import random
 from dataclasses import dataclass
 
-from ledgerdash.ledger import crashpoints
+from ledgerdash_client import crashpoints
 
 IDEMPOTENT_TOOL = "drill.send_email"
 NON_IDEMPOTENT_TOOL = "drill.charge_card"

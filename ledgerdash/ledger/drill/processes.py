@@ -23,8 +23,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from ledgerdash.ledger import crashpoints
 from ledgerdash.processes import stop_group
+from ledgerdash_client import crashpoints
 
 JOB_TIMEOUT = 60.0
 MANAGE = Path(settings.BASE_DIR) / "manage.py"

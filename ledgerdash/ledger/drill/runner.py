@@ -45,7 +45,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from ledgerdash.ledger import clock, crashpoints, moves
+from ledgerdash.ledger import clock, moves
 from ledgerdash.ledger.authority import current_policy
 from ledgerdash.ledger.drill.cases import (
     CASES,
@@ -88,6 +88,7 @@ from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash.ledger.store import event_record
 from ledgerdash.ledger.tokens import token_create, token_revoke
 from ledgerdash.sandbox import http_adapter_config
+from ledgerdash_client import crashpoints
 
 __all__ = ["CASES", "Drill", "Planned", "database_url", "fixed_plan", "leave_unknown", "random_plan"]
 

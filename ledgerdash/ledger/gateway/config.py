@@ -39,7 +39,7 @@ from typing import Any
 import jmespath
 import jmespath.exceptions
 
-from ledgerdash.ledger import keys
+from ledgerdash_client import keys
 
 ON_ERROR = ("failed", "failed_retryable", "unknown")
 

@@ -56,12 +56,13 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from ledgerdash.ledger import crashpoints, errors, recording
+from ledgerdash.ledger import errors, recording
 from ledgerdash.ledger.errors import AttemptBlocked, AttemptInFlight, ClaimLost, LedgerError
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.gateway import checks, keys
 from ledgerdash.ledger.gateway.config import GatewayConfig, ToolConfig, UpstreamConfig
 from ledgerdash.ledger.models import Attempt, ResultSource, State
+from ledgerdash_client import crashpoints
 
 log = logging.getLogger("ledgerdash.gateway")
 
@@ -587,6 +588,6 @@ def _describe(exc: BaseException) -> str:
 
 
 def _storable(value: Any) -> tuple[Any, str]:
-    from ledgerdash.toolcalls import storable_json
+    from ledgerdash_client.toolcalls import storable_json
 
     return storable_json(value)

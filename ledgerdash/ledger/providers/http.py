@@ -45,10 +45,11 @@ from typing import Any
 
 import jmespath
 
-from ledgerdash.ledger import crashpoints, secrets
+from ledgerdash.ledger import secrets
 from ledgerdash.ledger.canonical import canonical_bytes, sha256_hex
 from ledgerdash.ledger.errors import InvalidArgs, NothingHappened, PermanentFailure
 from ledgerdash.ledger.providers.base import Dispatched, Lookup, LookupStatus, ProviderAdapter, ProviderAmbiguous
+from ledgerdash_client import crashpoints
 
 MAX_RESPONSE_BYTES = 1024 * 1024
 

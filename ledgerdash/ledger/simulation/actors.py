@@ -2,7 +2,7 @@
 """The simulation's actors, each running the ledger's real code:
 
 - agents call their tools through the recording wrapper
-  (:func:`ledgerdash.toolcalls.wrap`), whose every step is a point where
+  (:func:`ledgerdash_client.toolcalls.wrap`), whose every step is a point where
   they may be killed or paused; a killed agent restarts and re-runs its
   task, sometimes with other arguments under the same key;
 - reconcilers run :class:`~ledgerdash.ledger.reconciler.Reconciler` passes,
@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 
-from ledgerdash import toolcalls
 from ledgerdash.ledger import moves, recording, rules
 from ledgerdash.ledger.errors import (
     AttemptBlocked,
@@ -52,6 +51,7 @@ from ledgerdash.ledger.simulation.scenario import (
     arguments,
 )
 from ledgerdash.ledger.simulation.world import Actor, Killed, World
+from ledgerdash_client import toolcalls
 
 if TYPE_CHECKING:
     from ledgerdash.ledger.simulation.runner import Run

@@ -1,6 +1,6 @@
 """The one-line tool wrapper, shared by the in-process recording API
 (:mod:`ledgerdash.ledger.recording`) and the HTTP client
-(:mod:`ledgerdash.client`).
+(:mod:`ledgerdash_client`).
 
 Both wrap a tool the same way; only where the ledger lives differs. The
 steps, in order, are the safe order of a side effect:
@@ -36,8 +36,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from ledgerdash.ledger import crashpoints
-from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
+from ledgerdash_client import crashpoints
+from ledgerdash_client.outcomes import NothingHappened, PermanentFailure
 
 log = logging.getLogger("ledgerdash.recording")
 

@@ -3,7 +3,7 @@
 From this table come the ledger's errors' codes (:mod:`ledgerdash.ledger.errors`
 refuses a class whose code has no row), the API's status for each code
 (:mod:`ledgerdash.ledger.api.errors`), the OpenAPI enum of ``ErrorOut.code``,
-and the Python client's exception classes (:mod:`ledgerdash.client`, which
+and the Python client's exception classes (:mod:`ledgerdash_client`, which
 builds one class per row that names one).
 
 Standard library only: the client imports it in an agent's environment,
@@ -158,7 +158,9 @@ def row(code: str) -> ErrorCode:
     try:
         return BY_CODE[code]
     except KeyError:
-        raise KeyError(f"error code {code!r} has no row in ledgerdash/errorcodes.py") from None
+        raise KeyError(
+            f"error code {code!r} has no row in clients/python/src/ledgerdash_client/errorcodes.py"
+        ) from None
 
 
 def is_answered(r: ErrorCode) -> bool:

@@ -1,6 +1,6 @@
 """OpenAI Agents SDK function tools through the ledger::
 
-    from ledgerdash.adapters.openai_agents import ledger_function_tool
+    from ledgerdash_client.adapters.openai_agents import ledger_function_tool
 
     send_invoice = ledger_function_tool(send_invoice, key="invoice:{invoice_id}:send")
     agent = Agent(name="billing", tools=[send_invoice])
@@ -14,7 +14,7 @@ raised, which ends the run: the agent must not call the tool again.
 
 The ledger's steps are synchronous: they run in a worker thread, and the
 tool's own coroutine runs there in a loop of its own. See
-:mod:`ledgerdash.adapters.base` for the settings.
+:mod:`ledgerdash_client.adapters.base` for the settings.
 """
 
 from __future__ import annotations
@@ -30,12 +30,15 @@ from agents import FunctionTool
 from agents.tool import maybe_invoke_function_tool_failure_error_function
 from agents.tool_context import ToolContext
 
-from ledgerdash.adapters.base import ledgered
-from ledgerdash.client import LedgerClientError
-from ledgerdash.ledger.errors import LedgerError
+from ledgerdash_client import LedgerClientError
+from ledgerdash_client.adapters.base import ledgered
 
-#: What the ledger raises instead of letting a tool run: never handed to the model as a tool error.
-REFUSALS = (LedgerError, LedgerClientError)
+
+def _refusals(ledger: ModuleType | None) -> tuple[type[BaseException], ...]:
+    """What the ledger raises instead of letting a tool run, never handed to
+    the model as a tool error: the client's refusals, and the in-process
+    ledger's (its module names them in ``REFUSALS``)."""
+    return (LedgerClientError, *getattr(ledger, "REFUSALS", ()))
 
 
 def ledger_function_tool(
@@ -82,7 +85,7 @@ def ledger_function_tool(
 
         try:
             return await asyncio.to_thread(in_worker)
-        except REFUSALS:
+        except _refusals(ledger):
             raise
         except Exception as error:  # the tool's own: recorded by now; the tool's policy says what the model hears
             message = await maybe_invoke_function_tool_failure_error_function(

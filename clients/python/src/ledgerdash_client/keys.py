@@ -28,7 +28,7 @@ Refused:
   own identifiers with NFKC (PEP 3131). Keys are built by programs from
   templates, so refusing them costs nothing a legitimate key needs.
 
-This module needs only the standard library: :mod:`ledgerdash.client` runs
+This module needs only the standard library: :mod:`ledgerdash_client` runs
 the same check in an agent's process before anything is sent.
 """
 

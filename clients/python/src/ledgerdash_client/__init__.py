@@ -4,7 +4,7 @@
 Wrap each side-effecting tool once, exactly as with
 :mod:`ledgerdash.ledger.recording`::
 
-    from ledgerdash import client as ledger
+    import ledgerdash_client as ledger
 
     @ledger.tool("send_email", key="invoice:{invoice_id}:send")
     def send_email(call, *, invoice_id, to, body):
@@ -27,14 +27,14 @@ same attempt), recording a request id, and reporting an outcome with the
 same fence (a report that already landed is answered 200). Claiming an
 attempt for dispatch is retried only when the request certainly never left
 (no connection could be made, or the kept connection turned out closed
-before the request went out: :mod:`ledgerdash.httpconn`). The tool itself is never called again by the
+before the request went out: :mod:`ledgerdash_client.httpconn`). The tool itself is never called again by the
 client: a re-run learns from the ledger whether it may.
 
-This module needs only the standard library (and small stdlib-only modules
-of this project: the table of error codes, the shared tool wrapper, and the
-ledger's tool-side exceptions, crash points and key rule), so it runs in an
-agent's environment without Django: ``pip install --no-deps`` the package
-(``tests/test_client_alone.py`` holds it to that).
+The package needs only the standard library (its modules: the table of
+error codes, the shared tool wrapper, what a tool tells the ledger, crash
+points and the key rule, which the server imports from here): ``pip
+install ./clients/python`` installs nothing else (``tests/test_client_alone.py``
+holds it to that). The framework adapters are its extras.
 """
 
 from __future__ import annotations
@@ -54,11 +54,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ledgerdash import errorcodes, toolcalls
-from ledgerdash.httpconn import Connections, MaybeSent, NotSent
-from ledgerdash.ledger import keys
-from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
-from ledgerdash.toolcalls import ToolCall
+from ledgerdash_client import errorcodes, keys, toolcalls
+from ledgerdash_client.httpconn import Connections, MaybeSent, NotSent
+from ledgerdash_client.outcomes import NothingHappened, PermanentFailure
+from ledgerdash_client.toolcalls import ToolCall
 
 __all__ = [
     "Attempt",
@@ -71,7 +70,7 @@ __all__ = [
     "tool",
 ]
 
-log = logging.getLogger("ledgerdash.client")
+log = logging.getLogger("ledgerdash_client")
 
 ENV_URL = "LEDGERDASH_URL"
 ENV_TOKEN = "LEDGERDASH_TOKEN"  # noqa: S105 - the variable's name, not a token
@@ -79,7 +78,7 @@ ENV_AGENT = "LEDGERDASH_AGENT"
 API_PATH = "/api/v1"
 
 
-# --- errors: one class per code the ledger answers with (built from ledgerdash.errorcodes) ---
+# --- errors: one class per code the ledger answers with (built from ledgerdash_client.errorcodes) ---
 
 
 class LedgerClientError(Exception):
@@ -117,7 +116,7 @@ class ApiError(LedgerClientError):
     """The ledger answered with an error: ``code`` (stable), ``status``, ``body``."""
 
     code = "api_error"
-    #: Whether the same request may succeed later, unchanged (see :mod:`ledgerdash.errorcodes`).
+    #: Whether the same request may succeed later, unchanged (see :mod:`ledgerdash_client.errorcodes`).
     retryable = False
 
     def __init__(self, message: str, *, status: int, body: dict[str, Any], code: str | None = None) -> None:
@@ -144,7 +143,7 @@ class ApiError(LedgerClientError):
 
 
 def _build_errors() -> dict[str, type[ApiError]]:
-    """One exception class per row of :mod:`ledgerdash.errorcodes` that names one,
+    """One exception class per row of :mod:`ledgerdash_client.errorcodes` that names one,
     under its parent's class: ``except AttemptBlocked`` catches every refusal
     to call the tool, ``except NotAllowed`` every 403."""
     built: dict[str, type[ApiError]] = {}
@@ -174,7 +173,7 @@ def __getattr__(name: str) -> type[ApiError]:
 
 def _check_key(key: object) -> None:
     """Refuse, before sending, a key the ledger would refuse (the same rule:
-    :mod:`ledgerdash.ledger.keys`), so an agent learns it without a round trip."""
+    :mod:`ledgerdash_client.keys`), so an agent learns it without a round trip."""
     problem = keys.key_problem(key)
     if problem is not None:
         raise ERRORS["invalid_idempotency_key"](
@@ -247,7 +246,7 @@ def _default_agent() -> str:
 
 class LedgerClient:
     """One ledger server, one token. Thread-safe: each thread keeps its own
-    connection to the server open between requests (:mod:`ledgerdash.httpconn`)."""
+    connection to the server open between requests (:mod:`ledgerdash_client.httpconn`)."""
 
     def __init__(
         self,
@@ -530,7 +529,7 @@ def task(*, task_id: str, client: LedgerClient | None = None, agent: str | None 
 
 
 class _OverHttp:
-    """The wrapper's way to the ledger over HTTP (see :mod:`ledgerdash.toolcalls`).
+    """The wrapper's way to the ledger over HTTP (see :mod:`ledgerdash_client.toolcalls`).
 
     The server refuses a dispatch the ledger would refuse (unknown, under
     review, in flight) with the same codes, so nothing is checked twice here.
@@ -621,7 +620,7 @@ def tool[T](
     """Wrap a tool so every call goes through the ledger over HTTP.
 
     The same contract as :func:`ledgerdash.ledger.recording.tool` (the steps
-    are shared: :mod:`ledgerdash.toolcalls`): ``key`` names the logical side
+    are shared: :mod:`ledgerdash_client.toolcalls`): ``key`` names the logical side
     effect (a format string over the call's arguments or a function of
     them); the tool receives a :class:`ToolCall` first. Raise
     :class:`NothingHappened` when the provider guarantees it did not act,

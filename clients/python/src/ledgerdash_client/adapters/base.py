@@ -1,5 +1,5 @@
 """What every framework adapter shares: a framework's tool call, run through
-the ledger's one-line wrapper (:mod:`ledgerdash.toolcalls`).
+the ledger's one-line wrapper (:mod:`ledgerdash_client.toolcalls`).
 
 The key names the side effect from the arguments the model chose, never
 from the framework's tool-call id: asked again after a crash, a model makes
@@ -21,7 +21,7 @@ from contextvars import ContextVar
 from types import ModuleType
 from typing import Any
 
-from ledgerdash.toolcalls import ToolCall
+from ledgerdash_client.toolcalls import ToolCall
 
 _current: ContextVar[ToolCall | None] = ContextVar("ledgerdash_adapter_call", default=None)
 
@@ -36,7 +36,7 @@ def current_call() -> ToolCall:
 
 
 def _default_ledger() -> ModuleType:
-    from ledgerdash import client
+    import ledgerdash_client as client
 
     return client
 
@@ -53,7 +53,7 @@ def ledgered(
 ) -> Callable[..., Any]:
     """``run(arguments)`` as a ledger tool named ``name``, called with the
     arguments as keywords. ``ledger`` is the way to the ledger: the HTTP
-    client (:mod:`ledgerdash.client`, the default) or the in-process API
+    client (:mod:`ledgerdash_client`, the default) or the in-process API
     (:mod:`ledgerdash.ledger.recording`); calls belong to its current
     ``task``."""
     way = ledger or _default_ledger()

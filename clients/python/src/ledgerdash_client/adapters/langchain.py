@@ -1,12 +1,12 @@
 """LangChain (and LangGraph) tools through the ledger::
 
-    from ledgerdash.adapters.langchain import ledger_tool
+    from ledgerdash_client.adapters.langchain import ledger_tool
 
     send_invoice = ledger_tool(send_invoice, key="invoice:{invoice_id}:send")
 
 The result is a LangChain tool with the same name, description and
 arguments: agents, ``bind_tools`` and LangGraph's ``ToolNode`` use it as
-before. See :mod:`ledgerdash.adapters.base` for what the settings mean.
+before. See :mod:`ledgerdash_client.adapters.base` for what the settings mean.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool
 
-from ledgerdash.adapters.base import ledgered
+from ledgerdash_client.adapters.base import ledgered
 
 
 def ledger_tool(
