@@ -18,13 +18,9 @@ plain way): the answer is the same either way, only the round trips differ.
 ==========================  ==================================================================
 
 ``python -m bench --only fastpaths`` measures each: the same calls with it
-switched off beside all of them on. A fast path that gains under 5% on the
-path it was made for does not earn its place and is not kept: a compiled
-read of an attempt, a per-process copy of the attempt written last (checked
-by the row's version in the next write) and a health check of a connection
-used a moment ago without ``SELECT 1`` were measured at -1.6%, 3.5% and 3.2%
-of an HTTP call and taken out (docs/benchmarks.md, *What each fast path
-gains*).
+switched off beside all of them on. A fast path stays only while it gains
+at least 5% on the path it was made for (docs/benchmarks.md, *What each
+fast path gains*, has the figures, and the ones that did not).
 """
 
 from __future__ import annotations
