@@ -213,6 +213,32 @@ def test_a_linked_retry_awaiting_approval_goes_to_approvers(tenant_a: Tenant, op
     assert delivery.recipients == ["approver@example.com"]
 
 
+def test_a_first_call_held_for_approval_goes_to_approvers_too(
+    guarded: Tenant, approver_a: Any, receiver: Receiver
+) -> None:
+    """What awaits approval is the ledger's one answer (rules.awaiting_approval):
+    a first call its policy held reaches the approvers' rule, not the rule
+    for work that entered manual review."""
+    awaiting = webhook(guarded, receiver, RuleEvent.RETRY_AWAITING_APPROVAL)
+    review = services.rule_create(
+        tenant=guarded, actor=ADMIN, event=RuleEvent.ENTERED_MANUAL_REVIEW, channel_id=awaiting.channel_id
+    )
+    held = recording.record_intent(
+        tenant=guarded,
+        task_id="t",
+        tool_name="charge_card",
+        idempotency_key="order:1:charge",
+        args={"amount_cents": 90000},
+        actor=AGENT,
+    ).attempt
+    assert held.state == "MANUAL_REVIEW"
+    assert outbox.collect_events() == 1
+    delivery = Delivery.objects.get()
+    assert delivery.rule_id == awaiting.pk
+    assert delivery.rule_id != review.pk
+    assert "awaits approval" in json.dumps(delivery.payload)
+
+
 def test_sla_overdue_repeats_until_the_attempt_moves_on(tenant_a: Tenant, receiver: Receiver) -> None:
     webhook(tenant_a, receiver, RuleEvent.SLA_OVERDUE, sla_minutes=60, tool_sla={"send_email": 30}, repeat_minutes=15)
     with clock.frozen_at(T0):

@@ -160,7 +160,21 @@ def awaiting_approval(attempt: Attempt) -> bool:
     provider to look up or verify."""
     if attempt.state != S.MANUAL_REVIEW or attempt.dispatch_count != 0:
         return False
-    return attempt.parent_id is not None or (bool(attempt.approval_required) and attempt.approved_at is None)
+    return attempt.parent_id is not None or (held_first_call(attempt) and attempt.approved_at is None)
+
+
+def held_first_call(attempt: Attempt) -> bool:
+    """A first call (no linked attempt) its policy held for an approver when it was recorded."""
+    return attempt.parent_id is None and bool(attempt.approval_required)
+
+
+def recorded_awaiting_approval(attempt: Attempt, from_state: str, to_state: str) -> bool:
+    """Whether a transition (``from_state`` -> ``to_state``) of ``attempt``
+    is its recording, waiting for an approver: a linked attempt, or a first
+    call held (:func:`awaiting_approval`, as it was when recorded)."""
+    return (
+        from_state == "" and to_state == S.MANUAL_REVIEW and (attempt.parent_id is not None or held_first_call(attempt))
+    )
 
 
 def awaiting_approval_filter(prefix: str = "") -> Q:

@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import F, OuterRef, Subquery
 
-from ledgerdash.ledger import chain, workers
+from ledgerdash.ledger import chain, rules, workers
 from ledgerdash.ledger.events import EventKind
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, State
 from ledgerdash.notify.models import Channel, Rule, RuleEvent
@@ -50,18 +50,17 @@ def matches(rule: Rule, event: AttemptEvent) -> Happening | None:
     attempt = event.attempt
     key = f"event:{event.seq}"
     if event.kind == EventKind.TRANSITION and event.to_state == State.MANUAL_REVIEW and attempt is not None:
-        linked_retry = event.from_state == "" and attempt.parent_id is not None
-        if rule.event == RuleEvent.RETRY_AWAITING_APPROVAL and linked_retry:
-            return Happening(
-                key,
-                f"Linked retry #{attempt.pk} of #{attempt.parent_id} awaits approval",
-                f"{attempt.tool_name}: a linked retry of attempt #{attempt.parent_id} needs an approver. "
-                f"{event.reason}",
-                event.created_at,
-                attempt,
-                event.seq,
-            )
-        if rule.event == RuleEvent.ENTERED_MANUAL_REVIEW and not linked_retry and event.from_state != event.to_state:
+        awaits = rules.recorded_awaiting_approval(attempt, event.from_state, event.to_state)
+        if rule.event == RuleEvent.RETRY_AWAITING_APPROVAL and awaits:
+            if attempt.parent_id is None:
+                title = f"Call #{attempt.pk} awaits approval"
+                body = f"{attempt.tool_name}: its policy holds this call for an approver. {event.reason}"
+            else:
+                title = f"Linked retry #{attempt.pk} of #{attempt.parent_id} awaits approval"
+                body = f"{attempt.tool_name}: a linked retry of attempt #{attempt.parent_id} needs an approver. "
+                body += event.reason
+            return Happening(key, title, body, event.created_at, attempt, event.seq)
+        if rule.event == RuleEvent.ENTERED_MANUAL_REVIEW and not awaits and event.from_state != event.to_state:
             return Happening(
                 key,
                 f"Attempt #{attempt.pk} entered manual review",
@@ -107,7 +106,7 @@ def agent_decision(channel: Channel, event: AttemptEvent) -> Happening | None:
     if event.from_state == event.to_state:
         return None
     decision = ""
-    held = attempt.parent_id is None and bool(attempt.approval_required)
+    held = rules.held_first_call(attempt)
     if (
         (attempt.parent_id is not None or held)
         and event.from_state == State.MANUAL_REVIEW

@@ -34,7 +34,8 @@ class RuleEvent(models.TextChoices):
     log; the last three are conditions the notify worker looks at each loop."""
 
     ENTERED_MANUAL_REVIEW = "entered_manual_review", "an attempt entered manual review"
-    RETRY_AWAITING_APPROVAL = "retry_awaiting_approval", "a linked retry awaits approval"
+    # The name is older than first calls held for approval; it covers both.
+    RETRY_AWAITING_APPROVAL = "retry_awaiting_approval", "a linked retry or a held call awaits approval"
     DUPLICATE_INCIDENT = "duplicate_incident", "a duplicate incident was raised"
     SLA_OVERDUE = "sla_overdue", "an attempt is UNKNOWN or in manual review longer than its SLA"
     AUDIT_BREAK = "audit_break", "verify_audit found a break in the event chain"
