@@ -69,6 +69,64 @@ def test_the_package_has_no_runtime_dependencies() -> None:
     assert "devDependencies" not in package
 
 
+#: A value (not a type) a declaration file promises: a const, function or class.
+DECLARED_VALUE = re.compile(r"^export declare (?:const|function|class) (\w+)", re.M)
+#: A method a declared class promises (instance fields are set by its constructor, not checked here).
+DECLARED_METHOD = re.compile(r"^  (?:static )?(?:async )?(\w+)[(<]", re.M)
+
+CHECK_EXPORTS = """
+const declared = process.argv.at(-1);
+const want = JSON.parse(declared);
+const module = await import("./src/index.js");
+const missing = [];
+for (const [name, members] of Object.entries(want)) {
+  if (!(name in module)) { missing.push(name); continue; }
+  const value = module[name];
+  for (const member of members) {
+    const found = typeof value === "function" && (member in value || member in (value.prototype ?? {}));
+    if (!found) missing.push(`${name}.${member}`);
+  }
+}
+console.log(JSON.stringify(missing));
+"""
+
+
+def _declared() -> dict[str, list[str]]:
+    """Every value the .d.ts files promise, with each declared class's members."""
+    want: dict[str, list[str]] = {}
+    for path in sorted((CLIENT / "src").glob("*.d.ts")):
+        text = path.read_text()
+        for match in DECLARED_VALUE.finditer(text):
+            members: list[str] = []
+            line_end = text.index("\n", match.end())
+            is_class = text[match.start() :].startswith(f"export declare class {match.group(1)}")
+            if is_class and not text[match.end() : line_end].rstrip().endswith("{}"):
+                body = text[line_end : text.index("\n}", line_end)]
+                members = [m for m in DECLARED_METHOD.findall(body) if m != "constructor"]
+            want[match.group(1)] = members
+    return want
+
+
+def test_what_the_declarations_promise_the_javascript_exports() -> None:
+    """The .d.ts files are written by hand beside the JavaScript: every
+    const, function and class they declare, and every member of a declared
+    class, exists in what ``import "@ledgerdash/client"`` gives."""
+    import json
+
+    declared = _declared()
+    assert {"LedgerClient", "ToolCall", "Task", "errorFor", "formatKey"} <= set(declared)
+    assert "dispatch" in declared["LedgerClient"]
+    result = subprocess.run(
+        [_node(), "--input-type=module", "-e", CHECK_EXPORTS, "--", json.dumps(declared)],
+        cwd=CLIENT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout) == []
+
+
 def test_the_clients_own_tests_pass_under_nodes_test_runner() -> None:
     result = subprocess.run(
         [_node(), "--test", "test/client.test.mjs"], cwd=CLIENT, capture_output=True, text=True, timeout=300
