@@ -188,6 +188,7 @@ class Run:
         checker = Checker(self)
         self.start()
         found: list[Violation] = []
+        stop_actors = True
         try:
             while self.world.step < self.steps and not self.world.idle and not found:
                 found = self._step(checker)
@@ -207,8 +208,14 @@ class Run:
             return found
         except Hung as exc:
             return [Violation("I14", self.world.step, str(exc))]
+        except (SystemExit, KeyboardInterrupt):
+            # Stopped from outside (SIGTERM, Ctrl-C): no actor is resumed to wind down, which could wait
+            # on one for the watchdog's two minutes; their threads are daemons and end with the process.
+            stop_actors = False
+            raise
         finally:
-            self.world.stop()
+            if stop_actors:
+                self.world.stop()
 
     def _recovery_again(self) -> list[Violation]:
         """Recovery run twice more at one instant writes nothing."""
