@@ -168,3 +168,21 @@ def test_the_fast_paths_live_in_the_store_and_nothing_outside_knows_its_parts() 
     is its own business."""
     assert _store_parts_imported_from_outside() == {}
     assert {"ledgerdash.ledger.store.statements", "ledgerdash.ledger.store.memory"} <= set(MODULES)
+
+
+def test_the_client_imports_nothing_of_the_server() -> None:
+    """The agents' client (clients/python) is installed without the server:
+    nothing in it imports ``ledgerdash`` or ``reviews`` (the adapters take
+    the in-process ledger as an argument)."""
+    client = ROOT / "clients" / "python" / "src" / "ledgerdash_client"
+    found = {}
+    for path in sorted(client.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            server = [n for n in names if n.split(".")[0] in ("ledgerdash", "reviews")]
+            if server:
+                found[str(path.relative_to(ROOT))] = server
+    assert found == {}
