@@ -35,7 +35,8 @@ def test_the_profile_splits_a_call_beside_the_minimal_peer_and_through_the_api()
     total, statements, checks, sent, requests, rest = (float(x) for x in split.groups())
     assert 0 < statements < total
     assert 0 <= checks < total
-    # Three requests a call, one after another: a kept connection used a moment ago is not asked again.
+    # Three requests a call on a kept connection: Django asks the server (SELECT 1) before each one's
+    # first statement, and the profile counts those checks apart from the call's statements.
     assert requests > 0
-    assert sent < requests / 10
+    assert requests / 2 < sent <= requests
     assert rest > 0
