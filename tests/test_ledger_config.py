@@ -371,6 +371,46 @@ def test_an_export_applied_at_once_changes_nothing(tmp_path: Path, tenant_a: Ten
     assert (head("initech"), head("acme")) == since
 
 
+#: Beside FULL: a rule with no SLA of its own (empty), one with per-tool SLAs,
+#: a disabled email channel, a tool agents run in process, a tenant with
+#: settings left empty.
+MORE = """
+in_process_tools = ["send_email"]
+
+[[tenants.initech.channels]]
+name = "mail"
+kind = "email"
+target = "ops@example.com"
+enabled = false
+
+[[tenants.initech.rules]]
+event = "sla_overdue"
+channel = "mail"
+audience = "owner"
+tool_sla = { "mail.send" = 5 }
+
+[tenants.umbrella]
+name = "Umbrella"
+sla_minutes = ""
+default_owner = ""
+chain_stripes = 2
+
+[tenants.umbrella.policy]
+tools = { send_email = [] }
+"""
+
+
+@pytest.mark.django_db
+def test_an_export_applied_and_exported_again_is_the_same_file(tmp_path: Path) -> None:
+    run("apply", write(tmp_path, MORE + FULL))
+    first = run("export")
+    assert tomllib.loads(first)["tenants"]["initech"]["rules"][1]["sla_minutes"] == ""
+
+    assert run("apply", write(tmp_path, first, "export.toml")).strip().endswith("nothing to apply")
+
+    assert run("export") == first
+
+
 @pytest.mark.django_db
 def test_export_without_a_file_writes_to_standard_output(tenant_a: Tenant) -> None:
     out = run("export")

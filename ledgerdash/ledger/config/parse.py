@@ -177,7 +177,7 @@ RULE_FIELDS = {
     "channel": "str",
     "audience": "str",
     "enabled": "bool",
-    "sla_minutes": "int",
+    "sla_minutes": "int?",
     "tool_sla": "table",
     "repeat_minutes": "int",
     "stalled_minutes": "int",
