@@ -327,6 +327,16 @@ BAD = [
     pytest.param(
         FULL.replace("[tenants.initech.members]", "[tenants.initech.members"), "not valid TOML", id="not-toml"
     ),
+    pytest.param(
+        FULL.replace('"mail.send" = ["mail:send"]', '"mail.send" = [3]'),
+        'tenants.initech.policy.tools."mail.send"[0]: must be a string, not an integer',
+        id="scope-not-a-string",
+    ),
+    pytest.param(
+        FULL.replace("[[tenants.initech.on_call]]", "[tenants.initech.on_call]"),
+        "tenants.initech.on_call: must be an array of tables ([[tenants.initech.on_call]]), not a table",
+        id="table-for-an-array-of-tables",
+    ),
 ]
 
 
@@ -369,6 +379,18 @@ def test_an_export_applied_at_once_changes_nothing(tmp_path: Path, tenant_a: Ten
     assert plan.strip().endswith("nothing to apply")
     assert written() == before
     assert (head("initech"), head("acme")) == since
+
+
+@pytest.mark.django_db
+def test_every_problem_of_the_file_is_named_at_once(tmp_path: Path) -> None:
+    text = FULL.replace("max_checks = 4", 'max_checks = "4"').replace('joanna = "approver"', 'joanna = "boss"')
+    with pytest.raises(CommandError) as raised:
+        run("plan", write(tmp_path, text))
+    assert str(raised.value).splitlines() == [
+        "2 problems in the file (nothing was written):",
+        '  tools."mail.send".max_checks: must be an integer, not a string',
+        "  tenants.initech.members.joanna: unknown role 'boss' (one of viewer, operator, approver, admin)",
+    ]
 
 
 #: Beside FULL: a rule with no SLA of its own (empty), one with per-tool SLAs,

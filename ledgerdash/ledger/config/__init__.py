@@ -2,9 +2,10 @@
 credential bindings and notifications, and the tools, described in one TOML
 file (``manage.py ledger_config``; see docs/configuration.md).
 
-Three steps: :func:`parse` reads the file into the desired state (plain
-dataclasses, every key and type checked, each error naming where in the
-file it is); :func:`make_plan` compares it with the database and lists what
+Three steps: :func:`parse` reads the file into the desired state (its
+shape and types checked by pydantic models, :mod:`.schema`, then its values
+by the models' own validators, each problem named by where in the file it
+is); :func:`make_plan` compares it with the database and lists what
 would be created or changed, what is already so, and what the database has
 that the file does not (kept: nothing is ever deleted), checking each row
 with the models' own validators; :func:`apply` makes those changes, in one
@@ -23,8 +24,9 @@ export applied at once changes nothing.
 
 from __future__ import annotations
 
+from ledgerdash.ledger.config.errors import ConfigError
 from ledgerdash.ledger.config.export import current, export
-from ledgerdash.ledger.config.parse import ConfigError, Desired, parse, parse_file
+from ledgerdash.ledger.config.parse import Desired, parse, parse_file
 from ledgerdash.ledger.config.plan import Plan, Step, apply, make_plan
 
 __all__ = [

@@ -9,8 +9,9 @@ from typing import Any
 import tomli_w
 from django.utils import timezone
 
-from ledgerdash.ledger.config.parse import EMPTY, ConfigError, where_at
+from ledgerdash.ledger.config.errors import ConfigError, where_at
 from ledgerdash.ledger.config.plan import tool_values
+from ledgerdash.ledger.config.schema import EMPTY
 from ledgerdash.ledger.models import Membership, OnCallShift, Policy, Tenant, Tool, ToolCredential
 from ledgerdash.notify.models import Channel, ChannelKind, Rule
 

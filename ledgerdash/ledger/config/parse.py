@@ -1,190 +1,29 @@
-"""Reading a configuration file into the desired state: plain dataclasses,
-every key and type checked, each error naming where in the file it is."""
+"""Reads a file into the desired state: what it says the configuration is.
+
+Two passes, each naming every problem it finds by its place in the file:
+the file's shape and types (:mod:`.schema`, pydantic), then what the
+models' own validators say of the values (a policy's scopes and approval
+conditions, a channel's target) and what must be unique in a tenant. What
+needs the database (a tool a policy names exists, a row the models accept)
+is checked by :func:`~.plan.make_plan`.
+"""
 
 from __future__ import annotations
 
-import json
-import re
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from django.contrib.auth import get_user_model
+import pydantic
 from django.core.exceptions import ValidationError
 
-from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Role, validate_policy_approvals, validate_policy_tools
+from ledgerdash.ledger.config.errors import ConfigError, where_at
+from ledgerdash.ledger.config.schema import TENANT_FIELDS, FileTable, PolicyTable, TenantTable, problems
+from ledgerdash.ledger.models import validate_policy_approvals, validate_policy_tools
 from ledgerdash.notify import services
-from ledgerdash.notify.models import Audience, ChannelKind, RuleEvent
-
-ACTOR = Actor.system("manage.py ledger_config")
-DEFAULT_NOTE = "published by manage.py ledger_config"
-NEW_USER_NOTE = (
-    "no usable password: set one with manage.py set_password (no prompt) or changepassword, or sign in through"
-    " single sign-on"
-)
-#: Nullable fields take this for "not set" (TOML has no null).
-EMPTY = ""
-
-# --- errors -----------------------------------------------------------------------------
-
-
-class ConfigError(Exception):
-    """Bad input: ``where`` in the file (a dotted key path), and what is wrong."""
-
-    def __init__(self, where: str, message: str) -> None:
-        super().__init__(f"{where}: {message}")
-        self.where = where
-        self.message = message
-
-
-_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def _key(name: str) -> str:
-    return name if _BARE.match(name) else json.dumps(name, ensure_ascii=False)
-
-
-def where_at(where: str, *keys: str | int) -> str:
-    for key in keys:
-        where = f"{where}[{key}]" if isinstance(key, int) else (f"{where}.{_key(key)}" if where else _key(key))
-    return where
-
-
-def first_error(exc: ValidationError) -> tuple[str | None, str]:
-    """The field (None: the row as a whole) and message of a model's first complaint."""
-    if hasattr(exc, "error_dict"):
-        name, errors = next(iter(exc.message_dict.items()))
-        return (None if name == "__all__" else name), "; ".join(errors)
-    return None, "; ".join(exc.messages)
-
-
-# --- types ------------------------------------------------------------------------------
-
-
-def _table(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ConfigError(where, f"must be a table, not {_kind(value)}")
-    return value
-
-
-def _tables(value: Any, where: str) -> list[dict[str, Any]]:
-    if not isinstance(value, list):
-        raise ConfigError(where, f"must be an array of tables ([[{where}]]), not {_kind(value)}")
-    return [_table(item, where_at(where, n)) for n, item in enumerate(value)]
-
-
-def _only(table: dict[str, Any], where: str, known: Iterable[str], required: Iterable[str] = ()) -> None:
-    known = list(known)
-    for key in table:
-        if key not in known:
-            raise ConfigError(where_at(where, key), f"unknown key (known here: {', '.join(known)})")
-    for key in required:
-        if key not in table:
-            raise ConfigError(where_at(where, key), "is required")
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "a table"
-    return f"a {type(value).__name__}"
-
-
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(where, f"must be a string, not {_kind(value)}")
-    return value
-
-
-def _check(kind: str, value: Any, where: str) -> Any:
-    """``value`` as a field of ``kind`` wants it; nullable kinds (``?``) take "" for empty."""
-    if kind.endswith("?"):
-        if value == EMPTY:
-            return None
-        kind = kind[:-1]
-    if kind == "str":
-        return _text(value, where)
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(where, f"must be true or false, not {_kind(value)}")
-        return value
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(where, f"must be an integer, not {_kind(value)}")
-        if value < 0:
-            raise ConfigError(where, "must not be negative")
-        return value
-    if kind == "number":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(where, f"must be a number, not {_kind(value)}")
-        return float(value)
-    if kind == "table":
-        return _table(value, where)
-    if kind == "when":
-        if not isinstance(value, datetime):
-            raise ConfigError(where, f"must be a date and time (1979-05-27T07:32:00Z), not {_kind(value)}")
-        if value.tzinfo is None:
-            raise ConfigError(where, "needs an offset (Z for UTC, or +02:00)")
-        return value
-    raise AssertionError(kind)
-
-
-def _fields(table: dict[str, Any], where: str, schema: dict[str, str]) -> dict[str, Any]:
-    return {name: _check(schema[name], table[name], where_at(where, name)) for name in schema if name in table}
-
-
-# --- the desired state ------------------------------------------------------------------
-
-TOOL_FIELDS = {
-    "adapter": "str",
-    "config": "table",
-    "idempotent": "bool",
-    "key_retention_seconds": "int?",
-    "max_request_seconds": "number",
-    "dispatch_lease_seconds": "number?",
-    "backoff_base_seconds": "number",
-    "max_checks": "int",
-    "max_dispatches": "int",
-    "enabled": "bool",
-    "claim_with_intent": "bool",
-}
-TENANT_FIELDS = {
-    "name": "str",
-    "is_active": "bool",
-    "sla_minutes": "int?",
-    "default_owner": "str?",
-    "chain_stripes": "int",
-}
-TENANT_PARTS = ("policy", "members", "credentials", "on_call", "channels", "rules")
-CREDENTIAL_FIELDS = {"tool": "str", "placeholder": "str", "secret_name": "str"}
-SHIFT_FIELDS = {"user": "str", "starts_at": "when", "ends_at": "when"}
-CHANNEL_FIELDS = {"name": "str", "kind": "str", "target": "str", "enabled": "bool"}
-RULE_FIELDS = {
-    "event": "str",
-    "channel": "str",
-    "audience": "str",
-    "enabled": "bool",
-    "sla_minutes": "int?",
-    "tool_sla": "table",
-    "repeat_minutes": "int",
-    "stalled_minutes": "int",
-}
-#: Channel kinds the file describes: an agent's callback follows one API
-#: token, which is made by hand (its secret is shown once), so it is too.
-FILE_CHANNEL_KINDS = (ChannelKind.WEBHOOK, ChannelKind.SLACK, ChannelKind.EMAIL)
 
 
 @dataclass(frozen=True)
@@ -260,43 +99,41 @@ class Desired:
     #: row): policies may allow them.
     in_process: list[str] = field(default_factory=list)
 
-    def usernames(self) -> list[tuple[str, str]]:
-        """Every person the file names, with where it first does."""
-        seen: dict[str, str] = {}
+    def usernames(self) -> list[str]:
+        """Every person the file names, each once, in the file's order."""
+        seen: dict[str, None] = {}
         for tenant in self.tenants:
             owner = tenant.values.get("default_owner")
             if owner:
-                seen.setdefault(owner, where_at(tenant.where, "default_owner"))
+                seen.setdefault(owner)
             for username in tenant.members:
-                seen.setdefault(username, where_at(tenant.where, "members", username))
+                seen.setdefault(username)
             for shift in tenant.on_call:
-                seen.setdefault(shift.user, where_at(shift.where, "user"))
-        return list(seen.items())
+                seen.setdefault(shift.user)
+        return list(seen)
 
 
 def parse(text: str, source: str = "the file") -> Desired:
     """The desired state ``text`` describes, or :class:`ConfigError` naming
-    where it is wrong (a key path; ``source`` for a file that is not TOML)."""
+    where it is wrong (key paths; ``source`` for a file that is not TOML)."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, f"not valid TOML: {exc}") from None
-    _only(raw, "", ("in_process_tools", "tools", "tenants"))
-    tools = [
-        _tool(name, _table(body, where_at("tools", name)))
-        for name, body in _table(raw.get("tools", {}), "tools").items()
-    ]
-    tenants = [
-        _tenant(slug, _table(body, where_at("tenants", slug)))
-        for slug, body in _table(raw.get("tenants", {}), "tenants").items()
-    ]
-    in_process = raw.get("in_process_tools", [])
-    if not isinstance(in_process, list):
-        raise ConfigError("in_process_tools", f"must be an array of tool names, not {_kind(in_process)}")
-    for n, name in enumerate(in_process):
-        if not _text(name, where_at("in_process_tools", n)).strip():
-            raise ConfigError(where_at("in_process_tools", n), "a tool name is not empty")
-    return Desired(source, tools, tenants, list(in_process))
+    try:
+        file = FileTable.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        raise ConfigError.of(problems(exc)) from None
+    reader = _Reader()
+    desired = Desired(
+        source,
+        [ToolSpec(name, where_at("tools", name), tool.given()) for name, tool in file.tools.items()],
+        [reader.tenant(slug, tenant) for slug, tenant in file.tenants.items()],
+        list(file.in_process_tools),
+    )
+    if reader.problems:
+        raise ConfigError.of(reader.problems)
+    return desired
 
 
 def parse_file(path: str | Path) -> Desired:
@@ -308,117 +145,77 @@ def parse_file(path: str | Path) -> Desired:
     return parse(text, str(path))
 
 
-def _username(value: Any, where: str) -> str:
-    name = _text(value, where)
-    try:
-        get_user_model().username_validator(name)
-    except ValidationError as exc:
-        raise ConfigError(where, f"{name!r} is not a username: {'; '.join(exc.messages)}") from None
-    if not name or len(name) > 150:
-        raise ConfigError(where, "a username has 1 to 150 characters")
-    return name
+class _Reader:
+    """The second pass: the values as the models' validators see them."""
 
+    def __init__(self) -> None:
+        self.problems: list[tuple[str, str]] = []
 
-def _tool(name: str, body: dict[str, Any]) -> ToolSpec:
-    where = where_at("tools", name)
-    _only(body, where, TOOL_FIELDS)
-    return ToolSpec(name, where, _fields(body, where, TOOL_FIELDS))
+    def check(self, where: str, validator: Callable[..., Any], *args: Any) -> Any:
+        """``validator(*args)``, or None with its complaint noted as being at ``where``."""
+        try:
+            return validator(*args)
+        except ValidationError as exc:
+            self.problems.append((where, "; ".join(exc.messages)))
+            return None
 
+    def unique(self, keys: list[tuple[Any, ...]], wheres: list[str], message: str) -> None:
+        seen: set[tuple[Any, ...]] = set()
+        for key, where in zip(keys, wheres, strict=True):
+            if key in seen:
+                self.problems.append((where, message))
+            seen.add(key)
 
-def _tenant(slug: str, body: dict[str, Any]) -> TenantSpec:
-    where = where_at("tenants", slug)
-    _only(body, where, [*TENANT_FIELDS, *TENANT_PARTS])
-    values = _fields(body, where, TENANT_FIELDS)
-    if values.get("default_owner"):
-        _username(values["default_owner"], where_at(where, "default_owner"))
-    policy = (
-        _policy(_table(body["policy"], where_at(where, "policy")), where_at(where, "policy"))
-        if "policy" in body
-        else None
-    )
-    members: dict[str, str] = {}
-    for username, role in _table(body.get("members", {}), where_at(where, "members")).items():
-        at = where_at(where, "members", username)
-        _username(username, at)
-        role = _text(role, at)
-        if role not in Role.values:
-            raise ConfigError(at, f"unknown role {role!r} (one of {', '.join(Role.values)})")
-        members[username] = role
-    credentials = []
-    for n, item in enumerate(_tables(body.get("credentials", []), where_at(where, "credentials"))):
-        at = where_at(where, "credentials", n)
-        _only(item, at, CREDENTIAL_FIELDS, required=CREDENTIAL_FIELDS)
-        given = _fields(item, at, CREDENTIAL_FIELDS)
-        credentials.append(CredentialSpec(at, given["tool"], given["placeholder"], given["secret_name"]))
-    _unique([(c.tool, c.placeholder) for c in credentials], credentials, "a second binding of this placeholder")
-    on_call = []
-    for n, item in enumerate(_tables(body.get("on_call", []), where_at(where, "on_call"))):
-        at = where_at(where, "on_call", n)
-        _only(item, at, SHIFT_FIELDS, required=SHIFT_FIELDS)
-        given = _fields(item, at, SHIFT_FIELDS)
-        _username(given["user"], where_at(at, "user"))
-        if given["ends_at"] <= given["starts_at"]:
-            raise ConfigError(where_at(at, "ends_at"), "a shift must end after it starts")
-        on_call.append(ShiftSpec(at, given["user"], given["starts_at"], given["ends_at"]))
-    _unique([(s.user, s.starts_at) for s in on_call], on_call, "a second shift of this person starting then")
-    channels = []
-    for n, item in enumerate(_tables(body.get("channels", []), where_at(where, "channels"))):
-        at = where_at(where, "channels", n)
-        _only(item, at, CHANNEL_FIELDS, required=["name"])
-        given = _fields(item, at, CHANNEL_FIELDS)
-        kind = given.get("kind")
-        if kind is not None and kind not in FILE_CHANNEL_KINDS:
-            raise ConfigError(
-                where_at(at, "kind"),
-                f"{kind!r} is not a channel kind the file describes (one of {', '.join(FILE_CHANNEL_KINDS)}; "
-                "an agent callback is made with its API token, in the dashboard)",
+    def tenant(self, slug: str, table: TenantTable) -> TenantSpec:
+        where = where_at("tenants", slug)
+        policy = self.policy(where_at(where, "policy"), table.policy) if table.policy is not None else None
+        credentials = [
+            CredentialSpec(where_at(where, "credentials", n), c.tool, c.placeholder, c.secret_name)
+            for n, c in enumerate(table.credentials)
+        ]
+        self.unique(
+            [(c.tool, c.placeholder) for c in credentials],
+            [c.where for c in credentials],
+            "a second binding of this placeholder",
+        )
+        on_call = []
+        for n, shift in enumerate(table.on_call):
+            on_call.append(ShiftSpec(where_at(where, "on_call", n), shift.user, shift.starts_at, shift.ends_at))
+            if shift.ends_at <= shift.starts_at:
+                self.problems.append((where_at(where, "on_call", n, "ends_at"), "a shift must end after it starts"))
+        self.unique(
+            [(s.user, s.starts_at) for s in on_call],
+            [s.where for s in on_call],
+            "a second shift of this person starting then",
+        )
+        channels = []
+        for n, channel in enumerate(table.channels):
+            at = where_at(where, "channels", n)
+            target = channel.target
+            if channel.kind is not None and target is not None:
+                target = self.check(where_at(at, "target"), services.check_target, channel.kind, target)
+            channels.append(ChannelSpec(at, channel.name, channel.kind, target, channel.enabled))
+        self.unique([(c.name,) for c in channels], [c.where for c in channels], "a second channel of this name")
+        rules = [
+            RuleSpec(
+                where_at(where, "rules", n),
+                rule.event,
+                rule.channel,
+                {k: v for k, v in rule.given().items() if k not in ("event", "channel")},
             )
-        if kind is not None and "target" in given:
-            try:
-                given["target"] = services.check_target(kind, given["target"])
-            except ValidationError as exc:
-                raise ConfigError(where_at(at, "target"), "; ".join(exc.messages)) from None
-        channels.append(ChannelSpec(at, given["name"], kind, given.get("target"), given.get("enabled")))
-    _unique([(c.name,) for c in channels], channels, "a second channel of this name")
-    rules = []
-    for n, item in enumerate(_tables(body.get("rules", []), where_at(where, "rules"))):
-        at = where_at(where, "rules", n)
-        _only(item, at, RULE_FIELDS, required=["event", "channel"])
-        given = _fields(item, at, RULE_FIELDS)
-        if given["event"] not in RuleEvent.values:
-            raise ConfigError(where_at(at, "event"), f"unknown event (one of {', '.join(RuleEvent.values)})")
-        if "audience" in given and given["audience"] not in Audience.values:
-            raise ConfigError(where_at(at, "audience"), f"unknown audience (one of {', '.join(Audience.values)})")
-        for tool, minutes in given.get("tool_sla", {}).items():
-            if isinstance(minutes, bool) or not isinstance(minutes, int) or minutes <= 0:
-                raise ConfigError(where_at(at, "tool_sla", tool), "a whole number of minutes above 0")
-        settings = {k: v for k, v in given.items() if k not in ("event", "channel")}
-        rules.append(RuleSpec(at, given["event"], given["channel"], settings))
-    _unique([(r.event, r.channel) for r in rules], rules, "a second rule for this event and channel")
-    return TenantSpec(slug, where, values, policy, members, credentials, on_call, channels, rules)
+            for n, rule in enumerate(table.rules)
+        ]
+        self.unique(
+            [(r.event, r.channel) for r in rules],
+            [r.where for r in rules],
+            "a second rule for this event and channel",
+        )
+        values = {k: v for k, v in table.given().items() if k in TENANT_FIELDS}
+        return TenantSpec(slug, where, values, policy, dict(table.members), credentials, on_call, channels, rules)
 
-
-def _unique(keys: list[tuple[Any, ...]], specs: list[Any], message: str) -> None:
-    seen: set[tuple[Any, ...]] = set()
-    for key, spec in zip(keys, specs, strict=True):
-        if key in seen:
-            raise ConfigError(spec.where, message)
-        seen.add(key)
-
-
-def _policy(body: dict[str, Any], where: str) -> PolicySpec:
-    _only(body, where, ("tools", "approvals", "note"), required=["tools"])
-    tools = _table(body["tools"], where_at(where, "tools"))
-    approvals = _table(body.get("approvals", {}), where_at(where, "approvals"))
-    note = _text(body.get("note", DEFAULT_NOTE), where_at(where, "note"))
-    for name, scopes in tools.items():
-        try:
-            validate_policy_tools({name: scopes})
-        except ValidationError as exc:
-            raise ConfigError(where_at(where, "tools", name), "; ".join(exc.messages)) from None
-    for name, condition in approvals.items():
-        try:
-            validate_policy_approvals({name: condition}, tools)
-        except ValidationError as exc:
-            raise ConfigError(where_at(where, "approvals", name), "; ".join(exc.messages)) from None
-    return PolicySpec(where, dict(tools), dict(approvals), note)
+    def policy(self, where: str, table: PolicyTable) -> PolicySpec:
+        for name, scopes in table.tools.items():
+            self.check(where_at(where, "tools", name), validate_policy_tools, {name: scopes})
+        for name, condition in table.approvals.items():
+            self.check(where_at(where, "approvals", name), validate_policy_approvals, {name: condition}, table.tools)
+        return PolicySpec(where, dict(table.tools), dict(table.approvals), table.note)

@@ -16,27 +16,29 @@ from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.utils import timezone
 
+from ledgerdash.ledger.config.errors import ConfigError, first_error, where_at
 from ledgerdash.ledger.config.parse import (
-    ACTOR,
-    NEW_USER_NOTE,
-    TOOL_FIELDS,
     ChannelSpec,
-    ConfigError,
     CredentialSpec,
     Desired,
     PolicySpec,
     RuleSpec,
     ShiftSpec,
     TenantSpec,
-    first_error,
-    where_at,
 )
+from ledgerdash.ledger.config.schema import TOOL_FIELDS
 from ledgerdash.ledger.configuration import acting_as, masked, secret_names
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Membership, OnCallShift, Policy, Tenant, Tool, ToolCredential
 from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.notify import services
 from ledgerdash.notify.models import Channel, ChannelKind, Rule
+
+ACTOR = Actor.system("manage.py ledger_config")
+NEW_USER_NOTE = (
+    "no usable password: set one with manage.py set_password (no prompt) or changepassword, or sign in through"
+    " single sign-on"
+)
 
 # --- the plan ---------------------------------------------------------------------------
 
@@ -172,12 +174,10 @@ def apply(desired: Desired, *, actor: Actor = ACTOR) -> tuple[Plan, list[str]]:
 
 def _user_steps(desired: Desired) -> list[Step]:
     existing = set(
-        _user_model()
-        ._default_manager.filter(username__in=[name for name, _ in desired.usernames()])
-        .values_list("username", flat=True)
+        _user_model()._default_manager.filter(username__in=desired.usernames()).values_list("username", flat=True)
     )
     steps = []
-    for username, _where in desired.usernames():
+    for username in desired.usernames():
         if username in existing:
             continue
 

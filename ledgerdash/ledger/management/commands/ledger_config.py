@@ -51,10 +51,18 @@ class Command(BaseCommand):
             else:
                 plan, shown = config.apply(desired)
         except config.ConfigError as exc:
-            raise CommandError(f"{exc} (nothing was written)") from None
+            raise CommandError(_refusal(exc)) from None
         for line in plan.lines():
             self.stdout.write(line)
         if action == "apply":
             self.stdout.write(self.style.SUCCESS("applied") if plan.changes else "nothing to apply")
             for line in shown:
                 self.stdout.write(line)
+
+
+def _refusal(exc: config.ConfigError) -> str:
+    """What is wrong with the file: one problem on its line, several one a line."""
+    if len(exc.problems) == 1:
+        return f"{exc} (nothing was written)"
+    lines = "".join(f"\n  {where}: {message}" for where, message in exc.problems)
+    return f"{len(exc.problems)} problems in the file (nothing was written):{lines}"
