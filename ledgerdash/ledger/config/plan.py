@@ -1,59 +1,76 @@
-"""What applying the desired state would change, and applying it in one
-transaction, each change the way the dashboard makes it (an event in the
-affected tenant's chain)."""
+"""The plan: the desired state compared with the database, one step per
+thing the file describes (create, change, publish a policy's next version,
+or unchanged), then what the database has that the file does not (kept:
+nothing is ever deleted). Each row is checked by its model's own validators
+first, so what cannot be applied as written is refused here, naming its
+place in the file. Planning writes nothing: each step that changes
+something carries a :class:`Write`, which :mod:`.apply` makes.
+"""
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import models, transaction
+from django.db import models
 from django.utils import timezone
 
 from ledgerdash.ledger.config.errors import ConfigError, first_error, where_at
-from ledgerdash.ledger.config.parse import (
-    ChannelSpec,
-    CredentialSpec,
-    Desired,
-    PolicySpec,
-    RuleSpec,
-    ShiftSpec,
-    TenantSpec,
-)
+from ledgerdash.ledger.config.parse import Desired, PolicySpec, TenantSpec
 from ledgerdash.ledger.config.schema import TOOL_FIELDS
-from ledgerdash.ledger.configuration import acting_as, masked, secret_names
-from ledgerdash.ledger.events import Actor
+from ledgerdash.ledger.configuration import masked, secret_names
 from ledgerdash.ledger.models import Membership, OnCallShift, Policy, Tenant, Tool, ToolCredential
-from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.notify import services
 from ledgerdash.notify.models import Channel, ChannelKind, Rule
 
-ACTOR = Actor.system("manage.py ledger_config")
 NEW_USER_NOTE = (
     "no usable password: set one with manage.py set_password (no prompt) or changepassword, or sign in through"
     " single sign-on"
 )
-
-# --- the plan ---------------------------------------------------------------------------
-
 CREATE, CHANGE, PUBLISH, UNCHANGED, KEPT = "create", "change", "publish", "unchanged", "kept"
+#: What a :class:`Write` writes.
+USER, TENANT, POLICY, TOOL, CREDENTIAL, MEMBERSHIP, SHIFT, CHANNEL, RULE = (
+    "user",
+    "tenant",
+    "policy",
+    "tool",
+    "credential",
+    "membership",
+    "shift",
+    "channel",
+    "rule",
+)
+
+
+@dataclass(frozen=True)
+class Write:
+    """A write the plan calls for: a new ``thing`` (``row`` is None), or
+    ``values`` set on ``row``."""
+
+    thing: str
+    #: The slug of the tenant it belongs to ("" for users and tools).
+    tenant: str = ""
+    #: What the file says of it, where the write needs more than ``values``.
+    spec: Any = None
+    row: models.Model | None = None
+    #: A new row's settings, or the fields of ``row`` that change.
+    values: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Step:
-    """One line of the plan: what happens to one thing, and how."""
+    """One line of the plan: what happens to one thing."""
 
     action: str
     what: str
     details: list[str] = field(default_factory=list)
-    #: Makes the change (None: nothing to do); may return a line to show once.
-    run: Callable[[Actor], str | None] | None = field(default=None, repr=False, compare=False)
+    #: What applying the plan writes for it (None: nothing to do).
+    write: Write | None = field(default=None, repr=False, compare=False)
 
     def describe(self) -> str:
         label = {KEPT: "kept (not in the file)"}.get(self.action, self.action)
@@ -70,7 +87,7 @@ class Plan:
 
     @property
     def changes(self) -> list[Step]:
-        return [s for s in self.steps if s.run is not None]
+        return [s for s in self.steps if s.write is not None]
 
     def summary(self) -> str:
         if not self.changes:
@@ -86,51 +103,6 @@ class Plan:
         if kept:
             body += ["not in the file: kept (never deleted):"] + [f"  {s.what}" for s in kept]
         return [*body, self.summary()]
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "(empty)"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, float) and value.is_integer():
-        return f"{value:g}"
-    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
-
-
-def _moved(name: str, old: Any, new: Any) -> str:
-    return f"{name} from {_show(old)} to {_show(new)}"
-
-
-def _config_moves(old: Any, new: Any, prefix: str = "config", hide_all: bool = False) -> list[str]:
-    """The settings of a tool's config that differ: header values and
-    secret-like settings show only the ``${NAME}`` references they hold."""
-    old = old if isinstance(old, dict) else {}
-    new = new if isinstance(new, dict) else {}
-    found = []
-    for key in sorted(set(old) | set(new), key=str):
-        a, b = old.get(key), new.get(key)
-        if a == b:
-            continue
-        name = f"{prefix}.{key}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            found += _config_moves(a, b, name, hide_all or key == "headers")
-            continue
-        shown_a, shown_b = (None if v is None else (secret_names(v) if hide_all else masked(key, v)) for v in (a, b))
-        found.append(_moved(name, shown_a, shown_b) if shown_a != shown_b else f"{name} changed (not shown)")
-    return found
-
-
-def _user_model() -> Any:
-    return get_user_model()
-
-
-def _user(username: str | None) -> Any:
-    if not username:
-        return None
-    return _user_model()._default_manager.get_by_natural_key(username)
 
 
 def make_plan(desired: Desired) -> Plan:
@@ -155,37 +127,58 @@ def make_plan(desired: Desired) -> Plan:
     return Plan(desired.source, steps)
 
 
-def apply(desired: Desired, *, actor: Actor = ACTOR) -> tuple[Plan, list[str]]:
-    """Make the plan's changes in one transaction (all or none); the plan,
-    and the lines to show once (a new webhook's signing secret)."""
-    shown: list[str] = []
-    with transaction.atomic(), acting_as(actor):
-        plan = make_plan(desired)
-        for step in plan.changes:
-            assert step.run is not None
-            line = step.run(actor)
-            if line:
-                shown.append(line)
-        left = make_plan(desired).changes
-        if left:  # the database must now be as the file says: else undo it all
-            raise RuntimeError("apply left changes unmade: " + "; ".join(step.describe() for step in left))
-    return plan, shown
+def _show(value: Any) -> str:
+    if value is None:
+        return "(empty)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, float) and value.is_integer():
+        return f"{value:g}"
+    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def _moved(name: str, old: Any, new: Any) -> str:
+    return f"{name} from {_show(old)} to {_show(new)}"
+
+
+def _when(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _config_moves(old: Any, new: Any, prefix: str = "config", hide_all: bool = False) -> list[str]:
+    """The settings of a tool's config that differ: header values and
+    secret-like settings show only the ``${NAME}`` references they hold."""
+    old = old if isinstance(old, dict) else {}
+    new = new if isinstance(new, dict) else {}
+    found = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        name = f"{prefix}.{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += _config_moves(a, b, name, hide_all or key == "headers")
+            continue
+        shown_a, shown_b = (None if v is None else (secret_names(v) if hide_all else masked(key, v)) for v in (a, b))
+        found.append(_moved(name, shown_a, shown_b) if shown_a != shown_b else f"{name} changed (not shown)")
+    return found
+
+
+def _refused(where: str, exc: ValidationError) -> ConfigError:
+    bad, message = first_error(exc)
+    return ConfigError(where_at(where, bad) if bad else where, message)
 
 
 def _user_steps(desired: Desired) -> list[Step]:
-    existing = set(
-        _user_model()._default_manager.filter(username__in=desired.usernames()).values_list("username", flat=True)
-    )
-    steps = []
-    for username in desired.usernames():
-        if username in existing:
-            continue
-
-        def create(_actor: Actor, username: str = username) -> None:
-            _user_model()._default_manager.create_user(username=username)
-
-        steps.append(Step(CREATE, f"user {username}", [NEW_USER_NOTE], create))
-    return steps
+    names = desired.usernames()
+    existing = set(get_user_model()._default_manager.filter(username__in=names).values_list("username", flat=True))
+    return [
+        Step(CREATE, f"user {username}", [NEW_USER_NOTE], Write(USER, values={"username": username}))
+        for username in names
+        if username not in existing
+    ]
 
 
 def _tenant_steps(spec: TenantSpec) -> list[Step]:
@@ -197,17 +190,11 @@ def _tenant_steps(spec: TenantSpec) -> list[Step]:
     try:
         probe.full_clean(exclude=["default_owner", "created_at"])
     except ValidationError as exc:
-        bad, message = first_error(exc)
-        raise ConfigError(where_at(spec.where, bad) if bad else spec.where, message) from None
+        raise _refused(spec.where, exc) from None
     what = f"tenant {spec.slug}"
     if current is None:
-
-        def create(_actor: Actor) -> None:
-            values = {k: v for k, v in spec.values.items() if k != "default_owner"}
-            Tenant.objects.create(slug=spec.slug, default_owner=_user(spec.values.get("default_owner")), **values)
-
         details = [f"{k} {_show(v)}" for k, v in spec.values.items()]
-        return [Step(CREATE, what, details, create)]
+        return [Step(CREATE, what, details, Write(TENANT, spec.slug, values=spec.values))]
     now = {
         "name": current.name,
         "is_active": current.is_active,
@@ -218,14 +205,8 @@ def _tenant_steps(spec: TenantSpec) -> list[Step]:
     moved = {k: v for k, v in spec.values.items() if now[k] != v}
     if not moved:
         return [Step(UNCHANGED, what)]
-
-    def change(_actor: Actor) -> None:
-        row = Tenant.objects.get(slug=spec.slug)
-        for name, value in moved.items():
-            setattr(row, name, _user(value) if name == "default_owner" else value)
-        row.save()
-
-    return [Step(CHANGE, what, [_moved(k, now[k], v) for k, v in moved.items()], change)]
+    details = [_moved(k, now[k], v) for k, v in moved.items()]
+    return [Step(CHANGE, what, details, Write(TENANT, spec.slug, row=current, values=moved))]
 
 
 def _normal_tools(tools: dict[str, Any]) -> dict[str, list[str]]:
@@ -266,20 +247,11 @@ def _policy_steps(tenant: TenantSpec, spec: PolicySpec, known: set[str]) -> list
         if old_approvals.get(name) != new_approvals.get(name):
             details.append(_moved(f"approval of {name}", old_approvals.get(name), new_approvals.get(name)))
     version = (current.version + 1) if current is not None else 1
-
-    def publish(actor: Actor) -> None:
-        policy_publish(
-            tenant=Tenant.objects.get(slug=tenant.slug),
-            tools=spec.tools,
-            approvals=spec.approvals,
-            note=spec.note,
-            actor=actor,
-        )
-
-    return [Step(PUBLISH, f"policy of {tenant.slug} v{version}", details, publish)]
+    return [Step(PUBLISH, f"policy of {tenant.slug} v{version}", details, Write(POLICY, tenant.slug, spec))]
 
 
 def tool_values(tool: Tool) -> dict[str, Any]:
+    """A tool's settings, as the file names them."""
     return {name: getattr(tool, name) for name in TOOL_FIELDS}
 
 
@@ -295,8 +267,7 @@ def _tool_instances(desired: Desired) -> dict[str, Tool]:
         try:
             probe.full_clean()
         except ValidationError as exc:
-            bad, message = first_error(exc)
-            raise ConfigError(where_at(spec.where, bad) if bad else spec.where, message) from None
+            raise _refused(spec.where, exc) from None
         tools[spec.name] = probe
     return tools
 
@@ -306,14 +277,10 @@ def _tool_steps(desired: Desired, tools: dict[str, Tool]) -> list[Step]:
     for spec in desired.tools:
         current = Tool.objects.filter(name=spec.name).first()
         what = f"tool {spec.name}"
-        wanted = tool_values(tools[spec.name])
         if current is None:
-
-            def create(_actor: Actor, name: str = spec.name, values: dict[str, Any] = wanted) -> None:
-                Tool.objects.create(name=name, **values)
-
             details = [f"{k} {_show(v)}" for k, v in spec.values.items() if k != "config"]
-            steps.append(Step(CREATE, what, details, create))
+            values = {"name": spec.name, **tool_values(tools[spec.name])}
+            steps.append(Step(CREATE, what, details, Write(TOOL, values=values)))
             continue
         now = tool_values(current)
         moved = {k: v for k, v in spec.values.items() if now[k] != v}
@@ -323,14 +290,7 @@ def _tool_steps(desired: Desired, tools: dict[str, Tool]) -> list[Step]:
         details = []
         for name, value in moved.items():
             details += _config_moves(now[name], value) if name == "config" else [_moved(name, now[name], value)]
-
-        def change(_actor: Actor, name: str = spec.name, moved: dict[str, Any] = moved) -> None:
-            row = Tool.objects.get(name=name)
-            for key, value in moved.items():
-                setattr(row, key, value)
-            row.save()
-
-        steps.append(Step(CHANGE, what, details, change))
+        steps.append(Step(CHANGE, what, details, Write(TOOL, row=current, values=moved)))
     return steps
 
 
@@ -349,49 +309,28 @@ def _credential_steps(tenant: TenantSpec, tools: dict[str, Tool]) -> list[Step]:
             probe.clean_fields(exclude=["tenant", "tool", "created_at"])
             probe.clean()
         except ValidationError as exc:
-            bad, message = first_error(exc)
-            raise ConfigError(where_at(spec.where, bad) if bad else spec.where, message) from None
+            raise _refused(spec.where, exc) from None
         what = f"credential binding {spec.tool} ${{{spec.placeholder}}} in {tenant.slug}"
         current = ToolCredential.objects.filter(
             tenant__slug=tenant.slug, tool__name=spec.tool, placeholder=spec.placeholder
         ).first()
-
-        def create(_actor: Actor, spec: CredentialSpec = spec) -> None:
-            ToolCredential.objects.create(
-                tenant=Tenant.objects.get(slug=tenant.slug),
-                tool=Tool.objects.get(name=spec.tool),
-                placeholder=spec.placeholder,
-                secret_name=spec.secret_name,
-            )
-
-        steps.append(
-            _setting_step(
-                what, current, "secret_name", spec.secret_name, create, f"secret_name {_show(spec.secret_name)}"
-            )
-        )
+        values = {"tool": spec.tool, "placeholder": spec.placeholder, "secret_name": spec.secret_name}
+        create = Write(CREDENTIAL, tenant.slug, values=values)
+        steps.append(_setting_step(what, current, "secret_name", create, f"secret_name {_show(spec.secret_name)}"))
     return steps
 
 
 def _setting_step(
-    what: str,
-    row: models.Model | None,
-    name: str,
-    wanted: Any,
-    create: Callable[[Actor], None],
-    created: str,
-    show: Callable[[Any], Any] = lambda value: value,
+    what: str, row: models.Model | None, name: str, create: Write, created: str, show: Any = lambda value: value
 ) -> Step:
-    """The step for a row that the file settles by one setting: create it
-    (``created`` says with what), leave it, or change that setting."""
+    """The step for a row that the file settles by one setting, ``name``:
+    ``create`` it (``created`` says with what), leave it, or change that setting."""
     if row is None:
         return Step(CREATE, what, [created], create)
+    wanted = create.values[name]
     if getattr(row, name) == wanted:
         return Step(UNCHANGED, what)
-
-    def change(_actor: Actor) -> None:
-        setattr(row, name, wanted)
-        row.save()
-
+    change = Write(create.thing, create.tenant, row=row, values={name: wanted})
     return Step(CHANGE, what, [_moved(name, show(getattr(row, name)), show(wanted))], change)
 
 
@@ -404,13 +343,9 @@ def _member_steps(tenant: TenantSpec) -> list[Step]:
     }
     steps = []
     for username, role in tenant.members.items():
+        create = Write(MEMBERSHIP, tenant.slug, values={"user": username, "role": role})
         what = f"membership {username} in {tenant.slug}"
-        row = current.get(username)
-
-        def create(_actor: Actor, username: str = username, role: str = role) -> None:
-            Membership.objects.create(user=_user(username), tenant=Tenant.objects.get(slug=tenant.slug), role=role)
-
-        steps.append(_setting_step(what, row, "role", role, create, f"role {role}"))
+        steps.append(_setting_step(what, current.get(username), "role", create, f"role {role}"))
     return steps
 
 
@@ -421,23 +356,10 @@ def _shift_steps(tenant: TenantSpec) -> list[Step]:
         row = OnCallShift.objects.filter(
             tenant__slug=tenant.slug, user__username=spec.user, starts_at=spec.starts_at
         ).first()
-
-        def create(_actor: Actor, spec: ShiftSpec = spec) -> None:
-            OnCallShift.objects.create(
-                tenant=Tenant.objects.get(slug=tenant.slug),
-                user=_user(spec.user),
-                starts_at=spec.starts_at,
-                ends_at=spec.ends_at,
-            )
-
-        steps.append(
-            _setting_step(what, row, "ends_at", spec.ends_at, create, f"ends_at {_when(spec.ends_at)}", show=_when)
-        )
+        values = {"user": spec.user, "starts_at": spec.starts_at, "ends_at": spec.ends_at}
+        create = Write(SHIFT, tenant.slug, values=values)
+        steps.append(_setting_step(what, row, "ends_at", create, f"ends_at {_when(spec.ends_at)}", show=_when))
     return steps
-
-
-def _when(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _channel_steps(tenant: TenantSpec) -> list[Step]:
@@ -448,30 +370,10 @@ def _channel_steps(tenant: TenantSpec) -> list[Step]:
         if row is None:
             if spec.kind is None or spec.target is None:
                 raise ConfigError(spec.where, "a new channel needs its kind and target")
-
-            def create(actor: Actor, spec: ChannelSpec = spec) -> str | None:
-                assert spec.kind is not None
-                assert spec.target is not None
-                channel = services.channel_create(
-                    tenant=Tenant.objects.get(slug=tenant.slug),
-                    name=spec.name,
-                    kind=spec.kind,
-                    target=spec.target,
-                    actor=actor,
-                )
-                if spec.enabled is False:
-                    services.channel_update(channel=channel, actor=actor, enabled=False)
-                if channel.secret:
-                    return (
-                        f"channel {channel.name} in {tenant.slug}: signing secret {channel.secret} "
-                        "(shown only now; rotate it on the channel's page for a new one)"
-                    )
-                return None
-
             details = [f"kind {spec.kind}", f"target {_show(spec.target)}"]
             if spec.enabled is False:
                 details.append("disabled")
-            steps.append(Step(CREATE, what, details, create))
+            steps.append(Step(CREATE, what, details, Write(CHANNEL, tenant.slug, spec)))
             continue
         if spec.kind is not None and spec.kind != row.kind:
             raise ConfigError(
@@ -490,12 +392,8 @@ def _channel_steps(tenant: TenantSpec) -> list[Step]:
         if not moved:
             steps.append(Step(UNCHANGED, what))
             continue
-
-        def change(actor: Actor, row: Channel = row, moved: dict[str, Any] = moved) -> None:
-            services.channel_update(channel=row, actor=actor, **moved)
-
         details = [_moved(k, getattr(row, k), v) for k, v in moved.items()]
-        steps.append(Step(CHANGE, what, details, change))
+        steps.append(Step(CHANGE, what, details, Write(CHANNEL, tenant.slug, row=row, values=moved)))
     return steps
 
 
@@ -515,27 +413,15 @@ def _rule_steps(tenant: TenantSpec) -> list[Step]:
             else None
         )
         if row is None:
-
-            def create(actor: Actor, spec: RuleSpec = spec) -> None:
-                services.rule_create(
-                    tenant=Tenant.objects.get(slug=tenant.slug),
-                    actor=actor,
-                    event=spec.event,
-                    channel_id=Channel.objects.get(tenant__slug=tenant.slug, name=spec.channel).pk,
-                    **spec.values,
-                )
-
-            steps.append(Step(CREATE, what, [f"{k} {_show(v)}" for k, v in spec.values.items()], create))
+            details = [f"{k} {_show(v)}" for k, v in spec.values.items()]
+            steps.append(Step(CREATE, what, details, Write(RULE, tenant.slug, spec)))
             continue
         moved = {k: v for k, v in spec.values.items() if getattr(row, k) != v}
         if not moved:
             steps.append(Step(UNCHANGED, what))
             continue
-
-        def change(actor: Actor, row: Rule = row, moved: dict[str, Any] = moved) -> None:
-            services.rule_update(rule=row, actor=actor, **moved)
-
-        steps.append(Step(CHANGE, what, [_moved(k, getattr(row, k), v) for k, v in moved.items()], change))
+        details = [_moved(k, getattr(row, k), v) for k, v in moved.items()]
+        steps.append(Step(CHANGE, what, details, Write(RULE, tenant.slug, row=row, values=moved)))
     return steps
 
 
