@@ -44,6 +44,11 @@ PROCESS = "process"
 HTTP = "http"
 #: through the MCP gateway: the agent's process is the gateway, its tool an upstream MCP server
 MCP = "mcp"
+BASE_SCOPES = ["drill:send", "drill:notify"]
+#: What E and J narrow a tool's scopes to, while an attempt of it is in flight.
+NARROWED_SCOPES = ["drill:send"]
+#: The drill tenant's policy between cases: every tool, the base scopes.
+BASELINE_TOOLS = {tool: BASE_SCOPES for tool in (IDEMPOTENT_TOOL, NON_IDEMPOTENT_TOOL, CLAIMED_TOOL)}
 
 
 @dataclass(frozen=True)

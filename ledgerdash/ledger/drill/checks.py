@@ -33,6 +33,11 @@ S = State
 SETTLED = frozenset({S.OUTCOME_CONFIRMED, S.FAILED, S.MANUAL_REVIEW})
 
 
+def expectation(check: str, outcome: str, code: str = "") -> dict[str, str]:
+    """What a step must come to (a step's ``expect``), judged as the assertion ``check``."""
+    return {"check": check, "outcome": outcome, "code": code}
+
+
 @dataclass
 class Check:
     name: str

@@ -1,4 +1,3 @@
-# Over 600 lines because: a case's run (kill, restart, people's steps, recovery, checks) reads best in one place.
 """The crash drill: failure injection as a deployment gate.
 
 For each case (:mod:`.cases`) real agent workers (:mod:`.agent`) run a task
@@ -12,7 +11,9 @@ recovery runs in rounds, each a reconciler pass followed at once by a second
 pass, both decided at one instant of the ledger's clock (so the second must
 change nothing, however slow the machine). Finally the worker runs the task
 once more. Every case is judged on the ledger and on the sandbox's own effect
-counts (:mod:`.checks`).
+counts (:mod:`.checks`). What a case does between the worker's first run
+and the last is its script (:mod:`.scripts`); this module sets the drill
+up, runs the cases through their scripts and gathers their evidence.
 
 Every run's idempotency keys are ``drill:<run>-<nonce>:<case>``: no earlier
 run (in this database, or in one restored or reset since) can have used
@@ -48,26 +49,27 @@ from django.utils import timezone
 from ledgerdash.ledger import clock, moves
 from ledgerdash.ledger.authority import current_policy
 from ledgerdash.ledger.drill.cases import (
+    BASELINE_TOOLS,
     CASES,
     CLAIMED_TOOL,
     HTTP,
     IDEMPOTENT_TOOL,
     MCP,
+    NARROWED_SCOPES,
     NON_IDEMPOTENT_TOOL,
     Planned,
     fixed_plan,
     random_plan,
 )
-from ledgerdash.ledger.drill.checks import CaseReport, Check, judge
+from ledgerdash.ledger.drill.checks import CaseReport, Check, expectation, judge
 from ledgerdash.ledger.drill.processes import (
     AgentServer,
-    ReconcilerProcess,
     SandboxControl,
-    cut_connection,
     database_url,
     sandbox_service,
     web_service,
 )
+from ledgerdash.ledger.drill.scripts import SCRIPTS, crash_and_restart
 from ledgerdash.ledger.errors import LedgerError
 from ledgerdash.ledger.events import Actor, EventKind
 from ledgerdash.ledger.models import (
@@ -93,23 +95,11 @@ from ledgerdash_client import crashpoints
 __all__ = ["CASES", "Drill", "Planned", "database_url", "fixed_plan", "leave_unknown", "random_plan"]
 
 S = State
-BASE_SCOPES = ["drill:send", "drill:notify"]
-NARROWED_SCOPES = ["drill:send"]
-#: The drill tenant's policy between cases: every tool, the base scopes.
-BASELINE_TOOLS = {tool: BASE_SCOPES for tool in (IDEMPOTENT_TOOL, NON_IDEMPOTENT_TOOL, CLAIMED_TOOL)}
 #: The drill's tools: a request takes at most this long, the lease a little longer.
 MAX_REQUEST_SECONDS = 1.0
 LEASE_SECONDS = 1.5
 MAX_ROUNDS = 10
 ROUND_DEADLINE = 60.0
-#: Claims of the reconcilers the drill kills or cuts off expire after this.
-CHILD_CLAIM_SECONDS = 1
-SETTLE_DEADLINE = 30.0
-
-
-def _expect(check: str, outcome: str, code: str = "") -> dict[str, str]:
-    """What a step must come to, judged as the assertion ``check``."""
-    return {"check": check, "outcome": outcome, "code": code}
 
 
 class Drill:
@@ -285,11 +275,11 @@ class Drill:
         case = CASES[planned.letter]
         keys = [key] if case.keys == 1 else [f"{key}/{n}" for n in range(1, case.keys + 1)]
         report = CaseReport(id=case_id, planned=planned, key=key, keys=keys)
-        script = getattr(self, f"_case_{planned.letter}", self._crash_and_restart)
+        script = SCRIPTS.get(planned.letter, crash_and_restart)
         jobs = [self._job_for(planned, k, f"drill-{run_id}-{case_id}" + k.removeprefix(key)) for k in keys]
-        case_checks: list[Check] = script(planned, report, jobs) or []
+        case_checks: list[Check] = script(self, planned, report, jobs) or []
         for job in jobs:
-            report.steps.append({"step": "worker runs the task once more", **self._job(0, job, "final")})
+            report.steps.append({"step": "worker runs the task once more", **self.run_job(0, job, "final")})
         self.sandbox.clear()
         self._collect(report)
         report.checks = case_checks + judge(report)
@@ -310,244 +300,15 @@ class Drill:
             job.update(adapter=self.adapter_config, max_request_seconds=MAX_REQUEST_SECONDS)
         return job
 
-    def _job(self, worker: int, job: dict[str, Any], name: str, **extra: Any) -> dict[str, Any]:
+    def run_job(self, worker: int, job: dict[str, Any], name: str, **extra: Any) -> dict[str, Any]:
         agent = self.agents[worker]
         run = {**job, **extra, "id": f"{job['key']}#{name}"}
         agent.send(run)
         return agent.collect(run["id"])
 
-    # the cases ------------------------------------------------------------------------------
+    # what the cases' scripts act through ------------------------------------------------------
 
-    def _crash_and_restart(self, planned: Planned, report: CaseReport, jobs: list[dict[str, Any]]) -> None:
-        """A, B, C, E, F: the worker is killed at the crash point, restarts and
-        re-runs the task; recovery runs (E narrows the authority while the
-        attempt is UNKNOWN; F's provider lookup times out)."""
-        if planned.letter == "E":
-            self.sandbox.faults(planned.tool, lookup_5xx=True)
-        if planned.letter == "F":
-            self.sandbox.faults(planned.tool, lookup_timeout=True, lookup_timeout_seconds=2.0)
-        self._crash_then_restart(planned, report, jobs)
-        report.steps += self._recover(planned, report)
-
-    def _crash_then_restart(self, planned: Planned, report: CaseReport, jobs: list[dict[str, Any]]) -> None:
-        for job in jobs:
-            crash = self._job(0, job, "crash", crash_at=planned.crash_at)
-            report.steps.append({"step": f"worker runs the task, killed at {planned.crash_at}", **crash})
-        for job in jobs:
-            report.steps.append({"step": "worker restarts and re-runs the task", **self._job(1, job, "restart")})
-
-    def _case_D(self, planned: Planned, report: CaseReport, jobs: list[dict[str, Any]]) -> None:
-        (job,) = jobs
-        for agent, n in zip(self.agents, (1, 2), strict=True):
-            agent.send({**job, "id": f"{job['key']}#w{n}"})
-        runs = [agent.collect(f"{job['key']}#w{n}") for agent, n in zip(self.agents, (1, 2), strict=True)]
-        report.steps += [{"step": f"worker {n} (same message)", **r} for n, r in zip((1, 2), runs, strict=True)]
-        report.steps += self._recover(planned, report)
-
-    def _case_G(self, planned: Planned, report: CaseReport, jobs: list[dict[str, Any]]) -> list[Check]:
-        """The call is made inside the caller's transaction, which then rolls
-        back: the ledger must refuse before anything is recorded or sent."""
-        (job,) = jobs
-        inside = self._job(0, job, "in-transaction", in_transaction=True)
-        recorded = self._case_attempts(report)
-        performed = self.sandbox.count(job["key"])
-        report.steps.append(
-            {
-                "step": "worker runs the task inside a transaction that rolls back",
-                "attempts_recorded": len(recorded),
-                "performed_at_provider": performed,
-                "expect": _expect("refused_inside_a_transaction", "refused", "inside_transaction"),
-                **inside,
-            }
-        )
-        report.steps.append({"step": "worker re-runs the task outside a transaction", **self._job(1, job, "restart")})
-        report.steps += self._recover(planned, report)
-        return [
-            Check(
-                "nothing_left_behind_by_the_rollback",
-                not recorded and performed == 0,
-                f"after the rolled-back call: {len(recorded)} attempts recorded, {performed} effects at the provider",
-            )
-        ]
-
-    def _case_H(self, planned: Planned, report: CaseReport, jobs: list[dict[str, Any]]) -> list[Check]:
-        """The provider receives the request, cuts the connection, and acts
-        only later: the agent reports UNKNOWN at once, the request is still
-        on its way. An early "not found" must not count; neither a reworded
-        re-run nor a person may send it again meanwhile."""
-        (job,) = jobs
-        self.sandbox.faults(planned.tool, hold=True, hold_seconds=SETTLE_DEADLINE)
-        first = self._job(0, job, "cut-off")
-        report.steps.append({"step": "worker runs the task; the provider cuts the connection and holds it", **first})
-        reworded = {**job, "args": {**job["args"], "note": "reworded by the agent after the error"}}
-        report.steps.append(
-            {
-                "step": "worker re-runs the task with reworded arguments",
-                "expect": {
-                    "check": "reworded_rerun_is_not_sent",
-                    "outcome": "blocked",
-                    "code": "idempotency_key_reused",
-                },
-                **self._job(1, reworded, "reworded"),
-            }
-        )
-        report.steps += self._recover(planned, report, rounds=1)
-        original = self._root(report)
-        report.steps.append(self._person_step(original, "retry_request", expect="refused"))
-        linked = self._newest_child(original)
-        if linked is not None:
-            report.steps.append(self._person_step(linked, "approve", expect="refused"))
-        report.steps.append(
-            {
-                "step": "the provider acts on the held request (it lands late)",
-                "performed": self.sandbox.release(planned.tool),
-            }
-        )
-        report.steps += self._recover(planned, report)
-        return []
-
-    def _case_I(self, planned: Planned, report: CaseReport, jobs: list[dict[str, Any]]) -> list[Check]:
-        """The request was performed, the provider cannot be asked, the
-        original goes to review; an operator requests a retry, then marks the
-        original failed on nobody's evidence. Approving the retry must still
-        need a reason: a person's "failed" is a claim."""
-        self.sandbox.faults(planned.tool, lookup_5xx=True)
-        self._crash_then_restart(planned, report, jobs)
-        report.steps += self._recover(planned, report)
-        original = self._root(report)
-        report.steps.append(self._person_step(original, "retry_request", expect="done"))
-        report.steps.append(self._person_step(original, "mark_failed", expect="done"))
-        linked = self._newest_child(original)
-        if linked is not None:
-            report.steps.append(self._person_step(linked, "approve", expect="refused"))
-        report.steps += self._recover(planned, report)
-        return []
-
-    def _case_J(self, planned: Planned, report: CaseReport, jobs: list[dict[str, Any]]) -> list[Check]:
-        """The worker dies after the intent; the policy then narrows the
-        tool's scope. The restarted worker must not send it under the old
-        authority, and the key must not die: a linked attempt under the new
-        policy goes to review, is approved (the original was never sent) and
-        is sent once."""
-        (job,) = jobs
-        crash = self._job(0, job, "crash", crash_at=planned.crash_at)
-        report.steps.append({"step": f"worker runs the task, killed at {planned.crash_at}", **crash})
-        policy = policy_publish(
-            tenant=self.tenant,
-            tools={**BASELINE_TOOLS, planned.tool: NARROWED_SCOPES},
-            actor=Actor.system("crashdrill"),
-            note="crash drill: scope narrowed between the intent and the dispatch",
-        )
-        report.steps.append(
-            {"step": "the policy changes before dispatch", "policy_version": policy.version, "scopes": NARROWED_SCOPES}
-        )
-        report.steps.append(
-            {
-                "step": "worker restarts and re-runs the task",
-                "expect": {
-                    "check": "not_sent_under_the_old_authority",
-                    "outcome": "refused",
-                    "code": "authorization_changed",
-                },
-                **self._job(1, job, "restart"),
-            }
-        )
-        linked = self._newest_child(self._root(report))
-        if linked is not None:
-            report.steps.append(self._person_step(linked, "approve", expect="done"))
-        report.steps += self._recover(planned, report)
-        linked = self._newest_child(self._root(report))
-        return [
-            Check(
-                "the_key_lives_on_under_the_new_policy",
-                linked is not None and linked.state == S.OUTCOME_CONFIRMED,
-                f"linked attempt #{linked.pk} is {linked.state} under policy v{linked.policy_version}"
-                if linked is not None
-                else "no linked attempt was recorded: the key died with the policy change",
-            )
-        ]
-
-    def _case_K(self, planned: Planned, report: CaseReport, jobs: list[dict[str, Any]]) -> list[Check]:
-        """Three requests left and their workers died; a reconciler claims the
-        batch and is killed after its first decision. Its claims run out and
-        another reconciler finishes the work."""
-        self._crash_then_restart(planned, report, jobs)
-        self._wait_until_due(report)
-        child = ReconcilerProcess(
-            self.workdir,
-            label=f"crashdrill-doomed-{self.nonce}",
-            args=["--once", "--batch-size", "20"],
-            env={crashpoints.ENV: crashpoints.RECONCILER_MID_BATCH, **self._child_claims()},
-        )
-        try:
-            announce = child.wait_for_announce()
-            code = child.kill() if announce is not None else child.proc.wait(timeout=30)
-        finally:
-            child.close()
-        killed = announce is not None and code == -9
-        report.steps.append(
-            {
-                "step": "a reconciler claims the batch and is killed after its first decision",
-                "announced": announce,
-                "exit": code,
-            }
-        )
-        report.steps += self._recover(planned, report)
-        return [
-            Check(
-                "reconciler_killed_mid_batch",
-                killed,
-                f"reconciler pid {child.proc.pid} announced {announce and announce['point']!r} and ended with {code}",
-            )
-        ]
-
-    def _case_L(self, planned: Planned, report: CaseReport, jobs: list[dict[str, Any]]) -> list[Check]:
-        """Three requests left and their workers died; a reconciler loop's
-        database connection is cut in the middle of its batch. It must not
-        stop: close the broken connection, back off, come back and finish."""
-        self._crash_then_restart(planned, report, jobs)
-        self._wait_until_due(report)
-        label = f"crashdrill-survivor-{self.nonce}"
-        child = ReconcilerProcess(
-            self.workdir,
-            label=label,
-            args=["--interval", "0.2", "--max-backoff", "1", "--batch-size", "20"],
-            env={crashpoints.PAUSE_ENV: crashpoints.RECONCILER_MID_BATCH, **self._child_claims()},
-        )
-        try:
-            announce = child.wait_for_announce()
-            cut = cut_connection(announce, child) if announce is not None else "the reconciler never paused"
-            settled = self._wait_until_settled(report, child)
-            alive = child.proc.poll() is None
-            code = child.stop()
-            log = child.log()
-        finally:
-            child.close()
-        lost = "the database is unavailable" in log
-        report.steps.append(
-            {
-                "step": "a reconciler's database connection is cut mid-pass",
-                "announced": announce,
-                "cut": cut,
-                "settled_by_it": settled,
-                "alive_after": alive,
-                "exit_on_sigterm": code,
-                "log": log[-1500:],
-            }
-        )
-        report.steps += self._recover(planned, report)
-        return [
-            Check(
-                "reconciler_survived_a_cut_connection",
-                announce is not None and alive and code == 0 and lost and settled,
-                f"{cut}; it logged the outage: {lost}; it settled the case by itself: {settled}; still running "
-                f"afterwards: {alive}; exit code on SIGTERM: {code}",
-            )
-        ]
-
-    # people's steps and helpers ----------------------------------------------------------------
-
-    def _person_step(self, attempt: Attempt, what: str, *, expect: str) -> dict[str, Any]:
+    def person_step(self, attempt: Attempt, what: str, *, expect: str) -> dict[str, Any]:
         """An operator or approver acting as the case needs, with what happened."""
         operator, approver = Actor.user(self.operator), Actor.user(self.approver)
         step: dict[str, Any] = {"attempt": attempt.pk}
@@ -565,43 +326,25 @@ class Drill:
             step["outcome"] = "done"
         except LedgerError as exc:
             step.update(outcome="refused", code=exc.code, detail=str(exc))
-        step["expect"] = _expect(f"{what}_{'allowed' if expect == 'done' else 'refused'}", expect)
+        step["expect"] = expectation(f"{what}_{'allowed' if expect == 'done' else 'refused'}", expect)
         return step
 
-    def _child_claims(self) -> dict[str, str]:
-        return {"LEDGER_RECONCILER_CLAIM_SECONDS": str(CHILD_CLAIM_SECONDS)}
-
-    def _case_attempts(self, report: CaseReport) -> list[Attempt]:
+    def case_attempts(self, report: CaseReport) -> list[Attempt]:
         match = Q(idempotency_key__in=report.keys)
         return list(Attempt.objects.filter(match, tenant=self.tenant).order_by("id"))
 
-    def _root(self, report: CaseReport) -> Attempt:
-        return Attempt.objects.get(tenant=self.tenant, idempotency_key=report.keys[0], parent__isnull=True)
-
-    @staticmethod
-    def _newest_child(attempt: Attempt) -> Attempt | None:
-        return attempt.children.order_by("-id").first()
-
-    def _wait_until_due(self, report: CaseReport) -> None:
+    def wait_until_due(self, report: CaseReport) -> None:
         """Until every in-flight attempt of the case is due (real time passes: leases run out)."""
         deadline = time.monotonic() + ROUND_DEADLINE
         while time.monotonic() < deadline:
-            due = [a.next_check_at for a in self._case_attempts(report) if a.state in IN_FLIGHT_STATES]
+            due = [a.next_check_at for a in self.case_attempts(report) if a.state in IN_FLIGHT_STATES]
             latest = max((d for d in due if d is not None), default=None)
             if latest is None or latest <= timezone.now():
                 return
             time.sleep(min(0.5, (latest - timezone.now()).total_seconds() + 0.02))
 
-    def _wait_until_settled(self, report: CaseReport, child: ReconcilerProcess) -> bool:
-        deadline = time.monotonic() + SETTLE_DEADLINE
-        while time.monotonic() < deadline and child.proc.poll() is None:
-            if not any(a.state in IN_FLIGHT_STATES for a in self._case_attempts(report)):
-                return True
-            time.sleep(0.1)
-        return False
-
     def _snapshot(self, report: CaseReport) -> tuple[Any, ...]:
-        attempts = self._case_attempts(report)
+        attempts = self.case_attempts(report)
         return (
             [(a.pk, a.state, a.fence, a.owner_id, a.next_check_at) for a in attempts],
             AttemptEvent.objects.filter(attempt__in=attempts).count(),
@@ -609,7 +352,7 @@ class Drill:
 
     def _observe(self, report: CaseReport, moment: str) -> None:
         queue_ids = set(needs_attention([self.tenant.pk]).values_list("id", flat=True))
-        for attempt in self._case_attempts(report):
+        for attempt in self.case_attempts(report):
             if attempt.state in OWNED_STATES:
                 report.observations.append(
                     {
@@ -621,7 +364,7 @@ class Drill:
                     }
                 )
 
-    def _recover(self, planned: Planned, report: CaseReport, *, rounds: int = MAX_ROUNDS) -> list[dict[str, Any]]:
+    def recover(self, planned: Planned, report: CaseReport, *, rounds: int = MAX_ROUNDS) -> list[dict[str, Any]]:
         """Recovery in rounds. A round waits (in real time) until the case's
         next attempt falls due, then runs two passes decided at one instant
         of the ledger's clock: the second must find nothing left to do."""
@@ -630,7 +373,7 @@ class Drill:
         deadline = time.monotonic() + ROUND_DEADLINE
         authority_changed = False
         for number in range(1, rounds + 1):
-            waiting = [a for a in self._case_attempts(report) if a.state in IN_FLIGHT_STATES and a.next_check_at]
+            waiting = [a for a in self.case_attempts(report) if a.state in IN_FLIGHT_STATES and a.next_check_at]
             if not waiting and number > 1:
                 break
             # The first round runs even when nothing waits: recovery must be
@@ -660,7 +403,7 @@ class Drill:
             if (
                 planned.letter == "E"
                 and not authority_changed
-                and any(a.state == S.UNKNOWN for a in self._case_attempts(report))
+                and any(a.state == S.UNKNOWN for a in self.case_attempts(report))
             ):
                 policy = policy_publish(
                     tenant=self.tenant,
@@ -684,7 +427,7 @@ class Drill:
     # evidence ----------------------------------------------------------------------------------
 
     def _collect(self, report: CaseReport) -> None:
-        attempts = self._case_attempts(report)
+        attempts = self.case_attempts(report)
         report.attempts = [
             {
                 "id": a.pk,
@@ -757,7 +500,7 @@ def leave_unknown(drill: Drill, *, count: int, run_id: int) -> list[int]:
                 "args": {"to": f"team-{n}@example.com", "digest": "nightly"},
                 "via": "process",
             }
-            drill._job(0, job, "crash", crash_at=crashpoints.AFTER_SEND)
+            drill.run_job(0, job, "crash", crash_at=crashpoints.AFTER_SEND)
             ids += list(Attempt.objects.filter(tenant=drill.tenant, idempotency_key=key).values_list("id", flat=True))
         time.sleep(LEASE_SECONDS + 0.1)  # past the dispatch lease
         drill.reconciler_factory("crashdrill-reconciler").run_pass()
