@@ -11,8 +11,8 @@ seed replays exactly.
 
 :mod:`.world` the clock and the scheduler; :mod:`.provider` the providers,
 the network and the adapter simulated tools use; :mod:`.scenario` the world
-every run starts from and what a seed draws; :mod:`.actors` agents,
-reconcilers, people and the policy author; :mod:`.invariants` the checks;
-:mod:`.database` the run's own databases; :mod:`.runner` runs, many runs,
-and shrinking a failing one.
+every run starts from and what a seed draws; :mod:`.actors` agents and
+reconcilers; :mod:`.people` people and the policy author;
+:mod:`.invariants` the checks; :mod:`.database` the run's own databases;
+:mod:`.runner` runs, many runs, and shrinking a failing one.
 """

@@ -26,7 +26,7 @@ from ledgerdash.ledger import clock
 from ledgerdash.ledger.models import IN_FLIGHT_STATES, Attempt, AttemptEvent, ChainHead, Tenant
 from ledgerdash.ledger.moves import CREATE_MOVES, LEGAL_MOVES
 from ledgerdash.ledger.reconciler import Reconciler
-from ledgerdash.ledger.simulation import actors, scenario
+from ledgerdash.ledger.simulation import actors, people, scenario
 from ledgerdash.ledger.simulation.database import ScratchDatabases
 from ledgerdash.ledger.simulation.invariants import Checker, Violation
 from ledgerdash.ledger.simulation.provider import Faults, Network, Provider, _running
@@ -157,11 +157,11 @@ class Run:
         for n in range(self.plan.reconcilers):
             self.spawn_reconciler(n, after=rng.uniform(60, 600) if late_start else rng.uniform(0, 5))
         for name in scenario.OPERATORS[1:]:
-            world.spawn(name, "person", actors.operator_body(self, name), after=rng.uniform(0, 60))
+            world.spawn(name, "person", people.operator_body(self, name), after=rng.uniform(0, 60))
         for name in scenario.APPROVERS:
-            world.spawn(name, "person", actors.approver_body(self, name), after=rng.uniform(0, 60))
+            world.spawn(name, "person", people.approver_body(self, name), after=rng.uniform(0, 60))
         if "policy" in self.enabled:
-            world.spawn("policy-author", "author", actors.author_body(self), after=rng.uniform(0, 60))
+            world.spawn("policy-author", "author", people.author_body(self), after=rng.uniform(0, 60))
         world.on_resume = self._on_resume
         self.trace.append(f"{'':>5} seed {self.seed}: faults on: {', '.join(sorted(self.enabled)) or 'none'}")
 
