@@ -14,6 +14,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "ledgerdash"
 
+MODULES_NAMES = {
+    ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    for p in PACKAGE.rglob("*.py")
+    if "migrations" not in p.parts
+}
 #: Modules everything else builds on: the models, and what the models use to
 #: check a tool's configuration. Nothing they import may import them back.
 FOUNDATION = {
@@ -26,6 +31,7 @@ FOUNDATION = {
     "ledgerdash.ledger.providers.factory",
     "ledgerdash.ledger.providers.http",
     "ledgerdash.ledger.providers.registry",
+    *(name for name in MODULES_NAMES if name.startswith("ledgerdash.ledger.providers.presets")),
 }
 
 
@@ -186,3 +192,18 @@ def test_the_client_imports_nothing_of_the_server() -> None:
             if server:
                 found[str(path.relative_to(ROOT))] = server
     assert found == {}
+
+
+def test_the_providers_stand_alone() -> None:
+    """The sandbox provider and the replicas import nothing of Django or the
+    ledger, as a real provider would import neither."""
+    for name, path in MODULES.items():
+        if not name.startswith(("ledgerdash.sandbox", "ledgerdash.replicas")):
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        foreign = {
+            n for n in imported if n.startswith(("django", "ledgerdash.ledger", "ledgerdash_client", "ledgerdash.ops"))
+        }
+        assert not foreign, f"{name} imports {sorted(foreign)}"

@@ -19,7 +19,10 @@ dispatcher's last sign of life:
 
 A lookup is evidence that the request did not land only when it was asked
 at or after that time: the moment it was *asked*, not when its answer
-arrived, since the provider may have looked any time in between.
+arrived, since the provider may have looked any time in between. A lookup
+through a search index sees an effect only some time after it happened
+(the tool's lookup lag): its "not found" counts only once it was asked at
+or after that time plus the lag.
 
 A dispatcher that sends after its lease ran out breaks the first rule: the
 ledger may by then have taken a "not found" for proof. The fence does not
@@ -74,11 +77,25 @@ def could_still_land(attempt: Landing, at: datetime) -> bool:
     return attempt.lands_by is not None and at < attempt.lands_by
 
 
-def not_found_is_evidence(attempt: Landing) -> bool:
+def shows_by(attempt: Landing, lag: float) -> datetime | None:
+    """When a lookup with ``lag`` seconds of lag shows whatever the
+    attempt's last request did: once it could no longer land, plus the lag."""
+    return attempt.lands_by + timedelta(seconds=lag) if attempt.lands_by is not None else None
+
+
+def could_still_hide(attempt: Landing, at: datetime, lag: float) -> bool:
+    """Whether a lookup asked at ``at`` may miss the attempt's request: it may
+    still land, or have landed too recently for a lookup that lags ``lag`` s."""
+    until = shows_by(attempt, lag)
+    return until is not None and at < until
+
+
+def not_found_is_evidence(attempt: Landing, lag: float = 0.0) -> bool:
     """Whether the attempt's last lookup is the provider's word that its
-    request did not land: "not found", asked once it could no longer land."""
+    request did not land: "not found", asked once it could no longer land
+    and the lookup (lagging ``lag`` seconds) would show it."""
     return (
         attempt.last_lookup == "not_found"
         and attempt.last_lookup_at is not None
-        and not could_still_land(attempt, attempt.last_lookup_at)
+        and not could_still_hide(attempt, attempt.last_lookup_at, lag)
     )

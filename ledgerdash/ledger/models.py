@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from ledgerdash.ledger import clock
 from ledgerdash.ledger.audited import AuditedModel
-from ledgerdash.ledger.providers.factory import build_adapter
+from ledgerdash.ledger.providers.factory import build_adapter, preset_facts
 
 #: The most hash chains one tenant's events may be kept in.
 MAX_CHAIN_STRIPES = 32
@@ -443,6 +443,7 @@ class Tool(AuditedModel):
     class Adapter(models.TextChoices):
         HTTP = "http", "generic HTTP (configured, not coded)"
         PYTHON = "python", "a Python class (config: {'class': 'package.module.Class', ...})"
+        PRESET = "preset", "a provider preset (config: {'preset': 'stripe.payment_intent', ...}; docs/providers.md)"
 
     name = models.CharField(max_length=255, unique=True)
     adapter = models.CharField(max_length=16, choices=Adapter.choices, default=Adapter.HTTP)
@@ -474,6 +475,16 @@ class Tool(AuditedModel):
         default=30.0,
         help_text="the adapter's timeout; a request cannot land later than this after it was sent",
     )
+    #: How long after an effect the provider's lookup may still not show it
+    #: (a search index's lag); empty: the preset's documented lag, or none.
+    #: A "not found" counts as evidence only once the request could no
+    #: longer land plus this (ledgerdash.ledger.landing).
+    lookup_lag_seconds = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="how long the lookup may lag behind the provider (a search index); empty: the preset's "
+        "documented lag, or none",
+    )
     enabled = models.BooleanField(default=True)
     #: An agent's intent and its dispatch claim commit together (two commits
     #: per call, not three). Only for an idempotent tool whose lookup can say
@@ -490,7 +501,13 @@ class Tool(AuditedModel):
     class Meta:
         ordering = ["name"]
         constraints = [
-            models.CheckConstraint(condition=Q(adapter__in=["http", "python"]), name="ledger_tool_adapter_valid"),
+            models.CheckConstraint(
+                condition=Q(adapter__in=["http", "python", "preset"]), name="ledger_tool_adapter_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(lookup_lag_seconds__isnull=True) | Q(lookup_lag_seconds__gte=0),
+                name="ledger_tool_lookup_lag_not_negative",
+            ),
             models.CheckConstraint(condition=Q(max_dispatches__gte=1), name="ledger_tool_dispatches_positive"),
             models.CheckConstraint(condition=Q(backoff_base_seconds__gt=0), name="ledger_tool_backoff_positive"),
             models.CheckConstraint(
@@ -524,6 +541,7 @@ class Tool(AuditedModel):
             build_adapter(self)
         except (ValueError, TypeError, ImportError) as exc:
             raise ValidationError({"config": str(exc)}) from exc
+        self._clean_preset()
         if self.claim_with_intent and not self.idempotent:
             raise ValidationError(
                 {
@@ -537,6 +555,34 @@ class Tool(AuditedModel):
                 {
                     "claim_with_intent": "claiming the dispatch with the intent needs a lookup (config.lookup_url): "
                     "without one, a crash after that commit could only be settled by a person"
+                }
+            )
+
+    def _clean_preset(self) -> None:
+        """A preset states its provider's facts: a tool may not say otherwise."""
+        preset = preset_facts(self)
+        if preset is None:
+            return
+        if self.idempotent != preset.deduplicates:
+            said = (
+                f"deduplicates by key for {preset.retention_seconds // 3600} h: idempotent must be true"
+                if preset.deduplicates and preset.retention_seconds
+                else "does not deduplicate: idempotent must be false (the ledger would send a call again that the "
+                "provider performs twice)"
+            )
+            raise ValidationError({"idempotent": f"{preset.provider} ({preset.name}) {said}"})
+        if preset.retention_seconds and (self.key_retention_seconds or 0) > preset.retention_seconds:
+            raise ValidationError(
+                {
+                    "key_retention_seconds": f"{preset.provider} keeps keys for {preset.retention_seconds} s; "
+                    f"a tool cannot count on {self.key_retention_seconds} s"
+                }
+            )
+        if preset.deduplicates and not self.key_retention_seconds:
+            raise ValidationError(
+                {
+                    "key_retention_seconds": f"{preset.provider} forgets keys after {preset.retention_seconds} s: "
+                    "set key_retention_seconds (at most that)"
                 }
             )
 

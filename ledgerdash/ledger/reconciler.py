@@ -76,7 +76,7 @@ from ledgerdash.ledger.errors import (
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, ResultSource, State
 from ledgerdash.ledger.providers import registry
-from ledgerdash.ledger.providers.base import Lookup, LookupStatus, ProviderAdapter
+from ledgerdash.ledger.providers.base import Lookup, LookupStatus, ProviderAdapter, Sought
 from ledgerdash.ledger.providers.registry import ToolProfile
 from ledgerdash_client import crashpoints
 from ledgerdash_client.toolcalls import storable_json
@@ -146,10 +146,21 @@ def _pause_mid_batch() -> None:
     crashpoints.paused(point, detail=backend, on_line=on_line)
 
 
+def sought(attempt: Attempt) -> Sought:
+    """What a lookup looks for: the attempt as the ledger knows it."""
+    return Sought(
+        key=attempt.provider_key,
+        args_hash=attempt.args_hash,
+        args=attempt.args if isinstance(attempt.args, dict) else {},
+        request_id=attempt.provider_request_id,
+        sent_after=attempt.first_dispatched_at or attempt.created_at,
+    )
+
+
 def safe_lookup(adapter: ProviderAdapter, attempt: Attempt) -> Lookup:
     """A lookup never raises: an adapter that fails is a provider that is unavailable."""
     try:
-        return adapter.lookup(key=attempt.provider_key, args_hash=attempt.args_hash)
+        return adapter.find(sought(attempt))
     except Exception as exc:
         log.warning("lookup for attempt %s raised %s", attempt.pk, exc, exc_info=True)
         return Lookup(LookupStatus.UNAVAILABLE, detail=f"adapter raised {type(exc).__name__}: {exc}")
@@ -332,10 +343,15 @@ class Reconciler:
         details = lookup.as_details()
         if lookup.status == LookupStatus.FOUND:
             return self._found(attempt, lookup, details)
+        if lookup.status == LookupStatus.AMBIGUOUS:
+            return self._escalate(
+                attempt, f"the provider's lookup cannot tell: {lookup.detail or 'ambiguous'}", details, asked_at
+            )
         if lookup.status == LookupStatus.NOT_FOUND:
-            if landing.could_still_land(attempt, asked_at):
+            lag = tool.adapter.lookup_lag_seconds
+            if landing.could_still_hide(attempt, asked_at, lag):
                 attempt = moves.attempt_wait_for_landing(
-                    attempt=attempt, actor=self.actor, fence=attempt.fence, lookup=details, looked_at=asked_at
+                    attempt=attempt, actor=self.actor, fence=attempt.fence, lookup=details, looked_at=asked_at, lag=lag
                 )
                 self._log(attempt, "waiting for the request to land")
                 return "waiting"
@@ -357,6 +373,7 @@ class Reconciler:
             error=lookup.detail,
             backoff_base=tool.backoff_base,
             looked_at=asked_at,
+            not_before=lookup.retry_after,
         )
         self._log(attempt, "backed off")
         return "backed_off"
@@ -489,7 +506,12 @@ class Reconciler:
             sent = tool.adapter.dispatch(key=attempt.provider_key, args=attempt.args, on_request_id=on_request_id)
         except NothingHappened as exc:
             attempt = moves.attempt_fail(
-                attempt=holder["attempt"], fence=fence, actor=self.actor, reason=str(exc), retryable=True
+                attempt=holder["attempt"],
+                fence=fence,
+                actor=self.actor,
+                reason=str(exc),
+                retryable=True,
+                not_before=getattr(exc, "retry_after", None),
             )
             self._log(attempt, "rejected")
             return "rejected"

@@ -33,6 +33,7 @@ from ledgerdash.ledger.models import (
     Role,
     State,
 )
+from ledgerdash.ledger.providers.registry import lookup_lag_for
 from ledgerdash.ledger.tenancy import Person
 
 S = State
@@ -90,15 +91,23 @@ def _by_the_facts(attempt: Attempt, now: datetime, name: str) -> OriginalStandin
     if attempt.state == S.FAILED and attempt.failed_because == FailedBecause.PROVIDER:
         return OriginalStanding(proof=f"the provider refused {name}: it did not act")
     if attempt.last_lookup == "not_found" and attempt.last_lookup_at is not None:
-        if landing.not_found_is_evidence(attempt):
+        lag = lookup_lag_for(attempt.tool_name)
+        if landing.not_found_is_evidence(attempt, lag):
             return OriginalStanding(
                 proof=f"the provider did not have {name} at {when(attempt.last_lookup_at)}, after its request could "
-                "no longer land"
+                "no longer land" + (f" and its lookup's lag ({lag:g} s) had passed" if lag else "")
             )
-        assert attempt.lands_by is not None  # else the lookup would be evidence
+        shows_by = landing.shows_by(attempt, lag)
+        assert shows_by is not None  # else the lookup would be evidence
+        if lag and not landing.could_still_land(attempt, attempt.last_lookup_at):
+            return OriginalStanding(
+                risk=f"the provider's last lookup of {name} (not found, {when(attempt.last_lookup_at)}) was asked "
+                f"within its lookup's lag ({lag:g} s, until {when(shows_by)}): a search index may not show it yet, "
+                "so it is not evidence"
+            )
         return OriginalStanding(
             risk=f"the provider's last lookup of {name} (not found, {when(attempt.last_lookup_at)}) was asked "
-            f"before its request could no longer land ({when(attempt.lands_by)}): not evidence"
+            f"before its request could no longer land ({when(attempt.lands_by or shows_by)}): not evidence"
         )
     if attempt.state == S.FAILED and attempt.failed_because == FailedBecause.PERSON:
         return OriginalStanding(

@@ -25,6 +25,7 @@ from ledgerdash.ledger.config.parse import Desired, PolicySpec, TenantSpec
 from ledgerdash.ledger.config.schema import TOOL_FIELDS
 from ledgerdash.ledger.configuration import masked, secret_names
 from ledgerdash.ledger.models import Membership, OnCallShift, Policy, Tenant, Tool, ToolCredential
+from ledgerdash.ledger.providers.factory import preset_facts
 from ledgerdash.notify import services
 from ledgerdash.notify.models import Channel, ChannelKind, Rule
 
@@ -264,6 +265,13 @@ def _tool_instances(desired: Desired) -> dict[str, Tool]:
         probe = copy.copy(current) if current is not None else Tool(name=spec.name)
         for name, value in spec.values.items():
             setattr(probe, name, value)
+        preset = preset_facts(probe)
+        if current is None and preset is not None:
+            # A new preset tool takes its provider's facts unless the file states them.
+            if "idempotent" not in spec.values:
+                probe.idempotent = preset.deduplicates
+            if "key_retention_seconds" not in spec.values:
+                probe.key_retention_seconds = preset.retention_seconds
         try:
             probe.full_clean()
         except ValidationError as exc:

@@ -106,6 +106,7 @@ class ToolTable(_Table):
     key_retention_seconds: OptionalCount = None
     max_request_seconds: float | None = None
     dispatch_lease_seconds: OptionalNumber = None
+    lookup_lag_seconds: OptionalNumber = None
     backoff_base_seconds: float | None = None
     max_checks: Count | None = None
     max_dispatches: Count | None = None

@@ -191,6 +191,44 @@ def sandbox_service(directory: Path, *, name: str = "sandbox") -> Iterator[str]:
             leftover.unlink(missing_ok=True)
 
 
+class ReplicaControl(SandboxControl):
+    """A provider replica's control API: the sandbox's, and a clock and memory of its own."""
+
+    def advance(self, seconds: float) -> None:
+        """Move the replica's clock on (its timestamps, key retention, search lag)."""
+        self._call("POST", "/clock", {"advance": seconds})
+
+    def forget(self) -> None:
+        """Drop every effect and every idempotency key the replica holds."""
+        self._call("DELETE", "/effects")
+
+    def effects(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/effects"))
+
+
+@contextlib.contextmanager
+def replica_service(provider: str) -> Iterator[str]:
+    """Start a replica of ``provider`` (``ledgerdash.replicas``) on a free port; yield its URL."""
+    port = _free_port()
+    proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module, fixed arguments
+        [sys.executable, "-m", "ledgerdash.replicas", provider, "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        control = ReplicaControl(url)
+        deadline = time.monotonic() + 20
+        while not control.healthy():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the {provider} replica did not start")
+            time.sleep(0.05)
+        yield url
+    finally:
+        stop_group(proc, timeout=10)
+
+
 def _wait_for(url: str, proc: subprocess.Popen[Any], what: str, *, seconds: float = 120.0) -> None:
     deadline = time.monotonic() + seconds
     while True:

@@ -433,11 +433,12 @@ def _apply_report(
             fence=None,
             reason=reason or "provider rejected the request before acting",
             updates={
-                "next_check_at": now + backoff(target.dispatch_count),
+                "next_check_at": now
+                + max(backoff(target.dispatch_count), timedelta(seconds=(details or {}).get("retry_after") or 0)),
                 "last_error": clean_text(reason),
                 "lands_by": now,
             },
-            details=_as_late(evidence, fence) if late else None,
+            details={**(details or {}), **(_as_late(evidence, fence) if late else {})} or None,
             now=now,
         )
     return move(
@@ -484,11 +485,21 @@ def attempt_confirm(
     ).attempt
 
 
-def attempt_fail(*, attempt: Attempt, fence: int, actor: Actor, reason: str, retryable: bool = False) -> Attempt:
+def attempt_fail(
+    *,
+    attempt: Attempt,
+    fence: int,
+    actor: Actor,
+    reason: str,
+    retryable: bool = False,
+    not_before: float | None = None,
+) -> Attempt:
     """The provider gave a definitive answer that nothing was done.
 
     ``retryable``: it rejected the request before acting, so the same key
-    may be sent again after a back-off (FAILED_RETRYABLE); otherwise FAILED.
+    may be sent again after a back-off (FAILED_RETRYABLE), and no sooner
+    than ``not_before`` seconds when the provider said so (``Retry-After``);
+    otherwise FAILED.
     """
     return attempt_report(
         attempt=attempt,
@@ -496,6 +507,7 @@ def attempt_fail(*, attempt: Attempt, fence: int, actor: Actor, reason: str, ret
         actor=actor,
         outcome=Outcome.FAILED_RETRYABLE if retryable else Outcome.FAILED,
         reason=reason,
+        details={"retry_after": not_before} if retryable and not_before is not None else None,
     ).attempt
 
 

@@ -116,10 +116,16 @@ def attempt_check_later(
     error: str = "",
     backoff_base: float = 5.0,
     looked_at: datetime | None = None,
+    not_before: float | None = None,
 ) -> Attempt:
-    """UNKNOWN -> UNKNOWN: the provider could not answer; back off, decide nothing."""
+    """UNKNOWN -> UNKNOWN: the provider could not answer; back off, decide
+    nothing. ``not_before``: seconds the provider asked to be left alone
+    (``Retry-After``); the next lookup waits at least that long."""
     only_from(attempt, S.UNKNOWN, "a lookup is retried later")
     now = clock.now()
+    wait = backoff(attempt.check_count + 1, base=backoff_base)
+    if not_before is not None:
+        wait = max(wait, timedelta(seconds=not_before))
     return move(
         attempt,
         to_state=S.UNKNOWN,
@@ -128,7 +134,7 @@ def attempt_check_later(
         reason=reason,
         updates={
             "check_count": attempt.check_count + 1,
-            "next_check_at": now + backoff(attempt.check_count + 1, base=backoff_base),
+            "next_check_at": now + wait,
             "last_lookup": lookup.get("status", ""),
             "last_lookup_at": looked_at or now,
             "last_error": clean_text(error),
@@ -139,30 +145,51 @@ def attempt_check_later(
 
 
 def attempt_wait_for_landing(
-    *, attempt: Attempt, actor: Actor, fence: int, lookup: dict[str, Any], looked_at: datetime | None = None
+    *,
+    attempt: Attempt,
+    actor: Actor,
+    fence: int,
+    lookup: dict[str, Any],
+    looked_at: datetime | None = None,
+    lag: float = 0.0,
 ) -> Attempt:
     """UNKNOWN -> UNKNOWN: the provider does not have it, but the lookup was
-    asked (at ``looked_at``) while the request could still land (see
+    asked (at ``looked_at``) while the request could still land, or before a
+    lookup lagging ``lag`` seconds would show it (see
     :mod:`ledgerdash.ledger.landing`). A "not found" proves nothing yet:
-    look again once it could no longer land."""
+    look again once it would."""
     only_from(attempt, S.UNKNOWN, "waiting for a request to land")
     now = clock.now()
     assert attempt.lands_by is not None
+    shows_by = attempt.lands_by + timedelta(seconds=lag)
+    if lag and (looked_at or now) >= attempt.lands_by:
+        why = (
+            f"not found at the provider yet, but its lookup may lag {lag:g} s behind it (a search index): "
+            f"a request that landed by {attempt.lands_by:%Y-%m-%d %H:%M:%S} UTC shows by "
+            f"{shows_by:%Y-%m-%d %H:%M:%S} UTC; looking again then"
+        )
+    else:
+        why = (
+            f"not found at the provider yet, but the request may still land until "
+            f"{attempt.lands_by:%Y-%m-%d %H:%M:%S} UTC"
+            + (f" and its lookup lags {lag:g} s more" if lag else "")
+            + f"; looking again at {shows_by:%Y-%m-%d %H:%M:%S} UTC"
+        )
+    details: dict[str, Any] = {"lookup": lookup, "lands_by": attempt.lands_by.isoformat(), "counts_as_evidence": False}
+    if lag:
+        details["lookup_lag_seconds"] = lag
     return move(
         attempt,
         to_state=S.UNKNOWN,
         actor=actor,
         fence=fence,
-        reason=(
-            f"not found at the provider yet, but the request may still land until "
-            f"{attempt.lands_by:%Y-%m-%d %H:%M:%S} UTC; looking again then"
-        ),
+        reason=why,
         updates={
-            "next_check_at": max(attempt.lands_by, now) + timedelta(milliseconds=1),
+            "next_check_at": max(shows_by, now) + timedelta(milliseconds=1),
             "last_lookup": lookup.get("status", ""),
             "last_lookup_at": looked_at or now,
         },
-        details={"lookup": lookup, "lands_by": attempt.lands_by.isoformat(), "counts_as_evidence": False},
+        details=details,
         now=now,
     )
 

@@ -1,9 +1,10 @@
 """The provider adapter interface.
 
-An adapter knows four things about a provider: how to dispatch a call with
+An adapter knows five things about a provider: how to dispatch a call with
 an idempotency key, how to look an effect up by that key (or a correlation
 field) and report its payload hash, whether the provider honours keys
-(idempotent), and how long it remembers them.
+(idempotent), how long it remembers them, and how far its lookup may lag
+behind what it did (a search index's lag).
 
 Dispatch raises :class:`~ledgerdash.ledger.errors.NothingHappened` when the
 provider guarantees it did not act, :class:`~ledgerdash.ledger.errors.PermanentFailure`
@@ -13,12 +14,15 @@ Lookup never raises for provider trouble: it answers UNAVAILABLE.
 
 from __future__ import annotations
 
+import email.utils
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
+
+from ledgerdash.ledger.errors import NothingHappened
 
 
 class ProviderAmbiguous(Exception):
@@ -26,10 +30,62 @@ class ProviderAmbiguous(Exception):
     (a 5xx, an unexpected status): the outcome is UNKNOWN."""
 
 
+class RateLimited(NothingHappened):
+    """The provider refused the request before acting because too many came
+    (HTTP 429), and may have said when to come back (``Retry-After``): the
+    same key is sent again no sooner than that."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def retry_after_seconds(value: str | None, *, now: datetime | None = None) -> float | None:
+    """A ``Retry-After`` header's seconds (RFC 9110: delay-seconds or an
+    HTTP date), None when absent or unreadable; never negative, at most a day."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), 86400.0)
+
+
 class LookupStatus(enum.StrEnum):
     FOUND = "found"
     NOT_FOUND = "not_found"
     UNAVAILABLE = "unavailable"
+    #: The provider has effects that may be this call's, and the lookup
+    #: cannot tell which (two matches where one was sought, a match by
+    #: content alone that another call could share): a person decides.
+    AMBIGUOUS = "ambiguous"
+
+
+@dataclass(frozen=True)
+class Sought:
+    """What a lookup looks for: the attempt's key, its arguments and their
+    hash, and what else the ledger knows of it. A provider with no lookup by
+    key finds the call by what the adapter wrote into it (a correlation
+    field, a marker) or by its content, within a window that opens when the
+    call could first have been sent."""
+
+    key: str
+    args_hash: str
+    args: dict[str, Any] = field(default_factory=dict)
+    #: The provider's id for the effect, when a dispatcher recorded one.
+    request_id: str = ""
+    #: When the call could first have been sent (its first dispatch claim).
+    sent_after: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +101,8 @@ class Lookup:
     #: The provider's answer itself (JSON), when it found the effect: kept as
     #: the attempt's result, so a re-run replays what the provider said.
     document: Any = None
+    #: Seconds the provider asked to be left alone (``Retry-After`` on a 429).
+    retry_after: float | None = None
 
     def as_details(self) -> dict[str, Any]:
         """The lookup as it is recorded in the reconciler's event."""
@@ -55,6 +113,8 @@ class Lookup:
             out["payload_hash"] = self.payload_hash
         if self.detail:
             out["detail"] = self.detail[:500]
+        if self.retry_after is not None:
+            out["retry_after"] = self.retry_after
         if self.extra:
             out.update(self.extra)
         return out
@@ -79,6 +139,10 @@ class ProviderAdapter(ABC):
     #: timeout). The ledger counts on no request landing later than this
     #: after it was sent.
     max_request_seconds: float = 30.0
+    #: How long after an effect the lookup may still not show it (a search
+    #: index's lag): a "not found" proves nothing until the request could no
+    #: longer land plus this (:mod:`ledgerdash.ledger.landing`).
+    lookup_lag_seconds: float = 0.0
 
     @abstractmethod
     def dispatch(
@@ -91,6 +155,13 @@ class ProviderAdapter(ABC):
     @abstractmethod
     def lookup(self, *, key: str, args_hash: str) -> Lookup:
         """Ask the provider whether an effect with ``key`` exists."""
+
+    def find(self, sought: Sought) -> Lookup:
+        """Ask the provider whether the call ``sought`` describes happened.
+        The reconciler asks this; by default it is :meth:`lookup` by key. An
+        adapter whose provider has no lookup by key overrides it, to search
+        by what it wrote into the call or by the call's content."""
+        return self.lookup(key=sought.key, args_hash=sought.args_hash)
 
     @property
     def can_dispatch(self) -> bool:

@@ -14,12 +14,15 @@ from typing import Any, Protocol
 
 from django.utils.module_loading import import_string
 
+from ledgerdash.ledger.providers import presets
 from ledgerdash.ledger.providers.base import ProviderAdapter
 from ledgerdash.ledger.providers.http import HttpAdapter, HttpConfig
+from ledgerdash.ledger.providers.presets import PresetAdapter
 
 #: The adapter kinds (``Tool.Adapter``'s values).
 HTTP = "http"
 PYTHON = "python"
+PRESET = "preset"
 
 
 class ToolSettings(Protocol):
@@ -37,6 +40,8 @@ class ToolSettings(Protocol):
     def key_retention_seconds(self) -> int | None: ...
     @property
     def max_request_seconds(self) -> float: ...
+    @property
+    def lookup_lag_seconds(self) -> float | None: ...
 
 
 def build_adapter(
@@ -57,6 +62,11 @@ def build_adapter(
             per_tenant=per_tenant,
             tenant_label=tenant_label,
         )
+    elif tool.adapter == PRESET:
+        config = tool.config if isinstance(tool.config, dict) else {}
+        adapter = presets.preset(config.get("preset"))(
+            tool.name, config, credentials=credentials, per_tenant=per_tenant, tenant_label=tenant_label
+        )
     elif tool.adapter == PYTHON:
         config = dict(tool.config)
         path = config.pop("class", None)
@@ -71,4 +81,21 @@ def build_adapter(
     adapter.idempotent = tool.idempotent
     adapter.key_retention = timedelta(seconds=tool.key_retention_seconds) if tool.key_retention_seconds else None
     adapter.max_request_seconds = float(tool.max_request_seconds)
+    adapter.lookup_lag_seconds = lookup_lag(tool)
     return adapter
+
+
+def lookup_lag(tool: ToolSettings) -> float:
+    """How far ``tool``'s lookup may lag: its own setting, else its preset's documented lag, else none."""
+    if tool.lookup_lag_seconds is not None:
+        return float(tool.lookup_lag_seconds)
+    if tool.adapter == PRESET and isinstance(tool.config, dict) and tool.config.get("preset") in presets.PRESETS:
+        return presets.PRESETS[tool.config["preset"]].documented_lag_seconds
+    return 0.0
+
+
+def preset_facts(tool: ToolSettings) -> type[PresetAdapter] | None:
+    """The preset ``tool`` names, when it is a preset tool with a known preset."""
+    if tool.adapter != PRESET or not isinstance(tool.config, dict):
+        return None
+    return presets.PRESETS.get(tool.config.get("preset", ""))

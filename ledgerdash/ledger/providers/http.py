@@ -48,7 +48,15 @@ import jmespath
 from ledgerdash.ledger import secrets
 from ledgerdash.ledger.canonical import canonical_bytes, sha256_hex
 from ledgerdash.ledger.errors import InvalidArgs, NothingHappened, PermanentFailure
-from ledgerdash.ledger.providers.base import Dispatched, Lookup, LookupStatus, ProviderAdapter, ProviderAmbiguous
+from ledgerdash.ledger.providers.base import (
+    Dispatched,
+    Lookup,
+    LookupStatus,
+    ProviderAdapter,
+    ProviderAmbiguous,
+    RateLimited,
+    retry_after_seconds,
+)
 from ledgerdash_client import crashpoints
 
 MAX_RESPONSE_BYTES = 1024 * 1024
@@ -121,7 +129,7 @@ def _fill(template: str, *, key: str, tool: str) -> str:
         raise ValueError(f"URL template {template!r} may use only {{key}} and {{tool}}: {exc}") from None
 
 
-class _NotSent(Exception):
+class NotSent(Exception):
     """The connection failed before a byte of the request left."""
 
 
@@ -134,46 +142,43 @@ def _search(path: str, document: Any) -> str:
     return found if isinstance(found, str) else json.dumps(found)
 
 
-class HttpAdapter(ProviderAdapter):
-    """Dispatch gives up when the tool's maximum request time
-    (``max_request_seconds``) has passed since it began, counting connecting,
-    sending and reading alike: the ledger relies on no request landing later
-    than that after it was sent."""
+class HttpCalls(ProviderAdapter):
+    """What every adapter that speaks HTTP shares: the tool's credentials
+    (``${NAME}`` placeholders filled from the secrets at call time, a
+    tenant's own binding first) and one request bounded as a whole.
+
+    A request gives up when its time has passed since it began, counting
+    connecting, sending and reading alike: for a dispatch that is the tool's
+    maximum request time (``max_request_seconds``), as the ledger relies on
+    no request landing later than that after it was sent."""
+
+    connect_timeout: float = 3.0
 
     def __init__(
         self,
         tool_name: str,
-        config: HttpConfig,
         *,
         credentials: Mapping[str, str] | None = None,
         per_tenant: Iterable[str] = (),
         tenant_label: str = "",
     ) -> None:
         self.tool_name = tool_name
-        self.config = config
         #: This tenant's bindings: placeholder -> secret name.
         self.credentials = dict(credentials or {})
         #: Placeholders some tenant binds: never filled from a shared secret.
         self.per_tenant = frozenset(per_tenant)
         self.tenant_label = tenant_label
 
-    @classmethod
-    def from_config(cls, tool_name: str, raw: dict[str, Any]) -> HttpAdapter:
-        return cls(tool_name, HttpConfig.from_dict(raw))
-
-    @property
-    def can_dispatch(self) -> bool:
-        return bool(self.config.dispatch_url)
-
-    def _headers(self, extra: dict[str, str]) -> dict[str, str]:
+    def _filled(self, templates: Mapping[str, str], extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Headers from ``templates`` with their secrets filled in, then ``extra``."""
         headers = {"Accept": "application/json", "User-Agent": "ledgerdash"}
-        for name, value in self.config.headers.items():
+        for name, value in templates.items():
             template = string.Template(value)
             filled: dict[str, str] = {}
             for placeholder in template.get_identifiers():
                 filled[placeholder] = self._secret(name, placeholder)
             headers[name] = template.substitute(filled)
-        headers.update(extra)
+        headers.update(extra or {})
         return headers
 
     def _secret(self, header: str, placeholder: str) -> str:
@@ -200,7 +205,7 @@ class HttpAdapter(ProviderAdapter):
             )
         return value
 
-    def _request(
+    def _exchange(
         self,
         method: str,
         url: str,
@@ -210,14 +215,15 @@ class HttpAdapter(ProviderAdapter):
         timeout: float,
         before_send: Callable[[], None] | None = None,
         after_send: Callable[[], None] | None = None,
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, bytes, http.client.HTTPMessage]:
         """One request that gives up ``timeout`` seconds after it began,
         whatever the provider does (a socket timeout alone bounds each read,
-        not the whole response)."""
+        not the whole response): its status, body and headers. Raises
+        :class:`NotSent` when the connection failed before a byte left."""
         deadline = time.monotonic() + timeout
         parts = urllib.parse.urlsplit(url)
         connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        conn = connection_class(parts.hostname or "", parts.port, timeout=min(self.config.connect_timeout, timeout))
+        conn = connection_class(parts.hostname or "", parts.port, timeout=min(self.connect_timeout, timeout))
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
@@ -232,7 +238,7 @@ class HttpAdapter(ProviderAdapter):
             try:
                 conn.connect()
             except OSError as exc:
-                raise _NotSent(f"{type(exc).__name__}: {exc}") from exc
+                raise NotSent(f"{type(exc).__name__}: {exc}") from exc
             if before_send is not None:
                 before_send()
             # The response reads through this socket even after the
@@ -258,13 +264,39 @@ class HttpAdapter(ProviderAdapter):
                     break
                 chunks.append(chunk)
                 size += len(chunk)
-            return response.status, b"".join(chunks)[:MAX_RESPONSE_BYTES]
+            return response.status, b"".join(chunks)[:MAX_RESPONSE_BYTES], response.headers
         except TimeoutError as exc:
             # The whole request's bound ran out, or a socket's (set to what was
             # left of it), whose "timed out" says nothing of which: name it.
             raise TimeoutError(f"no complete answer within {timeout:g}s") from exc
         finally:
             conn.close()
+
+
+class HttpAdapter(HttpCalls):
+    def __init__(
+        self,
+        tool_name: str,
+        config: HttpConfig,
+        *,
+        credentials: Mapping[str, str] | None = None,
+        per_tenant: Iterable[str] = (),
+        tenant_label: str = "",
+    ) -> None:
+        super().__init__(tool_name, credentials=credentials, per_tenant=per_tenant, tenant_label=tenant_label)
+        self.config = config
+        self.connect_timeout = config.connect_timeout
+
+    @classmethod
+    def from_config(cls, tool_name: str, raw: dict[str, Any]) -> HttpAdapter:
+        return cls(tool_name, HttpConfig.from_dict(raw))
+
+    @property
+    def can_dispatch(self) -> bool:
+        return bool(self.config.dispatch_url)
+
+    def _headers(self, extra: dict[str, str]) -> dict[str, str]:
+        return self._filled(self.config.headers, extra)
 
     def dispatch(
         self, *, key: str, args: dict[str, Any], on_request_id: Callable[[str], None] | None = None
@@ -278,7 +310,7 @@ class HttpAdapter(ProviderAdapter):
         headers = self._headers({"Content-Type": "application/json", self.config.idempotency_header: key})
         url = _fill(self.config.dispatch_url, key=key, tool=self.tool_name)
         try:
-            status, data = self._request(
+            status, data, answer = self._exchange(
                 self.config.dispatch_method,
                 url,
                 body=body,
@@ -287,7 +319,7 @@ class HttpAdapter(ProviderAdapter):
                 before_send=lambda: crashpoints.reached(crashpoints.BEFORE_SEND),
                 after_send=lambda: crashpoints.reached(crashpoints.AFTER_SEND),
             )
-        except _NotSent as exc:
+        except NotSent as exc:
             raise NothingHappened(f"could not connect to the provider: {exc}") from None
         snippet = data[:200].decode("utf-8", "replace")
         if 200 <= status < 300:
@@ -301,7 +333,8 @@ class HttpAdapter(ProviderAdapter):
                 response=document,
             )
         if status in self.config.nothing_happened_statuses:
-            raise NothingHappened(f"provider answered HTTP {status} before acting: {snippet}")
+            wait = retry_after_seconds(answer.get("Retry-After"))
+            raise RateLimited(f"provider answered HTTP {status} before acting: {snippet}", wait)
         if status in self.config.permanent_failure_statuses:
             raise PermanentFailure(f"provider refused with HTTP {status}: {snippet}")
         raise ProviderAmbiguous(f"provider answered HTTP {status}, which does not say whether it acted: {snippet}")
@@ -313,16 +346,20 @@ class HttpAdapter(ProviderAdapter):
         started = time.monotonic()
         try:
             headers = self._headers({})
-            status, data = self._request(
+            status, data, answer = self._exchange(
                 self.config.lookup_method, url, body=None, headers=headers, timeout=self.config.lookup_timeout
             )
-        except (_NotSent, NothingHappened, OSError, http.client.HTTPException) as exc:
+        except (NotSent, NothingHappened, OSError, http.client.HTTPException) as exc:
             took = time.monotonic() - started
             return Lookup(LookupStatus.UNAVAILABLE, detail=f"{type(exc).__name__} after {took:.1f}s: {exc}")
         if status in self.config.lookup_not_found_statuses:
             return Lookup(LookupStatus.NOT_FOUND, detail=f"HTTP {status}")
         if not 200 <= status < 300:
-            return Lookup(LookupStatus.UNAVAILABLE, detail=f"HTTP {status}: {data[:200].decode('utf-8', 'replace')}")
+            return Lookup(
+                LookupStatus.UNAVAILABLE,
+                detail=f"HTTP {status}: {data[:200].decode('utf-8', 'replace')}",
+                retry_after=retry_after_seconds(answer.get("Retry-After")) if status == 429 else None,
+            )
         document = _json(data)
         if document is None:
             return Lookup(LookupStatus.UNAVAILABLE, detail=f"HTTP {status} with a body that is not JSON")

@@ -111,3 +111,9 @@ def profile_for(name: str, tenant_id: int | None = None) -> ToolProfile | None:
     """``name``'s profile for calls of ``tenant_id``, or None when no enabled tool has the name."""
     tool = Tool.objects.filter(name=name, enabled=True).first()
     return profile(tool, tenant_id) if tool is not None else None
+
+
+def lookup_lag_for(name: str) -> float:
+    """How far the lookup of tool ``name`` may lag (0 when no tool has the name)."""
+    tool = Tool.objects.filter(name=name).only("adapter", "config", "lookup_lag_seconds").first()
+    return factory.lookup_lag(tool) if tool is not None else 0.0

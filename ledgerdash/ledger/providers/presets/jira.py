@@ -1,0 +1,130 @@
+"""Jira Cloud: create an issue (https://developer.atlassian.com/cloud/jira/platform/rest/v3/).
+
+Jira has no idempotency: the same request sent twice makes two issues.
+Each issue is created with an issue property ``ledgerdash`` (the call's
+reference and the hash of its arguments), set in the same request, and a
+label that is the reference itself (``ld-…``): JQL can search a label
+without an app, where searching a property needs one that indexes it. The
+lookup reads the issue by its id when a dispatcher recorded it (read-after-
+write consistent), else searches ``labels = "ld-…"`` through
+``/rest/api/3/search/jql`` and reads the property from the results.
+Atlassian documents the search as eventually consistent (an issue can take
+a while to be searchable); the preset waits a minute before it takes "not
+found" for an answer.
+
+A 400 names the fields that were wrong, a 401 or 403 the credentials, a
+404 the project: nothing was created. A 5xx says nothing of whether it was.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from ledgerdash.ledger.errors import PermanentFailure
+from ledgerdash.ledger.providers.base import Dispatched, Lookup, Sought
+from ledgerdash.ledger.providers.presets.common import (
+    MARK,
+    LookupUnavailable,
+    Option,
+    PresetAdapter,
+    args_hash,
+    found,
+    not_found,
+    one_match,
+    received,
+    ref,
+)
+
+
+class JiraIssue(PresetAdapter):
+    name = "jira.issue"
+    provider = "Jira"
+    title = "Jira: create an issue"
+    documented_lag_seconds = 60.0
+    default_base_url = "https://your-site.atlassian.net"
+    options: ClassVar[dict[str, Option]] = {
+        "email": Option("the account's email (basic auth with an API token)", required=True),
+        "api_token": Option("the account's API token, as ${NAME}", default="${JIRA_API_TOKEN}"),
+    }
+    refused_statuses = frozenset({400, 401, 403, 404})
+
+    @classmethod
+    def parse_config(cls, config: Any) -> dict[str, str]:
+        if isinstance(config, dict) and not config.get("base_url"):
+            raise ValueError(f"preset {cls.name} needs base_url: your Jira site (https://your-site.atlassian.net)")
+        return super().parse_config(config)
+
+    @classmethod
+    def example_args(cls, key: str) -> dict[str, Any]:
+        return {
+            "fields": {
+                "project": {"key": "OPS"},
+                "issuetype": {"name": "Task"},
+                "summary": f"Agent escalation {key[-40:]}",
+            }
+        }
+
+    def auth_headers(self) -> dict[str, str]:
+        pair = f"{self.settings['email']}:{self.secret('api_token')}".encode()
+        return {"Authorization": "Basic " + base64.b64encode(pair).decode()}
+
+    def send(self, key: str, args: dict[str, Any], on_request_id: Callable[[str], None] | None) -> Dispatched:
+        fields = args.get("fields")
+        if not isinstance(fields, dict):
+            raise PermanentFailure("a Jira issue's arguments are {fields: {...}} as Jira's create request has them")
+        if "properties" in args:
+            raise PermanentFailure("properties are the ledger's on a Jira issue: leave them out of the arguments")
+        labels = fields.get("labels", [])
+        if not isinstance(labels, list):
+            raise PermanentFailure("fields.labels must be a list")
+        body = {
+            **args,
+            "fields": {**fields, "labels": [*labels, ref(key)]},
+            "properties": [{"key": MARK, "value": {"ref": ref(key), "args_sha256": args_hash(args)}}],
+        }
+        answer = self.call("POST", "/rest/api/3/issue", json_body=body, sending=True)
+        document = answer.document if isinstance(answer.document, dict) else {}
+        if answer.status == 201 and document.get("id"):
+            received(on_request_id, str(document["id"]))
+            return Dispatched(request_id=str(document["id"]), response=document)
+        self.refuse_or_doubt(answer, "the issue")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def search(self, sought: Sought) -> Lookup:
+        if sought.request_id.isdigit():
+            answer = self.call(
+                "GET", f"/rest/api/3/issue/{sought.request_id}", params={"fields": "summary,labels", "properties": MARK}
+            )
+            if answer.ok and _reference(answer.document) == ref(sought.key):
+                return self._found(answer.document)
+        params = {
+            "jql": f'labels = "{ref(sought.key)}"',
+            "fields": "summary,labels",
+            "properties": MARK,
+            "maxResults": "50",
+        }
+        answer = self.call("GET", "/rest/api/3/search/jql", params=params)
+        issues = answer.document.get("issues") if isinstance(answer.document, dict) else None
+        if not isinstance(issues, list):
+            raise LookupUnavailable(f"Jira's search answered without issues (HTTP {answer.status})")
+        match = one_match([i for i in issues if _reference(i) == ref(sought.key)], "issues")
+        if match is None:
+            return not_found(f"Jira's search has no issue labelled {ref(sought.key)} (its index can lag)")
+        return self._found(match)
+
+    def _found(self, issue: dict[str, Any]) -> Lookup:
+        value = (issue.get("properties") or {}).get(MARK) or {}
+        return found(
+            str(issue.get("id", "")),
+            str(value.get("args_sha256", "")),
+            issue,
+            f"issue {issue.get('key')} carries this call's reference",
+        )
+
+
+def _reference(issue: Any) -> str:
+    properties = issue.get("properties") if isinstance(issue, dict) else None
+    value = properties.get(MARK) if isinstance(properties, dict) else None
+    return str(value.get("ref", "")) if isinstance(value, dict) else ""

@@ -1,0 +1,201 @@
+"""Stripe: payment intents and refunds (https://docs.stripe.com/api).
+
+Stripe deduplicates: a request with an ``Idempotency-Key`` it has seen
+replays the first answer (``Idempotent-Replayed: true``) for at least 24
+hours; the same key with other parameters is refused with an
+``idempotency_error`` (HTTP 400), and while the first request with a key
+is still running, another with it gets HTTP 409. Request bodies are forms
+(``metadata[ledgerdash_ref]=…``); answers are JSON.
+
+Each call carries ``metadata[ledgerdash_ref]`` (:func:`~.common.ref` of its
+key) and ``metadata[ledgerdash_args_sha256]`` (the ledger's hash of its
+arguments). A payment intent is found by its id when a dispatcher recorded
+one (read-after-write consistent), else through the search API
+(``metadata['ledgerdash_ref']:'…'``), which Stripe says is not for
+read-after-write: data is searchable "in less than a minute" and can be
+"up to an hour" behind during outages, hence the preset's lag of an hour.
+Refunds have no search: they are found by listing the payment intent's
+refunds (consistent; no lag).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
+from ledgerdash.ledger.providers.base import Dispatched, Lookup, Sought
+from ledgerdash.ledger.providers.presets.common import (
+    MARK,
+    Answer,
+    LookupUnavailable,
+    Option,
+    PresetAdapter,
+    args_hash,
+    found,
+    not_found,
+    one_match,
+    received,
+    ref,
+)
+
+REF = f"{MARK}_ref"
+ARGS_HASH = f"{MARK}_args_sha256"
+#: Stripe's longest idempotency key; a longer ledger key is sent as its reference.
+MAX_KEY = 255
+
+
+def form(args: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """``args`` as Stripe's form encoding: ``a[b]=…`` for objects, ``a[0]=…`` for lists."""
+    pairs: list[tuple[str, str]] = []
+    for name, value in args.items():
+        field = f"{prefix}[{name}]" if prefix else str(name)
+        if isinstance(value, dict):
+            pairs.extend(form(value, field))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    pairs.extend(form(item, f"{field}[{i}]"))
+                else:
+                    pairs.append((f"{field}[{i}]", _scalar(item)))
+        elif value is not None:
+            pairs.append((field, _scalar(value)))
+    return pairs
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class _Stripe(PresetAdapter):
+    provider = "Stripe"
+    deduplicates = True
+    retention_seconds = 24 * 3600
+    default_base_url = "https://api.stripe.com"
+    options: ClassVar[dict[str, Option]] = {
+        "secret_key": Option("the secret API key, as ${NAME}", default="${STRIPE_SECRET_KEY}"),
+        "stripe_account": Option("a connected account to act for (Stripe-Account header); empty: your own"),
+    }
+    #: The API path of the object the preset creates.
+    path: ClassVar[str]
+    noun: ClassVar[str]
+
+    def auth_headers(self) -> dict[str, str]:
+        headers = {"Authorization": "Bearer " + self.secret("secret_key")}
+        if self.settings["stripe_account"]:
+            headers["Stripe-Account"] = self.settings["stripe_account"]
+        return headers
+
+    def send(self, key: str, args: dict[str, Any], on_request_id: Callable[[str], None] | None) -> Dispatched:
+        metadata = args.get("metadata") or {}
+        if not isinstance(metadata, dict) or {REF, ARGS_HASH} & set(metadata):
+            raise PermanentFailure(f"metadata must be an object without {REF} or {ARGS_HASH} (the ledger writes them)")
+        body = {**args, "metadata": {**metadata, REF: ref(key), ARGS_HASH: args_hash(args)}}
+        answer = self._post(self.path, form(body), key)
+        if answer.ok and isinstance(answer.document, dict) and answer.document.get("id"):
+            received(on_request_id, str(answer.document["id"]))
+            return Dispatched(request_id=str(answer.document["id"]), response=answer.document)
+        error = (answer.document or {}).get("error", {}) if isinstance(answer.document, dict) else {}
+        if error.get("type") == "idempotency_error":
+            if answer.status == 409:
+                raise NothingHappened(
+                    "Stripe is still running an earlier request with this key (HTTP 409): nothing was done by this one"
+                )
+            raise PermanentFailure(
+                "Stripe refused: this key was already used with other parameters (idempotency_error); an effect "
+                f"under it exists that is not this call's: {error.get('message', '')}"
+            )
+        self.refuse_or_doubt(answer, f"the {self.noun}")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _post(self, path: str, body: list[tuple[str, str]], key: str) -> Answer:
+        """The one request that may act, with the key Stripe deduplicates on."""
+        sent_key = key if len(key) <= MAX_KEY else ref(key)
+        return self.call("POST", path, form=body, headers={"Idempotency-Key": sent_key}, sending=True)
+
+    def _ours(self, document: Any, sought: Sought) -> Lookup | None:
+        metadata = document.get("metadata") or {} if isinstance(document, dict) else {}
+        if metadata.get(REF) != ref(sought.key):
+            return None
+        return found(
+            str(document.get("id", "")),
+            str(metadata.get(ARGS_HASH, "")),
+            document,
+            f"{self.noun} {document.get('id')} carries this call's reference (status {document.get('status', '?')})",
+        )
+
+
+class PaymentIntent(_Stripe):
+    name = "stripe.payment_intent"
+    title = "Stripe: create a payment intent"
+    documented_lag_seconds = 3600.0
+    path = "/v1/payment_intents"
+    noun = "payment intent"
+
+    @classmethod
+    def example_args(cls, key: str) -> dict[str, Any]:
+        return {"amount": 1999, "currency": "usd", "description": f"order {key}", "metadata": {"order": key[-40:]}}
+
+    def search(self, sought: Sought) -> Lookup:
+        if sought.request_id.startswith("pi_"):
+            answer = self.call("GET", f"{self.path}/{sought.request_id}")
+            if answer.ok:
+                mine = self._ours(answer.document, sought)
+                if mine is not None:
+                    return mine
+        reference = ref(sought.key)
+        answer = self.call("GET", f"{self.path}/search", params={"query": f"metadata['{REF}']:'{reference}'"})
+        data = answer.document.get("data") if isinstance(answer.document, dict) else None
+        if not isinstance(data, list):
+            raise LookupUnavailable(f"Stripe's search answered without a data list (HTTP {answer.status})")
+        match = one_match([d for d in data if self._ours(d, sought)], "payment intents")
+        if match is None:
+            return not_found(
+                f"Stripe's search has no payment intent with {REF} {reference} (the search index can lag "
+                "behind by up to an hour)"
+            )
+        mine = self._ours(match, sought)
+        assert mine is not None
+        return mine
+
+
+class Refund(_Stripe):
+    name = "stripe.refund"
+    title = "Stripe: refund a payment intent"
+    path = "/v1/refunds"
+    noun = "refund"
+
+    @classmethod
+    def example_args(cls, key: str) -> dict[str, Any]:
+        return {"payment_intent": "pi_drill", "amount": 500, "reason": "requested_by_customer"}
+
+    def send(self, key: str, args: dict[str, Any], on_request_id: Callable[[str], None] | None) -> Dispatched:
+        if not isinstance(args.get("payment_intent"), str):
+            raise PermanentFailure("a refund's arguments need payment_intent (the intent it refunds), by its id")
+        return super().send(key, args, on_request_id)
+
+    def search(self, sought: Sought) -> Lookup:
+        intent = sought.args.get("payment_intent")
+        if not isinstance(intent, str):
+            raise LookupUnavailable("a refund is found through its payment intent; the call's arguments name none")
+        params = {"payment_intent": intent, "limit": "100"}
+        matches: list[Any] = []
+        for _ in range(20):  # 2,000 refunds of one payment intent: past that, a person looks
+            answer = self.call("GET", self.path, params=params)
+            data = answer.document.get("data") if isinstance(answer.document, dict) else None
+            if not isinstance(data, list):
+                raise LookupUnavailable(f"Stripe's refund list answered without a data list (HTTP {answer.status})")
+            matches += [d for d in data if self._ours(d, sought)]
+            if not answer.document.get("has_more") or not data:
+                break
+            params["starting_after"] = str(data[-1].get("id", ""))
+        else:
+            raise LookupUnavailable(f"payment intent {intent} has more than 2,000 refunds: not all were read")
+        match = one_match(matches, "refunds")
+        if match is None:
+            return not_found(f"no refund of {intent} carries this call's reference")
+        mine = self._ours(match, sought)
+        assert mine is not None
+        return mine

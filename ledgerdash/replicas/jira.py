@@ -1,0 +1,148 @@
+"""A replica of Jira Cloud's REST API for issues (versions 2 and 3).
+
+As Atlassian documents it: HTTP basic auth with an email and an API token;
+``POST /rest/api/3/issue`` with ``fields`` and ``properties`` answers 201
+with ``id``, ``key`` and ``self``, or 400 with ``errorMessages`` and
+``errors`` by field; ``GET /rest/api/3/issue/<id or key>`` with ``fields``
+and ``properties`` reads it at once; ``/rest/api/3/search/jql`` takes JQL
+(here: ``labels = "…"``, ``project = KEY`` and ``key = K-1``, joined by
+``AND``), ``fields``, ``properties``, ``maxResults`` and ``nextPageToken``,
+and shows an issue only once it is indexed (the search lag). No
+idempotency. Every project key exists except ``GONE``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ledgerdash.replicas.core import ACT, READ, SEARCH, Effect, Handler, Replica, Request, Response, iso
+
+API = r"/rest/api/(?:2|3)"
+CLAUSE = re.compile(r'(labels|project|key)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([A-Za-z0-9_.-]+))', re.IGNORECASE)
+
+
+def problem(status: int, messages: list[str] | None = None, **errors: str) -> Response:
+    return Response(status, {"errorMessages": messages or [], "errors": errors})
+
+
+class Jira(Replica):
+    name = "jira"
+
+    def routes(self) -> list[tuple[str, str, str, Handler]]:
+        return [
+            ("POST", API + r"/issue", ACT, self.create),
+            ("GET", API + r"/issue/([^/]+)", READ, self.get),
+            ("GET", API + r"/search/jql", SEARCH, self.search),
+            ("POST", API + r"/search/jql", SEARCH, self.search),
+            ("GET", API + r"/field", READ, lambda _request: Response(200, [])),
+            ("GET", API + r"/serverInfo", READ, self.server_info),
+        ]
+
+    def authorized(self, request: Request) -> Response | None:
+        user, token = request.basic()
+        if user and token:
+            return None
+        return problem(401, ["You are not authenticated. Authentication required to perform this operation."])
+
+    def rate_limit_body(self) -> Any:
+        return {"errorMessages": ["Rate limit exceeded."], "errors": {}}
+
+    def server_error_body(self) -> Any:
+        return {"errorMessages": ["Internal server error"], "errors": {}}
+
+    def server_info(self, request: Request) -> Response:
+        base = f"http://{request.headers.get('Host', 'localhost')}"
+        return Response(
+            200, {"baseUrl": base, "version": "1001.0.0", "versionNumbers": [1001, 0, 0], "deploymentType": "Cloud"}
+        )
+
+    def create(self, request: Request) -> Response:
+        body = request.json()
+        fields = body.get("fields") if isinstance(body, dict) else None
+        if not isinstance(fields, dict):
+            return problem(400, ["the request needs fields"])
+        project = (fields.get("project") or {}).get("key") if isinstance(fields.get("project"), dict) else None
+        if not isinstance(project, str) or not project or project == "GONE":
+            return problem(400, project="valid project is required")
+        if not isinstance(fields.get("summary"), str) or not fields["summary"].strip():
+            return problem(400, summary="You must specify a summary of the issue.")
+        if not isinstance(fields.get("issuetype"), dict):
+            return problem(400, issuetype="Specify an issue type")
+        labels = fields.get("labels", [])
+        if not isinstance(labels, list) or any(not isinstance(x, str) or " " in x for x in labels):
+            return problem(400, labels="Labels cannot contain spaces")
+        properties = {}
+        for item in body.get("properties") or []:
+            if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+                return problem(400, ["properties are objects with a key and a value"])
+            properties[item["key"]] = item.get("value")
+        issue_id = str(10000 + self.next_id())
+        number = 1 + sum(1 for e in self.of_kind("issue") if e.document["fields"]["project"]["key"] == project)
+        key = f"{project}-{number}"
+        host = request.headers.get("Host", "localhost")
+        issue = {
+            "id": issue_id,
+            "key": key,
+            "self": f"http://{host}/rest/api/3/issue/{issue_id}",
+            "fields": {**fields, "labels": labels, "created": iso(self.now()), "status": {"name": "To Do"}},
+            "properties": properties,
+        }
+        self.record(Effect("issue", issue_id, self.now(), issue))
+        return Response(201, {"id": issue_id, "key": key, "self": issue["self"]})
+
+    @staticmethod
+    def _shown(issue: dict[str, Any], request: Request) -> dict[str, Any]:
+        wanted_fields = [f for f in request.arg("fields", "*all").split(",") if f]
+        wanted_props = [p for p in request.arg("properties").split(",") if p]
+        fields = issue["fields"]
+        if "*all" not in wanted_fields and "*navigable" not in wanted_fields:
+            fields = {k: v for k, v in fields.items() if k in wanted_fields}
+        shown = {k: issue[k] for k in ("id", "key", "self")}
+        shown["fields"] = fields
+        if wanted_props:
+            everything = "*all" in wanted_props
+            shown["properties"] = {k: v for k, v in issue["properties"].items() if everything or k in wanted_props}
+        return shown
+
+    def get(self, request: Request) -> Response:
+        wanted = request.groups[0]
+        issue = next((e.document for e in self.of_kind("issue") if wanted in (e.id, e.document["key"])), None)
+        if issue is None:
+            return problem(404, ["Issue does not exist or you do not have permission to see it."])
+        return Response(200, self._shown(issue, request))
+
+    def search(self, request: Request) -> Response:
+        if request.method == "POST":
+            posted = request.json() or {}
+            request.query.update({k: [",".join(v) if isinstance(v, list) else str(v)] for k, v in posted.items()})
+        jql = re.split(r"\s+ORDER\s+BY\s+", request.arg("jql"), flags=re.IGNORECASE)[0].strip()
+        clauses = [c.strip() for c in re.split(r"\s+AND\s+", jql, flags=re.IGNORECASE)] if jql else []
+        wanted = []
+        for clause in clauses:
+            found = CLAUSE.fullmatch(clause)
+            if found is None:
+                return problem(400, [f"Error in the JQL Query: this replica does not understand {clause!r}."])
+            wanted.append((found.group(1).lower(), found.group(2) if found.group(2) is not None else found.group(3)))
+
+        def matches(issue: dict[str, Any]) -> bool:
+            for name, value in wanted:
+                if name == "labels" and value not in issue["fields"]["labels"]:
+                    return False
+                if name == "project" and issue["fields"]["project"]["key"] != value:
+                    return False
+                if name == "key" and issue["key"] != value:
+                    return False
+            return True
+
+        issues = [e.document for e in reversed(self.of_kind("issue", searching=True)) if matches(e.document)]
+        size = min(int(request.arg("maxResults", "50") or 50), 5000)
+        start = int(request.arg("nextPageToken", "0") or 0)
+        page = issues[start : start + size]
+        body: dict[str, Any] = {
+            "issues": [self._shown(i, request) for i in page],
+            "isLast": start + size >= len(issues),
+        }
+        if not body["isLast"]:
+            body["nextPageToken"] = str(start + size)
+        return Response(200, body)

@@ -1,0 +1,72 @@
+"""The providers' replicas as the tests use them: one real process per
+provider, and each preset's adapter pointed at its replica."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ledgerdash.ledger.drill.processes import ReplicaControl, replica_service
+from ledgerdash.ledger.providers.presets import PRESETS, PresetAdapter
+
+ACCOUNT_SID = "AC" + "0" * 31 + "1"
+#: The secrets the presets name by default, as the replicas take them.
+SECRETS = {
+    "STRIPE_SECRET_KEY": "sk_test_replica",
+    "SLACK_BOT_TOKEN": "xoxb-replica",
+    "GITHUB_TOKEN": "ghp_replica",
+    "POSTMARK_SERVER_TOKEN": "server-token-replica",
+    "TWILIO_AUTH_TOKEN": "twilio-token-replica",
+    "JIRA_API_TOKEN": "jira-token-replica",
+}
+#: What each provider's tools need besides the preset and the replica's address.
+SETTINGS: dict[str, dict[str, str]] = {
+    "github": {"repository": "acme/shop"},
+    "twilio": {"account_sid": ACCOUNT_SID},
+    "jira": {"email": "agent@example.com"},
+}
+
+
+def config_for(preset: str, url: str, **extra: str) -> dict[str, Any]:
+    """A tool configuration of ``preset`` pointed at the replica at ``url``."""
+    provider = preset.split(".")[0]
+    return {"preset": preset, "base_url": url, **SETTINGS.get(provider, {}), **extra}
+
+
+def adapter_for(preset: str, url: str, **extra: str) -> PresetAdapter:
+    adapter = PRESETS[preset](f"test.{preset}", config_for(preset, url, **extra))
+    adapter.max_request_seconds = 3.0
+    adapter.lookup_timeout = 2.0
+    return adapter
+
+
+@pytest.fixture(autouse=True)
+def provider_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+
+
+class Replicas:
+    """Replicas started on first use, one per provider, for the whole module."""
+
+    def __init__(self) -> None:
+        self.stack = contextlib.ExitStack()
+        self.urls: dict[str, str] = {}
+
+    def url(self, provider: str) -> str:
+        if provider not in self.urls:
+            self.urls[provider] = self.stack.enter_context(replica_service(provider))
+        return self.urls[provider]
+
+    def control(self, provider: str) -> ReplicaControl:
+        return ReplicaControl(self.url(provider))
+
+
+@pytest.fixture(scope="module")
+def replicas() -> Iterator[Replicas]:
+    started = Replicas()
+    with started.stack:
+        yield started
