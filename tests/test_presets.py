@@ -328,3 +328,39 @@ def test_postmark_refuses_an_inactive_recipient_for_good(replicas: Replicas) -> 
     args = {**PRESETS["postmark.email"].example_args("k"), "To": "inactive@example.com"}
     with pytest.raises(PermanentFailure, match="ErrorCode 406"):
         adapter.dispatch(key=new_key("postmark"), args=args)
+
+
+@pytest.mark.django_db
+def test_a_tenant_binds_a_presets_secret_like_a_header_placeholder(
+    tenant_a: Any, replicas: Replicas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.core.exceptions import ValidationError
+
+    from ledgerdash.ledger.models import ToolCredential
+    from ledgerdash.ledger.providers import registry
+
+    tool = Tool.objects.create(
+        name="charge",
+        adapter=Tool.Adapter.PRESET,
+        config=config_for("stripe.payment_intent", replicas.url("stripe")),
+        idempotent=True,
+        key_retention_seconds=86400,
+    )
+    with pytest.raises(ValidationError, match=r"uses no \$\{API_KEY\} in its credential settings"):
+        ToolCredential(tenant=tenant_a, tool=tool, placeholder="API_KEY", secret_name="ACME_STRIPE").full_clean()
+    binding = ToolCredential(tenant=tenant_a, tool=tool, placeholder="STRIPE_SECRET_KEY", secret_name="ACME_STRIPE")
+    binding.full_clean()
+    binding.save()
+    monkeypatch.delenv("STRIPE_SECRET_KEY")
+
+    profile = registry.profile_for("charge", tenant_a.pk)
+    assert profile is not None
+    key = new_key("tenant")
+    with pytest.raises(NothingHappened, match="ACME_STRIPE"):
+        profile.adapter.dispatch(key=key, args=PRESETS["stripe.payment_intent"].example_args(key))
+    monkeypatch.setenv("ACME_STRIPE", "sk_test_acme")
+    assert profile.adapter.dispatch(key=key, args=PRESETS["stripe.payment_intent"].example_args(key)).request_id
+    other = registry.profile_for("charge", None)
+    assert other is not None
+    with pytest.raises(NothingHappened, match="per-tenant credential"):
+        other.adapter.dispatch(key=new_key("x"), args=PRESETS["stripe.payment_intent"].example_args("x"))

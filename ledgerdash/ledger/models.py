@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from ledgerdash.ledger import clock
 from ledgerdash.ledger.audited import AuditedModel
-from ledgerdash.ledger.providers.factory import build_adapter, preset_facts
+from ledgerdash.ledger.providers.factory import build_adapter, placeholders, preset_facts
 
 #: The most hash chains one tenant's events may be kept in.
 MAX_CHAIN_STRIPES = 32
@@ -638,20 +638,14 @@ class ToolCredential(AuditedModel):
             if not re.fullmatch(SECRET_NAME_PATTERN, getattr(self, name) or ""):
                 errors[name] = "a name of letters, digits and underscores, not starting with a digit"
         if self.tool_id is not None and "placeholder" not in errors:
-            headers = (self.tool.config or {}).get("headers") or {}
-            used = {m for value in headers.values() if isinstance(value, str) for m in _placeholders(value)}
+            used = placeholders(self.tool)
             if self.placeholder not in used:
-                errors["placeholder"] = f"tool {self.tool.name} uses no ${{{self.placeholder}}} in its headers" + (
+                where = "credential settings" if self.tool.adapter == Tool.Adapter.PRESET else "headers"
+                errors["placeholder"] = f"tool {self.tool.name} uses no ${{{self.placeholder}}} in its {where}" + (
                     f" (it uses {', '.join(sorted(used))})" if used else ""
                 )
         if errors:
             raise ValidationError(errors)
-
-
-def _placeholders(template: str) -> list[str]:
-    import string
-
-    return string.Template(template).get_identifiers()
 
 
 class ChainHead(models.Model):

@@ -8,7 +8,10 @@ errors and canonical JSON, which must not depend on the models).
 
 from __future__ import annotations
 
+import dataclasses
+import string
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -42,6 +45,24 @@ class ToolSettings(Protocol):
     def max_request_seconds(self) -> float: ...
     @property
     def lookup_lag_seconds(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool's settings without a ``Tool`` row: how an agent (or an MCP
+    server in front of a provider) that calls the provider itself, with no
+    database, builds the same adapter the reconciler uses."""
+
+    name: str
+    adapter: str
+    config: Any
+    idempotent: bool = False
+    key_retention_seconds: int | None = None
+    max_request_seconds: float = 30.0
+    lookup_lag_seconds: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def build_adapter(
@@ -92,6 +113,19 @@ def lookup_lag(tool: ToolSettings) -> float:
     if tool.adapter == PRESET and isinstance(tool.config, dict) and tool.config.get("preset") in presets.PRESETS:
         return presets.PRESETS[tool.config["preset"]].documented_lag_seconds
     return 0.0
+
+
+def placeholders(tool: ToolSettings) -> set[str]:
+    """The ``${NAME}`` secrets ``tool`` reads at call time (a tenant may bind
+    each to a secret of its own): an HTTP tool's header templates, a preset's
+    credential settings."""
+    config = tool.config if isinstance(tool.config, dict) else {}
+    if tool.adapter == PRESET and config.get("preset") in presets.PRESETS:
+        preset = presets.PRESETS[config["preset"]]
+        templates = [str(config.get(name, preset.options[name].default)) for name in preset.secret_options()]
+    else:
+        templates = [v for v in (config.get("headers") or {}).values() if isinstance(v, str)]
+    return {name for template in templates for name in string.Template(template).get_identifiers()}
 
 
 def preset_facts(tool: ToolSettings) -> type[PresetAdapter] | None:

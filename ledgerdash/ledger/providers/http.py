@@ -169,27 +169,31 @@ class HttpCalls(ProviderAdapter):
         self.per_tenant = frozenset(per_tenant)
         self.tenant_label = tenant_label
 
-    def _filled(self, templates: Mapping[str, str], extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """Headers from ``templates`` with their secrets filled in, then ``extra``."""
+    def _filled(
+        self, templates: Mapping[str, str], extra: Mapping[str, str] | None = None, *, what: str = "header"
+    ) -> dict[str, str]:
+        """Headers from ``templates`` with their secrets filled in, then
+        ``extra``; ``what`` the templates are, for the messages."""
         headers = {"Accept": "application/json", "User-Agent": "ledgerdash"}
         for name, value in templates.items():
             template = string.Template(value)
             filled: dict[str, str] = {}
             for placeholder in template.get_identifiers():
-                filled[placeholder] = self._secret(name, placeholder)
+                filled[placeholder] = self._secret(f"{what} {name}", placeholder)
             headers[name] = template.substitute(filled)
         headers.update(extra or {})
         return headers
 
-    def _secret(self, header: str, placeholder: str) -> str:
-        """The secret a header's ``${placeholder}`` stands for; nothing is
-        sent when it is missing (the message names it, never its value)."""
+    def _secret(self, where: str, placeholder: str) -> str:
+        """The secret ``${placeholder}`` (in ``where``: a header, a setting)
+        stands for; nothing is sent when it is missing (the message names
+        it, never its value)."""
         whose = f" for tenant {self.tenant_label}" if self.tenant_label else ""
         if placeholder in self.credentials:
             name, source = self.credentials[placeholder], f"the credential bound{whose}"
         elif placeholder in self.per_tenant:
             raise NothingHappened(
-                f"header {header} needs ${{{placeholder}}}, a per-tenant credential of {self.tool_name}, "
+                f"{where} needs ${{{placeholder}}}, a per-tenant credential of {self.tool_name}, "
                 f"and none is bound{whose}"
             )
         else:
@@ -197,10 +201,10 @@ class HttpCalls(ProviderAdapter):
         try:
             value = secrets.secret(name)
         except secrets.SecretsFileInvalid as exc:
-            raise NothingHappened(f"header {header}: {exc}") from None
+            raise NothingHappened(f"{where}: {exc}") from None
         if value is None:
             raise NothingHappened(
-                f"header {header} needs secret {name} ({source}), which is in neither the secrets file "
+                f"{where} needs secret {name} ({source}), which is in neither the secrets file "
                 "nor the environment"
             )
         return value

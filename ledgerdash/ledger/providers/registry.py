@@ -42,7 +42,8 @@ def build_adapter(
     """``tool``'s adapter for calls of tenant ``tenant_id`` (None: with no
     tenant's credentials). ``bindings``: every tenant's bindings for this
     tool, when the caller has read them already."""
-    known = list(bindings) if bindings is not None else _bindings(tool) if tool.adapter == Tool.Adapter.HTTP else []
+    reads_secrets = tool.adapter in (Tool.Adapter.HTTP, Tool.Adapter.PRESET)
+    known = list(bindings) if bindings is not None else _bindings(tool) if reads_secrets else []
     return factory.build_adapter(
         tool,
         credentials={b.placeholder: b.secret_name for b in known if b.tenant_id == tenant_id},

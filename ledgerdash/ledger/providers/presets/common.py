@@ -164,7 +164,7 @@ class PresetAdapter(HttpCalls):
 
     def secret(self, option_name: str) -> str:
         """A setting with its ``${NAME}`` secrets filled in (a tenant's binding first)."""
-        return self._filled({option_name: self.settings[option_name]})[option_name]
+        return self._filled({option_name: self.settings[option_name]}, what="setting")[option_name]
 
     @classmethod
     def example_args(cls, key: str) -> dict[str, Any]:
