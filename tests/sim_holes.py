@@ -93,6 +93,16 @@ def past_retention() -> None:
     reconciler.PAST_RETENTION = "not_found"
 
 
+def lookup_lag() -> None:
+    """A "not found" counted once the request could no longer land, however
+    far the lookup's search index lagged behind."""
+    from ledgerdash.ledger import landing
+
+    unlagged = landing.not_found_is_evidence
+    landing.could_still_hide = lambda attempt, at, lag: landing.could_still_land(attempt, at)
+    landing.not_found_is_evidence = lambda attempt, lag=0.0: unlagged(attempt, 0.0)
+
+
 HOLES: dict[str, Callable[[], None]] = {
     "landing": landing,
     "late_report": late_report,
@@ -100,6 +110,7 @@ HOLES: dict[str, Callable[[], None]] = {
     "gateway_timeout": gateway_timeout,
     "chain_standing": chain_standing,
     "past_retention": past_retention,
+    "lookup_lag": lookup_lag,
 }
 
 

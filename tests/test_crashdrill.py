@@ -19,7 +19,7 @@ from ledgerdash.ledger.models import Attempt, AttemptEvent, DrillRun
 from ledgerdash.ledger.providers.registry import ToolProfile
 from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash_client import crashpoints
-from tests.live import PYTHON, ROOT
+from tests.live import PYTHON, manage
 
 #: Under `--dist loadgroup` (make test) the drills run one after another on
 #: one worker: each starts agents, a provider and reconcilers of its own, and
@@ -68,15 +68,7 @@ def test_the_random_plan_reproduces_from_its_seed_and_mixes_every_case_in() -> N
 def test_the_drill_passes_on_sqlite(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update({"DEBUG": "true", "LEDGERDASH_VAR_DIR": str(tmp_path), "DATABASE_URL": ""})
-    subprocess.run([PYTHON, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
-    result = subprocess.run(
-        [PYTHON, "manage.py", "crashdrill", "--json-out", str(tmp_path / "drill.json")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = manage(env, "crashdrill", "--json-out", str(tmp_path / "drill.json"), timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "42 of 42 cases held every assertion" in result.stdout
     report = json.loads((tmp_path / "drill.json").read_text())
@@ -110,16 +102,8 @@ def test_a_drill_in_a_fresh_database_is_not_fooled_by_an_earlier_runs_effects(tm
         env.update(
             {"DEBUG": "true", "LEDGERDASH_VAR_DIR": str(tmp_path), "DATABASE_URL": f"sqlite:///{tmp_path}/{name}.db"}
         )
-        subprocess.run([PYTHON, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
         out = tmp_path / f"{name}.json"
-        result = subprocess.run(
-            [PYTHON, "manage.py", "crashdrill", *plan, "--json-out", str(out)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        result = manage(env, "crashdrill", *plan, "--json-out", str(out), timeout=300)
         assert result.returncode == 0, result.stdout + result.stderr
         report = json.loads(out.read_text())
         assert report["run"] == 1
@@ -217,16 +201,8 @@ def test_the_drill_runs_under_production_settings(tmp_path: Path) -> None:
             "DATABASE_URL": f"sqlite:///{tmp_path}/drill.db",
         }
     )
-    subprocess.run([PYTHON, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True, timeout=120)
     out = tmp_path / "drill.json"
-    result = subprocess.run(
-        [PYTHON, "manage.py", "crashdrill", "--iterations", "8", "--seed", "5", "--json-out", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = manage(env, "crashdrill", "--iterations", "8", "--seed", "5", "--json-out", str(out))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["ok"] is True

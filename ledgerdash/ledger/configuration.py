@@ -209,6 +209,8 @@ def snapshot(row: Model) -> Snapshot:
             "max_checks": row.max_checks,
             "max_dispatches": row.max_dispatches,
             "max_request_seconds": row.max_request_seconds,
+            "lookup_lag_seconds": row.lookup_lag_seconds,
+            "claim_with_intent": row.claim_with_intent,
             "enabled": row.enabled,
         }
         shown = {**values, "config": masked("config", row.config)}

@@ -35,7 +35,7 @@ from ledgerdash.ledger import recording
 from ledgerdash.ledger.errors import AttemptBlocked, LedgerError
 from ledgerdash.ledger.models import Attempt, AttemptEvent
 from ledgerdash.ledger.providers.base import dispatch_through
-from ledgerdash.ledger.providers.http import HttpAdapter
+from ledgerdash.ledger.providers.factory import ToolSpec, build_adapter
 from ledgerdash_client import crashpoints, errorcodes
 
 
@@ -44,8 +44,7 @@ class RolledBack(Exception):
 
 
 def _over_http(job: dict[str, Any], label: str) -> Any:
-    adapter = HttpAdapter.from_config(job["tool"], job["adapter"])
-    adapter.max_request_seconds = float(job["max_request_seconds"])
+    adapter = build_adapter(ToolSpec(**job["adapter"]))
 
     def call_provider(call: client.ToolCall, **_arguments: Any) -> Any:
         return dispatch_through(adapter, call)
@@ -66,14 +65,10 @@ def _over_mcp(job: dict[str, Any], label: str) -> Any:
 
     from ledgerdash.ledger.drill import mcp_upstream
     from ledgerdash.ledger.gateway.config import GatewayConfig, ToolConfig, UpstreamConfig
-    from ledgerdash.ledger.gateway.keys import META_ERROR
+    from ledgerdash.ledger.gateway.keys import META_ERROR, META_KEY
     from ledgerdash.ledger.gateway.server import Gateway
 
-    env = {
-        **os.environ,
-        mcp_upstream.ADAPTER_ENV: json.dumps(job["adapter"]),
-        mcp_upstream.MAX_REQUEST_ENV: str(job["max_request_seconds"]),
-    }
+    env = {**os.environ, mcp_upstream.ADAPTER_ENV: json.dumps(job["adapter"])}
     env.pop(crashpoints.ENV, None)  # the upstream is not the process the drill kills
     upstream = UpstreamConfig(
         name="drill",
@@ -81,7 +76,10 @@ def _over_mcp(job: dict[str, Any], label: str) -> Any:
         env=env,
         prefix=mcp_upstream.PREFIX,
     )
-    tool = ToolConfig(key="{key}", request_id="structuredContent.id", timeout=10.0)
+    # A sandbox call names its key in an argument; a preset's arguments are the provider's, so the
+    # agent names the key in the call's metadata, as an MCP client may.
+    preset = job["adapter"]["adapter"] == "preset"
+    tool = ToolConfig(key="" if preset else "{key}", request_id="structuredContent.id", timeout=10.0)
     gateway = Gateway(
         GatewayConfig(tenant=job["tenant"], task_id=job["task_id"], upstreams=(upstream,), tools={job["tool"]: tool}),
         agent=label,
@@ -89,7 +87,9 @@ def _over_mcp(job: dict[str, Any], label: str) -> Any:
     answers: list[mcp_types.CallToolResult] = []
 
     async def call(_server: Any) -> None:
-        params = mcp_types.CallToolRequestParams(name=job["tool"], arguments=job["args"])
+        params = mcp_types.CallToolRequestParams.model_validate(
+            {"name": job["tool"], "arguments": job["args"], **({"_meta": {META_KEY: job["key"]}} if preset else {})}
+        )
         answers.append(await gateway.call_tool(None, params))  # type: ignore[arg-type]
 
     anyio.run(gateway.serve, call)

@@ -143,30 +143,34 @@ def ways_in() -> tuple[str, ...]:
     return (PROCESS, HTTP, MCP) if importlib.util.find_spec("mcp") is not None else (PROCESS, HTTP)
 
 
-def _kinds(case: Case, via: str) -> list[tuple[bool, bool]]:
-    """The kinds of tool ``case`` runs for over ``via``: (idempotent, claimed)."""
-    return [(True, False), (False, False)] + ([(True, True)] if case.claims and via != MCP else [])
+def _kinds(case: Case, via: str, deduplicates: bool | None = None) -> list[tuple[bool, bool]]:
+    """The kinds of tool ``case`` runs for over ``via``: (idempotent, claimed).
+    ``deduplicates``: against a provider, only the kinds it can be (None: the
+    sandbox, which can be either)."""
+    kinds = [(True, False), (False, False)] + ([(True, True)] if case.claims and via != MCP else [])
+    return [kind for kind in kinds if deduplicates is None or kind[0] == deduplicates]
 
 
-def fixed_plan() -> list[Planned]:
-    """Every case, for every kind of tool it runs for, over every way in it runs over."""
+def fixed_plan(*, deduplicates: bool | None = None) -> list[Planned]:
+    """Every case, for every kind of tool it runs for, over every way in it
+    runs over (against a provider: the kinds it can be)."""
     return [
         Planned(case.letter, idempotent, case.crash_at, via, claimed=claimed)
         for via in ways_in()
         for case in CASES.values()
         if via in case.vias
-        for idempotent, claimed in _kinds(case, via)
+        for idempotent, claimed in _kinds(case, via, deduplicates)
     ]
 
 
-def random_plan(iterations: int, seed: int) -> list[Planned]:
+def random_plan(iterations: int, seed: int, *, deduplicates: bool | None = None) -> list[Planned]:
     """``iterations`` cases picked from ``seed``: the same seed, the same plan."""
     rng = random.Random(seed)  # noqa: S311 - reproducible choice of cases, not security
     plan = []
     for _ in range(iterations):
         case = CASES[rng.choice(sorted(CASES))]
         via = rng.choice([v for v in case.vias if v in ways_in()])
-        idempotent, claimed = rng.choice(_kinds(case, via))
+        idempotent, claimed = rng.choice(_kinds(case, via, deduplicates))
         crash_at = case.crash_at
         if case.letter in ("E", "F"):
             # Whether the request reached the provider before the crash.

@@ -192,7 +192,18 @@ def sandbox_service(directory: Path, *, name: str = "sandbox") -> Iterator[str]:
 
 
 class ReplicaControl(SandboxControl):
-    """A provider replica's control API: the sandbox's, and a clock and memory of its own."""
+    """A provider replica's control API: the sandbox's, and a clock and memory
+    of its own. ``baseline``: faults that stay on when the others are cleared
+    (a search index's lag)."""
+
+    def __init__(self, url: str, *, baseline: dict[str, Any] | None = None) -> None:
+        super().__init__(url)
+        self.baseline = dict(baseline or {})
+
+    def clear(self) -> None:
+        super().clear()
+        if self.baseline:
+            self.faults("*", **self.baseline)
 
     def advance(self, seconds: float) -> None:
         """Move the replica's clock on (its timestamps, key retention, search lag)."""

@@ -20,6 +20,15 @@ run (in this database, or in one restored or reset since) can have used
 them, so only this run's effects are counted. The drill starts its own
 sandbox with a store of its own unless given one.
 
+With a provider (``crashdrill --provider stripe``), the drill starts that
+provider's replica instead (:mod:`ledgerdash.replicas`), its tools use the
+provider's preset (:mod:`.providers`), each call's arguments are the
+preset's, and the drill runs the kinds of tool the provider can be: a
+provider that deduplicates by key for the idempotent kinds, one that does
+not for the non-idempotent kind. Its search index and the tools' lookups lag
+a second (:data:`.providers.LOOKUP_LAG`), so recovery waits out a lag in
+every case it looks something up.
+
 The drill owns a tenant (``crashdrill`` by default), three tools
 (``drill.send_email``, idempotent, ``drill.charge_card``, not, and
 ``drill.send_email_claimed``, idempotent with its dispatch claimed in the
@@ -40,14 +49,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from ledgerdash.ledger import clock, moves
+from ledgerdash.ledger import clock, config, moves
 from ledgerdash.ledger.authority import current_policy
+from ledgerdash.ledger.drill import providers as drill_providers
 from ledgerdash.ledger.drill.cases import (
     BASELINE_TOOLS,
     CASES,
@@ -64,8 +75,10 @@ from ledgerdash.ledger.drill.cases import (
 from ledgerdash.ledger.drill.checks import CaseReport, Check, expectation, judge
 from ledgerdash.ledger.drill.processes import (
     AgentServer,
+    ReplicaControl,
     SandboxControl,
     database_url,
+    replica_service,
     sandbox_service,
     web_service,
 )
@@ -85,6 +98,7 @@ from ledgerdash.ledger.models import (
     Tool,
 )
 from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.providers.factory import ToolSpec
 from ledgerdash.ledger.queries import events_of_attempts, needs_attention
 from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash.ledger.store import event_record
@@ -111,12 +125,17 @@ class Drill:
         tenant: str = "crashdrill",
         workdir: Path | None = None,
         sandbox_url: str | None = None,
+        provider: str | None = None,
         reconciler_factory: Callable[[str], Reconciler] | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
         self.tenant_slug = tenant
         self.workdir = workdir or Path(settings.VAR_DIR) / "crashdrill"
         self.sandbox_url = sandbox_url
+        #: The provider whose replica the drill runs against (None: the sandbox).
+        self.provider = drill_providers.provider(provider) if provider is not None else None
+        if self.provider is not None and sandbox_url is not None:
+            raise ValueError("a drill runs against a provider's replica or a sandbox, not both")
         self.reconciler_factory = reconciler_factory or (lambda label: Reconciler(label=label, batch_size=20))
         self.progress = progress or (lambda _line: None)
         self.nonce = secrets.token_hex(4)
@@ -129,9 +148,17 @@ class Drill:
 
     def __enter__(self) -> Drill:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        if self.sandbox_url is None:
+        if self.provider is not None:
+            self.provider.export_credentials()
+            self.sandbox_url = self._stack.enter_context(replica_service(self.provider.name))
+            self.sandbox: SandboxControl = ReplicaControl(
+                self.sandbox_url, baseline={"search_lag_seconds": drill_providers.LOOKUP_LAG}
+            )
+        elif self.sandbox_url is None:
             self.sandbox_url = self._stack.enter_context(sandbox_service(self.workdir, name=f"sandbox-{self.nonce}"))
-        self.sandbox = SandboxControl(self.sandbox_url)
+            self.sandbox = SandboxControl(self.sandbox_url)
+        else:
+            self.sandbox = SandboxControl(self.sandbox_url)
         self.sandbox.clear()
         self._prepare_ledger()
         self.agents = [AgentServer(), AgentServer()]
@@ -158,28 +185,45 @@ class Drill:
             tenant.refresh_from_db()
         self.tenant = tenant
         assert self.sandbox_url is not None
-        self.adapter_config = http_adapter_config(self.sandbox_url, lookup_timeout=0.5)
+        retention: int | None
+        if self.provider is None:
+            self.adapter_kind, lag, retention = Tool.Adapter.HTTP, None, 3600
+            self.adapter_config = http_adapter_config(self.sandbox_url, lookup_timeout=0.5)
+        else:
+            self.adapter_kind, lag = Tool.Adapter.PRESET, drill_providers.LOOKUP_LAG
+            self.adapter_config = self.provider.config(self.sandbox_url)
+            retention = self.provider.adapter.retention_seconds
+        tools: dict[str, dict[str, Any]] = {}
         for name, idempotent, claim in (
             (IDEMPOTENT_TOOL, True, False),
             (NON_IDEMPOTENT_TOOL, False, False),
             (CLAIMED_TOOL, True, True),
         ):
-            Tool.objects.update_or_create(
-                name=name,
-                defaults={
-                    "adapter": Tool.Adapter.HTTP,
-                    "config": self.adapter_config,
-                    "idempotent": idempotent,
-                    "claim_with_intent": claim,
-                    "key_retention_seconds": 3600,
-                    "dispatch_lease_seconds": LEASE_SECONDS,
-                    "max_request_seconds": MAX_REQUEST_SECONDS,
-                    "backoff_base_seconds": 0.2,
-                    "max_checks": 2,
-                    "max_dispatches": 3,
-                    "enabled": True,
-                },
+            if self.provider is not None and idempotent != self.provider.adapter.deduplicates:
+                continue  # a kind the provider cannot be; the plan leaves it out
+            tools[name] = {
+                "adapter": self.adapter_kind,
+                "config": self.adapter_config,
+                "idempotent": idempotent,
+                "claim_with_intent": claim,
+                "key_retention_seconds": retention if idempotent else None,
+                "lookup_lag_seconds": lag,
+                "dispatch_lease_seconds": LEASE_SECONDS,
+                "max_request_seconds": MAX_REQUEST_SECONDS,
+                "backoff_base_seconds": 0.2,
+                "max_checks": 2,
+                "max_dispatches": 3,
+                "enabled": True,
+            }
+        if self.provider is None:
+            for name, values in tools.items():
+                Tool.objects.update_or_create(name=name, defaults=values)
+        else:
+            # As a team sets a preset tool up: configuration as code (manage.py ledger_config apply).
+            text = tomli_w.dumps(
+                {"tools": {n: {k: "" if v is None else v for k, v in t.items()} for n, t in tools.items()}}
             )
+            config.apply(config.parse(text, "the drill's tools"), actor=Actor.system("crashdrill"))
         self._baseline_policy()
 
     def _person(self, role: str) -> Any:
@@ -245,6 +289,11 @@ class Drill:
             "mode": mode,
             "seed": seed,
             "database": connection.vendor,
+            "provider": (
+                {"name": self.provider.name, "preset": self.provider.preset, "replica": self.sandbox_url}
+                if self.provider is not None
+                else {"name": "sandbox", "url": self.sandbox_url}
+            ),
             "host": run.host,
             "started_at": run.started_at.isoformat(),
             "finished_at": run.finished_at.isoformat(),
@@ -291,13 +340,25 @@ class Drill:
             "task_id": task_id,
             "tool": planned.tool,
             "key": key,
-            "args": {"case": planned.letter, "to": "drill@example.com", "amount_cents": 100, "key": key},
+            "args": (
+                {"case": planned.letter, "to": "drill@example.com", "amount_cents": 100, "key": key}
+                if self.provider is None
+                else self.provider.adapter.example_args(key)
+            ),
             "via": planned.via,
         }
         if planned.via == HTTP:
             job.update(url=self.web_url, token=self.web_token)
         if planned.via in (HTTP, MCP):
-            job.update(adapter=self.adapter_config, max_request_seconds=MAX_REQUEST_SECONDS)
+            job.update(
+                adapter=ToolSpec(
+                    name=planned.tool,
+                    adapter=self.adapter_kind,
+                    config=self.adapter_config,
+                    idempotent=planned.idempotent,
+                    max_request_seconds=MAX_REQUEST_SECONDS,
+                ).as_dict(),
+            )
         return job
 
     def run_job(self, worker: int, job: dict[str, Any], name: str, **extra: Any) -> dict[str, Any]:

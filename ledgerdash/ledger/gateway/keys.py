@@ -46,6 +46,9 @@ META_TASK = "io.ledgerdash/task"
 META_REPEAT = "io.ledgerdash/repeat"
 META_REPLAYED = "io.ledgerdash/replayed"
 META_ATTEMPT = "io.ledgerdash/attempt"
+#: Sent to the upstream with every call: the key the provider should see (to send as its
+#: idempotency key, or write into the field a preset's lookup finds it by).
+META_PROVIDER_KEY = "io.ledgerdash/provider_key"
 META_ERROR = "io.ledgerdash/error"
 #: On a replay: the result is what the provider said when recovery looked the call up (its own answer was lost).
 META_RECOVERED = "io.ledgerdash/recovered"

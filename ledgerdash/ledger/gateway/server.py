@@ -16,8 +16,11 @@ For each call, in the safe order of a side effect (the same steps as
    answer (FAILED by default, per tool ``on_error``); a protocol error that
    says the call was refused before running fails it; a call that breaks
    mid-way (the upstream died, the connection dropped, the time ran out)
-   leaves it UNKNOWN for the reconciler. No adapter can look an MCP call
-   up, so recovery sends such an attempt to manual review. A streamable HTTP
+   leaves it UNKNOWN for the reconciler. Recovery looks it up with the
+   ledger tool's adapter: a tool set to a provider preset finds the call by
+   what the upstream wrote into it (the gateway sends the upstream the key
+   the provider should see, ``_meta["io.ledgerdash/provider_key"]``); a
+   tool with no adapter goes to manual review. A streamable HTTP
    upstream that refused the call's connection never received it: that is
    proof nothing was sent, so the attempt fails as retryable (an
    ``upstream_unavailable`` answer), not UNKNOWN.
@@ -404,7 +407,10 @@ class Gateway:
                             route.upstream_name,
                             arguments,
                             read_timeout_seconds=None,
-                            meta=cast(types.RequestParamsMeta, {keys.META_ATTEMPT: attempt.pk}),
+                            meta=cast(
+                                types.RequestParamsMeta,
+                                {keys.META_ATTEMPT: attempt.pk, keys.META_PROVIDER_KEY: attempt.provider_key},
+                            ),
                         )
                 finally:
                     beats.cancel_scope.cancel()

@@ -204,8 +204,7 @@ class HttpCalls(ProviderAdapter):
             raise NothingHappened(f"{where}: {exc}") from None
         if value is None:
             raise NothingHappened(
-                f"{where} needs secret {name} ({source}), which is in neither the secrets file "
-                "nor the environment"
+                f"{where} needs secret {name} ({source}), which is in neither the secrets file nor the environment"
             )
         return value
 

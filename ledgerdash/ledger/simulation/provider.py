@@ -22,7 +22,7 @@ from typing import Any
 
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
-from ledgerdash.ledger.providers.base import Dispatched, Lookup, LookupStatus, ProviderAdapter
+from ledgerdash.ledger.providers.base import Dispatched, Lookup, LookupStatus, ProviderAdapter, Sought
 from ledgerdash.ledger.simulation.world import Actor, World
 
 #: The longest one way over the network takes, in seconds.
@@ -48,6 +48,12 @@ class Traits:
     declines: float = 0.0
     #: Lookups: "by_key" (answers at once), "slow" (takes up to 20 s), "flaky" (often unavailable).
     lookup: str = "by_key"
+    #: The most its lookup lags behind what it did (a search index): each
+    #: effect shows up to this long after it happened.
+    lookup_lag: float = 0.0
+    #: What the lookup finds a call by: "key" (a key or a correlation field the
+    #: call carries) or "content" (its arguments, within a window: two alike are ambiguous).
+    lookup_by: str = "key"
 
 
 @dataclass
@@ -89,6 +95,11 @@ class Effect:
     at: datetime
     request: int
     attempt_id: int | None
+    #: When a lookup first shows it (its index's lag after ``at``).
+    visible_at: datetime | None = None
+
+    def shown(self, now: datetime) -> bool:
+        return self.visible_at is None or self.visible_at <= now
 
 
 @dataclass
@@ -205,6 +216,8 @@ class Provider:
             request=request.n,
             attempt_id=request.attempt_id,
         )
+        if self.traits.lookup_lag:
+            effect.visible_at = self.world.now + timedelta(seconds=self.world.rng.uniform(0, self.traits.lookup_lag))
         self.effects.append(effect)
         request.outcome, request.acted_at = "acted", self.world.now
         request.effect, request.request_id = effect.n, effect.request_id
@@ -232,9 +245,18 @@ class Provider:
         if self.traits.idempotent:
             if request is None or request.effect is None:
                 return None
-            return self.effects[request.effect - 1]
-        matches = [e for e in self.effects if e.key == key]
+            effect = self.effects[request.effect - 1]
+            return effect if effect.shown(self.world.now) else None
+        matches = [e for e in self.effects if e.key == key and e.shown(self.world.now)]
         return matches[-1] if matches else None
+
+    def alike(self, args_hash: str, since: datetime | None) -> list[Effect]:
+        """Effects a lookup by content finds now: the same arguments, made since ``since``."""
+        return [
+            e
+            for e in self.effects
+            if e.args_hash == args_hash and e.shown(self.world.now) and (since is None or e.at >= since)
+        ]
 
 
 def call(
@@ -301,15 +323,23 @@ def call(
     )
 
 
-def look_up(world: World, provider: Provider, key: str) -> Lookup:
+def look_up(world: World, provider: Provider, key: str, sought: Sought | None = None) -> Lookup:
     """A lookup from the running actor: it reaches the provider a moment
     after it was asked (a slow provider takes longer), sees the provider as
-    it is then, and its answer comes back a moment later."""
+    it is then (what its index shows), and its answer comes back a moment
+    later. A provider looked up by content matches ``sought``'s arguments."""
     rng = world.rng
     slow = provider.traits.lookup == "slow" or provider.faults.hit("lookup_down", 0.1)
     world.sleep(rng.uniform(0, 10.0 if slow else NETWORK), f"looking {key} up at {provider.name}")
     down = provider.faults.hit("lookup_down", 0.6 if provider.traits.lookup == "flaky" else 0.1)
-    effect = None if down else provider.found(key)
+    if provider.traits.lookup_by == "content" and sought is not None and not down:
+        matches = provider.alike(sought.args_hash, sought.sent_after)
+        effect = matches[0] if len(matches) == 1 else None
+        if len(matches) > 1:
+            world.sleep(rng.uniform(0, NETWORK), f"waiting on {provider.name}'s lookup of {key}")
+            return Lookup(LookupStatus.AMBIGUOUS, detail=f"{len(matches)} effects with these arguments")
+    else:
+        effect = None if down else provider.found(key)
     world.sleep(rng.uniform(0, 10.0 if slow else NETWORK), f"waiting on {provider.name}'s lookup of {key}")
     if down:
         return Lookup(LookupStatus.UNAVAILABLE, detail=f"{provider.name} answered 503")
@@ -387,3 +417,7 @@ class SimulatedAdapter(ProviderAdapter):
     def lookup(self, *, key: str, args_hash: str) -> Lookup:
         world, provider = self._provider()
         return look_up(world, provider, key)
+
+    def find(self, sought: Sought) -> Lookup:
+        world, provider = self._provider()
+        return look_up(world, provider, sought.key, sought)

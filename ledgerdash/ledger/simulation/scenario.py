@@ -13,6 +13,14 @@ of provider the ledger must recover against:
 ``sim.task``   not idempotent, an upstream behind the MCP gateway: it works as
                long as its caller waits
 =============  ==============================================================
+
+and one tool per provider preset (``sim.stripe``, ``sim.slack``,
+``sim.github``, ``sim.postmark``, ``sim.twilio``, ``sim.jira``), modelled
+on what the preset states of its provider: whether it deduplicates and for
+how long, how far its lookup lags (each effect shows up to the preset's
+documented lag after it happened, and the tool's lookup lag is that), and
+what the lookup finds a call by (Twilio's by its content, where two alike
+are ambiguous).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from ledgerdash.ledger import clock
 from ledgerdash.ledger.events import Actor as LedgerActor
 from ledgerdash.ledger.models import Membership, OnCallShift, Role, Tenant, Tool
 from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.providers.presets import PRESETS, PresetAdapter
 from ledgerdash.ledger.simulation.provider import NETWORK, Traits
 from ledgerdash.ledger.simulation.world import EPOCH, World
 
@@ -43,6 +52,29 @@ PROVIDERS: dict[str, Traits] = {
     "sim.task": Traits(idempotent=False, retention=None, processing=2.0, works_while_caller_waits=True),
 }
 
+#: The simulated tool of each provider preset, and the preset it is modelled on.
+PRESET_TOOLS = {
+    "sim.stripe": "stripe.payment_intent",
+    "sim.slack": "slack.post_message",
+    "sim.github": "github.issue",
+    "sim.postmark": "postmark.email",
+    "sim.twilio": "twilio.message",
+    "sim.jira": "jira.issue",
+}
+
+
+def _modelled_on(preset: type[PresetAdapter]) -> Traits:
+    return Traits(
+        idempotent=preset.deduplicates,
+        retention=preset.retention_seconds,
+        processing=1.0,
+        lookup_lag=preset.documented_lag_seconds,
+        lookup_by="content" if preset.name == "twilio.message" else "key",
+    )
+
+
+PROVIDERS.update({name: _modelled_on(PRESETS[preset]) for name, preset in PRESET_TOOLS.items()})
+
 SCOPES: dict[str, list[str]] = {
     "sim.email": ["email:send"],
     "sim.charge": ["payments:charge", "payments:refund"],
@@ -50,6 +82,7 @@ SCOPES: dict[str, list[str]] = {
     "sim.deploy": ["deploy:prod", "deploy:staging"],
     "sim.sms": ["sms:send"],
     "sim.task": [],
+    **{name: [] for name in PRESET_TOOLS},
 }
 
 #: Operators and approvers of the tenant (the first owns stuck work by default).
@@ -84,6 +117,7 @@ def _build_world() -> None:
             key_retention_seconds=int(traits.retention) if traits.retention else None,
             max_request_seconds=_least_request_time(traits),
             dispatch_lease_seconds=_least_request_time(traits) + 10,
+            lookup_lag_seconds=traits.lookup_lag or None,
         )
     policy_publish(tenant=tenant, tools=SCOPES, actor=LedgerActor.system("simulation"), note="every tool")
 
@@ -150,7 +184,11 @@ def draw_plan(world: World) -> Plan:
     rng = world.rng
     timings = {name: draw_timing(world, name, traits) for name, traits in PROVIDERS.items()}
     refs = [f"r{n}" for n in range(rng.randint(3, 8))]
-    tools = sorted(PROVIDERS)
+    # A seed's agents call the kinds of provider (two seeds in three) or the
+    # presets' providers (one in three): each seed's calls meet few enough
+    # tools for their faults to meet each other.
+    presets = rng.random() < 1 / 3
+    tools = sorted(name for name in PROVIDERS if (name in PRESET_TOOLS) == presets)
     agents: list[list[Task]] = []
     for a in range(rng.randint(2, 4)):
         tasks = []

@@ -3,6 +3,7 @@
     python manage.py crashdrill                       # every case, idempotent and not, in process and over HTTP
     python manage.py crashdrill --iterations 200 --seed 7
     python manage.py crashdrill --json-out drill.json
+    python manage.py crashdrill --provider stripe     # against Stripe's replica, through the Stripe preset
 
 Exit code 0 only if every assertion of every case held; 1 otherwise.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ledgerdash.ledger.drill.providers import PROVIDERS
 from ledgerdash.ledger.drill.runner import Drill, fixed_plan, random_plan
 from ledgerdash.ledger.models import DrillRun
 
@@ -34,6 +36,12 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", default="crashdrill", help="the drill's tenant (created if missing)")
         parser.add_argument("--sandbox-url", default=None, help="use a running sandbox instead of starting one")
         parser.add_argument("--workdir", type=Path, default=None, help="where the drill's sandbox keeps its store")
+        parser.add_argument(
+            "--provider",
+            choices=sorted(PROVIDERS),
+            default=None,
+            help="run against this provider's replica, the drill's tools set to its preset (docs/providers.md)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["verbosity"] < 2:
@@ -44,11 +52,23 @@ class Command(BaseCommand):
             raise CommandError("--iterations must be at least 1")
         if iterations is None and seed is not None:
             raise CommandError("--seed goes with --iterations (the fixed drill has no randomness)")
+        name = options["provider"]
+        if name is not None and options["sandbox_url"]:
+            raise CommandError("--provider runs against the provider's replica: leave out --sandbox-url")
+        deduplicates = PROVIDERS[name].adapter.deduplicates if name is not None else None
         if iterations is not None:
             seed = seed if seed is not None else secrets.randbelow(2**31)
-            plan, mode = random_plan(iterations, seed), "random"
+            plan, mode = random_plan(iterations, seed, deduplicates=deduplicates), "random"
             self.stdout.write(
                 f"crash drill: {iterations} random cases, seed {seed} (rerun: --iterations {iterations} --seed {seed})"
+            )
+        elif name is not None:
+            plan, mode = fixed_plan(deduplicates=deduplicates), "fixed"
+            provider = PROVIDERS[name]
+            kind = "idempotent tools (it deduplicates by key)" if deduplicates else "a non-idempotent tool"
+            self.stdout.write(
+                f"crash drill against the {name} replica through the {provider.preset} preset: {len(plan)} cases "
+                f"(A to L for {kind}, in process, over the HTTP API and through the MCP gateway)"
             )
         else:
             plan, mode = fixed_plan(), "fixed"
@@ -61,6 +81,7 @@ class Command(BaseCommand):
             tenant=options["tenant"],
             workdir=options["workdir"],
             sandbox_url=options["sandbox_url"],
+            provider=name,
             progress=self.stdout.write,
         ) as drill:
             run = drill.run(plan, mode=mode, seed=seed)

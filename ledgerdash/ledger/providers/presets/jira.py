@@ -62,7 +62,7 @@ class JiraIssue(PresetAdapter):
             "fields": {
                 "project": {"key": "OPS"},
                 "issuetype": {"name": "Task"},
-                "summary": f"Agent escalation {key[-40:]}",
+                "summary": f"Agent escalation {key}",
             }
         }
 

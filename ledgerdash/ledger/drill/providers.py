@@ -1,0 +1,70 @@
+"""What the crash drill needs to run against a provider's replica
+(``manage.py crashdrill --provider NAME``): the preset its tools use, the
+settings that preset needs, and credentials the replica takes (named as
+secrets of the drill's own, set in the drill's environment only, so a real
+key in the environment is never read, nor sent anywhere)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledgerdash.ledger.providers.presets import PRESETS, PresetAdapter
+
+#: The lag the drill's replicas give their search indexes, and its tools their lookups (seconds).
+LOOKUP_LAG = 1.0
+
+
+@dataclass(frozen=True)
+class DrillProvider:
+    name: str
+    preset: str
+    settings: dict[str, str] = field(default_factory=dict)
+    #: preset option -> the credential the replica takes
+    credentials: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def adapter(self) -> type[PresetAdapter]:
+        return PRESETS[self.preset]
+
+    def secret_name(self, option: str) -> str:
+        return f"LEDGERDASH_DRILL_{self.name.upper()}_{option.upper()}"
+
+    def config(self, url: str) -> dict[str, Any]:
+        """The drill's tools' configuration, pointed at the replica at ``url``."""
+        named = {option: "${" + self.secret_name(option) + "}" for option in self.credentials}
+        return {"preset": self.preset, "base_url": url, **self.settings, **named}
+
+    def export_credentials(self) -> None:
+        """Put the replica's credentials in this process's environment (and so its children's)."""
+        for option, value in self.credentials.items():
+            os.environ[self.secret_name(option)] = value
+
+
+PROVIDERS = {
+    p.name: p
+    for p in (
+        DrillProvider("stripe", "stripe.payment_intent", credentials={"secret_key": "sk_test_crashdrill"}),
+        DrillProvider("slack", "slack.post_message", credentials={"token": "xoxb-crashdrill"}),
+        DrillProvider(
+            "github", "github.issue", settings={"repository": "crashdrill/drill"}, credentials={"token": "ghp_drill"}
+        ),
+        DrillProvider("postmark", "postmark.email", credentials={"server_token": "crashdrill"}),
+        DrillProvider(
+            "twilio",
+            "twilio.message",
+            settings={"account_sid": "AC" + "d" * 32},
+            credentials={"auth_token": "crashdrill"},
+        ),
+        DrillProvider(
+            "jira", "jira.issue", settings={"email": "crashdrill@example.com"}, credentials={"api_token": "crashdrill"}
+        ),
+    )
+}
+
+
+def provider(name: str) -> DrillProvider:
+    if name not in PROVIDERS:
+        raise ValueError(f"no provider {name!r} to drill; there are: {', '.join(PROVIDERS)}")
+    return PROVIDERS[name]
