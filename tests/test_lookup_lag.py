@@ -186,3 +186,28 @@ def test_recovery_waits_as_long_as_the_providers_retry_after(
     assert never_sent.state == S.FAILED_RETRYABLE
     assert never_sent.next_check_at >= instant + timedelta(seconds=900)
     assert replicas.control("stripe").count(key) == 0
+
+
+@pytest.mark.django_db
+def test_not_found_past_what_the_provider_keeps_proves_nothing(tenant_a: Tenant, replicas: Replicas) -> None:
+    Tool.objects.create(
+        name="mail",
+        adapter=Tool.Adapter.PRESET,
+        config=config_for("postmark.email", replicas.url("postmark"), retention_days="7"),
+        max_request_seconds=1.0,
+        dispatch_lease_seconds=1.5,
+    )
+    policy_publish(tenant=tenant_a, tools={"mail": []}, actor=Actor.system("test"), note="mail")
+    key = f"mail:{uuid.uuid4().hex[:10]}"
+    attempt = recording.mark_dispatched(
+        record(tenant_a, key, tool_name="mail", args=PRESETS["postmark.email"].example_args(key)), actor=AGENT
+    )
+    assert attempt.first_dispatched_at is not None
+
+    reconcile_at(attempt.first_dispatched_at + timedelta(days=8))
+
+    attempt.refresh_from_db()
+    assert attempt.state == S.MANUAL_REVIEW
+    assert attempt.last_lookup == "past_retention"
+    assert "longer ago than the provider keeps what it did" in last_event(attempt).reason
+    assert rules.original_standing(attempt).proof is None

@@ -364,3 +364,33 @@ def test_a_tenant_binds_a_presets_secret_like_a_header_placeholder(
     assert other is not None
     with pytest.raises(NothingHappened, match="per-tenant credential"):
         other.adapter.dispatch(key=new_key("x"), args=PRESETS["stripe.payment_intent"].example_args("x"))
+
+
+def test_a_secret_a_header_cannot_carry_is_refused_before_sending_and_never_shown(
+    replicas: Replicas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adapter = adapter_for("slack.post_message", replicas.url("slack"))
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-secret-value\n")
+    key = new_key("slack")
+    with pytest.raises(NothingHappened, match="SLACK_BOT_TOKEN") as refused:
+        adapter.dispatch(key=key, args={"channel": "C1", "text": "hello"})
+    assert "secret-value" not in str(refused.value)
+    answer = adapter.find(sought(key, {"channel": "C1", "text": "hello"}))
+    assert answer.status == LookupStatus.UNAVAILABLE
+    assert "secret-value" not in answer.detail
+    assert replicas.control("slack").count(key) == 0
+
+
+def test_postmark_searches_the_stream_the_email_went_to(replicas: Replicas) -> None:
+    adapter = adapter_for("postmark.email", replicas.url("postmark"), message_stream="broadcast")
+    key = new_key("postmark")
+    args = PRESETS["postmark.email"].example_args(key)
+    replicas.control("postmark").faults("*", lose_response=True)
+    with pytest.raises(OSError):  # noqa: PT011
+        adapter.dispatch(key=key, args=args)
+    assert adapter.find(sought(key, args)).status == LookupStatus.FOUND
+    on_default = adapter_for("postmark.email", replicas.url("postmark"))
+    assert on_default.find(sought(key, args)).status == LookupStatus.NOT_FOUND
+    with pytest.raises(ValueError, match="retention_days must be a number of days from 7 to 365"):
+        PRESETS["postmark.email"].parse_config({"retention_days": "3"})
+    assert adapter_for("postmark.email", replicas.url("postmark"), retention_days="90").lookup_retention is not None

@@ -154,8 +154,9 @@ class AttemptSummaryOut(Schema):
         "tool's maximum request time. A lookup asked before then is not evidence that it did not land."
     )
     last_lookup: str = Field(
-        description="The provider's answer to the last lookup: found, not_found, mismatch, unavailable, or "
-        "past_retention (not found, after the provider may have forgotten the key: not evidence)."
+        description="The provider's answer to the last lookup: found, not_found, mismatch, unavailable, "
+        "ambiguous (more than one effect may be the call's: a person decides), or past_retention (not found, "
+        "after the provider may have forgotten the key or what it did: not evidence)."
     )
     last_lookup_at: datetime | None
     owner: str | None = Field(

@@ -154,6 +154,7 @@ def sought(attempt: Attempt) -> Sought:
         args=attempt.args if isinstance(attempt.args, dict) else {},
         request_id=attempt.provider_request_id,
         sent_after=attempt.first_dispatched_at or attempt.created_at,
+        lands_by=attempt.lands_by,
     )
 
 
@@ -348,6 +349,15 @@ class Reconciler:
                 attempt, f"the provider's lookup cannot tell: {lookup.detail or 'ambiguous'}", details, asked_at
             )
         if lookup.status == LookupStatus.NOT_FOUND:
+            kept, first = tool.adapter.lookup_retention, attempt.first_dispatched_at
+            if kept is not None and first is not None and first + kept <= asked_at:
+                return self._escalate(
+                    attempt,
+                    f"not found, but the call was first sent {first:%Y-%m-%d %H:%M:%S} UTC, longer ago than the "
+                    f"provider keeps what it did ({kept}): not found proves nothing",
+                    {**details, "status": PAST_RETENTION},
+                    asked_at,
+                )
             lag = tool.adapter.lookup_lag_seconds
             if landing.could_still_hide(attempt, asked_at, lag):
                 attempt = moves.attempt_wait_for_landing(

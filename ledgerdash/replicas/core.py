@@ -26,6 +26,7 @@ for any tool name applies to all of its routes::
     GET  /effects/count?key=<key>    effects whose record names the key (or its ledger reference)
     GET  /effects                    every effect, as the provider stores it
     GET  /faults   PUT /faults/<tool> {...}   DELETE /faults (the faults only; effects stay, counted by key)
+    PUT  /baseline {...}             faults that DELETE /faults keeps (a search index's lag)
     POST /faults/<tool>/release      perform the held requests now -> {"performed": n}
     POST /clock {"advance": s}       move the replica's clock on (its timestamps, retention, search lag)
     DELETE /effects                  forget everything (effects and idempotency keys)
@@ -160,6 +161,8 @@ class Replica:
         self.lock = threading.RLock()
         self.effects: list[Effect] = []
         self.fault_settings: dict[str, Any] = dict(FAULTS)
+        #: Faults that clearing the others keeps (``PUT /baseline``: a search index's lag).
+        self.baseline: dict[str, Any] = {}
         self.offset = 0.0
         self.held: list[Callable[[], Any]] = []
         self.sequence = 0
@@ -375,8 +378,16 @@ class ReplicaHandler(BaseHTTPRequestHandler):
                 reply = replica.set_faults(settings)
             elif method == "DELETE" and parts == ["faults"]:
                 with replica.lock:
-                    replica.fault_settings = dict(FAULTS)
+                    replica.fault_settings = {**FAULTS, **replica.baseline}
                 reply = {}
+            elif method == "PUT" and parts == ["baseline"]:
+                settings = json.loads(raw or b"{}")
+                if not isinstance(settings, dict):
+                    raise ValueError("the baseline must be a JSON object")
+                replica.set_faults(settings)
+                with replica.lock:
+                    replica.baseline = dict(settings)
+                reply = dict(replica.baseline)
             elif method == "POST" and len(parts) == 3 and parts[0] == "faults" and parts[2] == "release":
                 reply = {"performed": replica.release()}
             elif method == "POST" and parts == ["clock"]:

@@ -5,8 +5,9 @@ answers 200 with ``MessageID`` and ``ErrorCode`` 0, or 422 with an
 ``ErrorCode`` (300 for an invalid request, 406 for an inactive recipient)
 and 401 (``ErrorCode`` 10) without a token; ``GET /messages/outbound``
 takes ``count`` and ``offset`` (both required), ``recipient``, ``tag``,
-``subject``, ``messagestream`` and ``metadata_<name>`` filters, and shows a
-message only once its activity is indexed (the search lag);
+``subject``, ``messagestream`` (default: the transactional ``outbound``
+stream) and ``metadata_<name>`` filters, and shows a message only once its
+activity is indexed (the search lag);
 ``GET /messages/outbound/<id>/details`` reads one message at once. No
 idempotency. ``inactive@…`` recipients are inactive.
 """
@@ -64,7 +65,7 @@ class Postmark(Replica):
         at = iso(self.now())
         message = {
             "MessageID": message_id,
-            "MessageStream": body.get("MessageStream", "outbound"),
+            "MessageStream": body.get("MessageStream") or "outbound",
             "From": sender,
             "To": [{"Email": address.strip(), "Name": ""} for address in to.split(",")],
             "Recipients": [address.strip() for address in to.split(",")],
@@ -100,9 +101,10 @@ class Postmark(Replica):
         messages = [m for m in messages if all(m["Metadata"].get(k) == v for k, v in wanted.items())]
         if request.arg("recipient"):
             messages = [m for m in messages if request.arg("recipient") in m["Recipients"]]
-        for field, name in (("Tag", "tag"), ("MessageStream", "messagestream")):
-            if request.arg(name):
-                messages = [m for m in messages if m[field] == request.arg(name)]
+        if request.arg("tag"):
+            messages = [m for m in messages if m["Tag"] == request.arg("tag")]
+        # Without a stream, the search reads the transactional one, as Postmark's does.
+        messages = [m for m in messages if m["MessageStream"] == (request.arg("messagestream") or "outbound")]
         if request.arg("subject"):
             messages = [m for m in messages if request.arg("subject") in m["Subject"]]
         page = [self._summary(m) for m in messages[offset : offset + count]]

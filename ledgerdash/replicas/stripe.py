@@ -100,10 +100,16 @@ class Stripe(Replica):
                         first = seen[1]
                         return Response(first.status, first.body, {**first.headers, "Idempotent-Replayed": "true"})
                     self.keys[key] = (params, None, self.now())
-            response = create(request)
+            try:
+                response = create(request)
+            except Exception:
+                with self.lock:
+                    self.keys.pop(key, None)  # nothing was kept: the key may be used again
+                raise
             if key:
                 with self.lock:
-                    self.keys[key] = (params, response, self.keys[key][2])
+                    first_seen = self.keys.get(key, (params, None, self.now()))[2]
+                    self.keys[key] = (params, response, first_seen)
             return response
 
         return handle

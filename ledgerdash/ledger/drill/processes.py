@@ -199,11 +199,13 @@ class ReplicaControl(SandboxControl):
     def __init__(self, url: str, *, baseline: dict[str, Any] | None = None) -> None:
         super().__init__(url)
         self.baseline = dict(baseline or {})
+        self._baseline_sent = False
 
     def clear(self) -> None:
+        if self.baseline and not self._baseline_sent:
+            self._call("PUT", "/baseline", self.baseline)
+            self._baseline_sent = True
         super().clear()
-        if self.baseline:
-            self.faults("*", **self.baseline)
 
     def advance(self, seconds: float) -> None:
         """Move the replica's clock on (its timestamps, key retention, search lag)."""

@@ -86,6 +86,8 @@ class Sought:
     request_id: str = ""
     #: When the call could first have been sent (its first dispatch claim).
     sent_after: datetime | None = None
+    #: Until when its request could land (None: not known); a search by time may stop there.
+    lands_by: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,10 @@ class ProviderAdapter(ABC):
     #: timeout). The ledger counts on no request landing later than this
     #: after it was sent.
     max_request_seconds: float = 30.0
+    #: How long the provider's lookup can find an effect at all (a message
+    #: log kept so many days); None: for as long as it matters. A "not
+    #: found" asked later than this after the first dispatch proves nothing.
+    lookup_retention: timedelta | None = None
     #: How long after an effect the lookup may still not show it (a search
     #: index's lag): a "not found" proves nothing until the request could no
     #: longer land plus this (:mod:`ledgerdash.ledger.landing`).

@@ -129,6 +129,14 @@ def _fill(template: str, *, key: str, tool: str) -> str:
         raise ValueError(f"URL template {template!r} may use only {{key}} and {{tool}}: {exc}") from None
 
 
+def _latin1(value: str) -> bool:
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class NotSent(Exception):
     """The connection failed before a byte of the request left."""
 
@@ -205,6 +213,11 @@ class HttpCalls(ProviderAdapter):
         if value is None:
             raise NothingHappened(
                 f"{where} needs secret {name} ({source}), which is in neither the secrets file nor the environment"
+            )
+        if not value.isprintable() or not _latin1(value):
+            # Refused before anything is sent: http.client would refuse the header, its value in the message.
+            raise NothingHappened(
+                f"{where}: secret {name} ({source}) holds a line break or a character a header cannot carry"
             )
         return value
 

@@ -104,6 +104,8 @@ class PresetAdapter(HttpCalls):
     retention_seconds: ClassVar[int | None] = None
     #: The documented lag of the lookup this preset uses (0: read-after-write consistent).
     documented_lag_seconds: ClassVar[float] = 0.0
+    #: How many days the provider keeps what its lookup reads (None: for as long as it matters).
+    kept_days: ClassVar[int | None] = None
     default_base_url: ClassVar[str]
     #: The preset's settings beyond ``preset`` and ``base_url``.
     options: ClassVar[dict[str, Option]] = {}
@@ -116,6 +118,8 @@ class PresetAdapter(HttpCalls):
         self.base_url = self.settings["base_url"].rstrip("/")
         self.idempotent = self.deduplicates
         self.lookup_timeout = 5.0
+        days = self.kept_for_days()
+        self.lookup_retention = timedelta(days=days) if days is not None else None
 
     # --- configuration ----------------------------------------------------------------
 
@@ -156,6 +160,10 @@ class PresetAdapter(HttpCalls):
                     "(the database keeps names, not secrets)"
                 )
         return settings
+
+    def kept_for_days(self) -> int | None:
+        """How many days the provider keeps what the lookup reads (a setting may say, where the account chooses)."""
+        return self.kept_days
 
     @classmethod
     def secret_options(cls) -> frozenset[str]:
@@ -293,6 +301,13 @@ class PresetAdapter(HttpCalls):
             f"{self.provider} answered HTTP {answer.status} to {what}, which does not say whether it acted: "
             f"{answer.text[:200]}"
         )
+
+    def window_end(self, sought: Sought) -> datetime | None:
+        """Where a search by time may stop: once the request could no longer
+        land, plus the lookup's lag and the clocks' skew (None: not known)."""
+        if sought.lands_by is None:
+            return None
+        return sought.lands_by + timedelta(seconds=self.lookup_lag_seconds) + CLOCK_SKEW
 
     def window_start(self, sought: Sought) -> datetime:
         """Where a search by time begins: the first dispatch claim, less the clocks' skew (a day ago, unknown)."""

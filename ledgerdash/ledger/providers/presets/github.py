@@ -9,10 +9,10 @@ comment that Markdown does not render::
 and the lookup finds it by reading the repository's issues (or the issue's
 comments) created since the first dispatch claim, less five minutes for
 the clocks; by its number or id when a dispatcher recorded one. Those
-listings read the repository itself and show an issue as soon as it is
-made: no lag. GitHub's search (``/search/issues``) would find the marker
-too, but its index lags behind by seconds to minutes, so the preset does
-not use it.
+listings read the repository itself, not a search index; GitHub documents
+no lag for them, so the preset keeps a margin of ten seconds. GitHub's
+search (``/search/issues``) would find the marker too, but its index lags
+behind by seconds to minutes, so the preset does not use it.
 
 A refusal is definitive when GitHub says what was wrong (401, 404, 410
 when issues are off, 422 for a field); a 403 or 429 with
@@ -58,6 +58,8 @@ def read_marker(body: Any) -> tuple[str, str]:
 
 class _GitHub(PresetAdapter):
     provider = "GitHub"
+    #: GitHub documents no lag for its listings (they read the repository itself): a margin.
+    documented_lag_seconds = 10.0
     default_base_url = "https://api.github.com"
     options: ClassVar[dict[str, Option]] = {
         "repository": Option("the repository, owner/name", required=True),
@@ -113,13 +115,19 @@ class _GitHub(PresetAdapter):
 
     def _listing(self, path: str, sought: Sought, params: dict[str, str]) -> list[dict[str, Any]]:
         """Every item of a listing made since the call whose marker is the call's."""
-        reference, start, matches = ref(sought.key), self.window_start(sought), []
+        reference, start = ref(sought.key), self.window_start(sought)
+        matches: list[dict[str, Any]] = []
         params = {**params, "since": start.strftime("%Y-%m-%dT%H:%M:%SZ"), "per_page": "100"}
         for page in range(1, PAGES + 1):
             answer = self.call("GET", path, params={**params, "page": str(page)})
             if not isinstance(answer.document, list):
                 raise LookupUnavailable(f"GitHub's listing answered without a list (HTTP {answer.status})")
-            matches += [item for item in answer.document if read_marker(item.get("body"))[0] == reference]
+            for item in answer.document:
+                # A page can repeat an item of the last when new ones are made meanwhile: one match per id.
+                if read_marker(item.get("body"))[0] == reference and item.get("id") not in {
+                    m.get("id") for m in matches
+                }:
+                    matches.append(item)
             if len(answer.document) < 100:
                 return matches
         raise LookupUnavailable(f"more than {PAGES * 100} {self.noun}s since the call: not all were read")

@@ -8,8 +8,11 @@ keeps with the message; the lookup asks the outbound message search for
 ``MessageID`` when a dispatcher recorded it. The search is built from
 Postmark's activity, which shows a message moments after it was accepted:
 Postmark documents no figure, so the preset waits a minute before it takes
-"not found" for an answer. Postmark keeps outbound messages for 45 days by
-default: a lookup later than that proves nothing.
+"not found" for an answer. The search reads one message stream (the
+transactional ``outbound`` one unless told): the preset asks for the
+stream the email went to. Postmark keeps a server's messages 45 days by
+default (an account sets 7 to 365: the ``retention_days`` setting); a
+"not found" later than that after the email was sent proves nothing.
 
 A 422 names what was wrong with the email (``ErrorCode`` 300, 406 for an
 inactive recipient…) and a 401 a bad token: nothing was sent. A 500 says
@@ -50,6 +53,10 @@ class Email(PresetAdapter):
     options: ClassVar[dict[str, Option]] = {
         "server_token": Option("the server's API token, as ${NAME}", default="${POSTMARK_SERVER_TOKEN}"),
         "message_stream": Option("the message stream emails go to", default="outbound"),
+        "retention_days": Option(
+            "how many days the server keeps its messages (Postmark's default 45; an account sets 7 to 365)",
+            default="45",
+        ),
     }
     refused_statuses = frozenset({400, 401, 403, 404, 413, 422})
 
@@ -61,6 +68,16 @@ class Email(PresetAdapter):
             "Subject": "Your receipt",
             "TextBody": f"Thank you for your order ({key}).",
         }
+
+    @classmethod
+    def parse_config(cls, config: Any) -> dict[str, str]:
+        settings = super().parse_config(config)
+        if not settings["retention_days"].isdigit() or not 7 <= int(settings["retention_days"]) <= 365:
+            raise ValueError(f"preset {cls.name}: retention_days must be a number of days from 7 to 365")
+        return settings
+
+    def kept_for_days(self) -> int | None:
+        return int(self.settings["retention_days"])
 
     def auth_headers(self) -> dict[str, str]:
         return {"X-Postmark-Server-Token": self.secret("server_token")}
@@ -91,11 +108,18 @@ class Email(PresetAdapter):
             answer = self.call("GET", f"/messages/outbound/{sought.request_id}/details")
             if answer.ok and _reference(answer.document) == ref(sought.key):
                 return self._found(answer.document)
-        params = {"count": "50", "offset": "0", f"metadata_{REF}": ref(sought.key)}
+        stream = sought.args.get("MessageStream") or self.settings["message_stream"]
+        params = {"count": "50", "offset": "0", "messagestream": str(stream), f"metadata_{REF}": ref(sought.key)}
         answer = self.call("GET", "/messages/outbound", params=params)
         messages = answer.document.get("Messages") if isinstance(answer.document, dict) else None
         if not isinstance(messages, list):
             raise LookupUnavailable(f"Postmark's message search answered without Messages (HTTP {answer.status})")
+        total = answer.document.get("TotalCount")
+        if not isinstance(total, int) or total > len(messages):
+            raise LookupUnavailable(
+                f"Postmark's message search found {total} messages for one reference and answered {len(messages)}: "
+                "its filter was not applied, and what it did not show may hold the call"
+            )
         match = one_match([m for m in messages if _reference(m) == ref(sought.key)], "emails")
         if match is None:
             return not_found(

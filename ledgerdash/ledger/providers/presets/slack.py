@@ -8,9 +8,14 @@ arguments), which Slack keeps with the message and returns from
 ``conversations.history`` (and ``conversations.replies`` for a reply in a
 thread) when asked with ``include_all_metadata``. The lookup reads the
 channel from the first dispatch claim (less five minutes for the clocks)
-and looks for the reference; by the message's timestamp when a dispatcher
-recorded it. Slack documents no lag for reading a channel's history: the
-preset keeps a margin of ten seconds.
+to the time the request could no longer land (plus the lag and five
+minutes) and looks for the reference; by the message's timestamp when a
+dispatcher recorded it. Slack documents no lag for reading a channel's
+history: the preset keeps a margin of ten seconds. Slack limits how often
+an app that is not in its Marketplace may read history (since 2025, one
+request a minute of at most 15 messages for new such apps): in a busy
+channel such a lookup is answered 429 and waits its ``Retry-After``, and
+after the tool's ``max_checks`` a person decides.
 
 Slack answers most errors with HTTP 200 and ``"ok": false``; the errors
 that mean nothing was posted (a missing channel, a revoked token, a message
@@ -124,23 +129,29 @@ class PostMessage(PresetAdapter):
             params.update(oldest=ts, latest=ts, inclusive="true")
         else:
             params["oldest"] = f"{self.window_start(sought).timestamp():.6f}"
+            end = self.window_end(sought)
+            if end is not None:
+                params["latest"] = f"{end.timestamp():.6f}"
         method = "/api/conversations.history"
         if isinstance(thread, str) and thread:
             method, params["ts"] = "/api/conversations.replies", thread
-        reference, matches = ref(sought.key), []
+        reference, matches, read = ref(sought.key), [], 0
         for _ in range(PAGES):
             answer = self.call("GET", method, params=params)
             document = answer.document if isinstance(answer.document, dict) else {}
             if document.get("ok") is not True:
                 raise LookupUnavailable(f"Slack answered {document.get('error', f'HTTP {answer.status}')}")
             messages = document.get("messages") or []
+            read += len(messages)
             matches += [m for m in messages if _reference(m) == reference]
             cursor = (document.get("response_metadata") or {}).get("next_cursor")
             if not document.get("has_more") or not cursor:
                 break
             params["cursor"] = cursor
         else:
-            raise LookupUnavailable(f"more than {PAGES * 200} messages in {channel} since the call: not all were read")
+            raise LookupUnavailable(
+                f"{read} messages of {channel} read in {PAGES} pages and more remain in the call's window"
+            )
         match = one_match(matches, "messages")
         if match is None:
             return not_found(f"no message in {channel} since the call carries its reference")

@@ -107,6 +107,11 @@ class _Stripe(PresetAdapter):
                 "Stripe refused: this key was already used with other parameters (idempotency_error); an effect "
                 f"under it exists that is not this call's: {error.get('message', '')}"
             )
+        if answer.status == 402:
+            raise PermanentFailure(
+                f"Stripe declined the {self.noun} (HTTP 402, {error.get('code', 'card_error')}): no money moved"
+                + (f"; the declined payment intent is {error['payment_intent']['id']}" if _intent_id(error) else "")
+            )
         self.refuse_or_doubt(answer, f"the {self.noun}")
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -199,3 +204,8 @@ class Refund(_Stripe):
         mine = self._ours(match, sought)
         assert mine is not None
         return mine
+
+
+def _intent_id(error: dict[str, Any]) -> bool:
+    intent = error.get("payment_intent")
+    return isinstance(intent, dict) and isinstance(intent.get("id"), str)

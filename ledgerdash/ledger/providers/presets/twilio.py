@@ -3,8 +3,8 @@
 Twilio has no idempotency and nothing on a message that the sender chooses
 and can read back: no metadata, no hidden field. So the lookup matches by
 content: messages to the call's recipient (``To``, and ``From`` when the
-call names it), created since the first dispatch claim (less five minutes
-for the clocks), whose body is the call's, byte for byte; by the
+call names it), created since five minutes (the clocks' skew) before the
+first dispatch claim, whose body is the call's, byte for byte; by the
 message's ``sid`` when a dispatcher recorded it. The listing reads
 Twilio's message log; Twilio documents no lag for it, so the preset waits
 a minute before it takes "not found" for an answer.
@@ -29,7 +29,7 @@ import base64
 import email.utils
 import urllib.parse
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from ledgerdash.ledger.errors import PermanentFailure
@@ -55,6 +55,7 @@ class Message(PresetAdapter):
     provider = "Twilio"
     title = "Twilio: send an SMS"
     documented_lag_seconds = 60.0
+    kept_days = 400
     default_base_url = "https://api.twilio.com"
     options: ClassVar[dict[str, Option]] = {
         "account_sid": Option("the account's SID (AC…)", required=True),
@@ -107,11 +108,8 @@ class Message(PresetAdapter):
             return False
         if since is None:
             return True
-        try:
-            created = email.utils.parsedate_to_datetime(str(message.get("date_created", "")))
-        except (TypeError, ValueError):
-            return True  # unreadable: kept, so a person sees it rather than a false "not found"
-        return created >= since
+        created = _created(message)
+        return created is None or created >= since  # unreadable: kept, so a person sees it
 
     def search(self, sought: Sought) -> Lookup:
         if not isinstance(sought.args.get("to"), str) or not isinstance(sought.args.get("body"), str):
@@ -133,8 +131,9 @@ class Message(PresetAdapter):
                 raise LookupUnavailable(f"Twilio's message list answered without messages (HTTP {answer.status})")
             matches += [m for m in messages if self._matches(m, sought, since)]
             next_uri = document.get("next_page_uri")
-            if not next_uri or not messages:
-                break
+            oldest = _created(messages[-1]) if messages else None
+            if not next_uri or not messages or (oldest is not None and oldest < since):
+                break  # newest first: a page reaching before the window ends the search
             path, _, query = str(next_uri).partition("?")
             params = urllib.parse.parse_qsl(query)
         else:
@@ -151,3 +150,12 @@ class Message(PresetAdapter):
             message,
             f"message {message.get('sid')} matches this call {how} (status {message.get('status', '?')})",
         )
+
+
+def _created(message: dict[str, Any]) -> datetime | None:
+    """When Twilio made ``message`` (its RFC 2822 ``date_created``), None when unreadable."""
+    try:
+        created = email.utils.parsedate_to_datetime(str(message.get("date_created", "")))
+    except (TypeError, ValueError):
+        return None
+    return created if created.tzinfo is not None else created.replace(tzinfo=UTC)
