@@ -1,16 +1,19 @@
-"""The providers' replicas as the tests use them: one real process per
-provider, and each preset's adapter pointed at its replica."""
+"""The providers' replicas as the tests use them: one server per provider,
+on a thread of the test process, and each preset's adapter pointed at it."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from ledgerdash.ledger.drill.processes import ReplicaControl, replica_service
+from ledgerdash.ledger.drill.processes import ReplicaControl
 from ledgerdash.ledger.providers.presets import PRESETS, PresetAdapter
+from ledgerdash.replicas import replica
+from ledgerdash.replicas.core import ReplicaServer
 
 ACCOUNT_SID = "AC" + "0" * 31 + "1"
 #: The secrets the presets name by default, as the replicas take them.
@@ -49,6 +52,23 @@ def provider_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, value)
 
 
+@contextlib.contextmanager
+def replica_server(provider: str) -> Iterator[str]:
+    """A replica of ``provider`` served by a thread of this process on a free
+    port: the adapters reach it over real HTTP, and what it runs is measured
+    with the rest (``crashdrill --provider`` runs it as a process of its own:
+    ``replica_service``)."""
+    server = ReplicaServer(("127.0.0.1", 0), replica(provider))
+    thread = threading.Thread(target=server.serve_forever, name=f"{provider} replica", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
 class Replicas:
     """Replicas started on first use, one per provider, for the whole module."""
 
@@ -58,7 +78,7 @@ class Replicas:
 
     def url(self, provider: str) -> str:
         if provider not in self.urls:
-            self.urls[provider] = self.stack.enter_context(replica_service(provider))
+            self.urls[provider] = self.stack.enter_context(replica_server(provider))
         return self.urls[provider]
 
     def control(self, provider: str) -> ReplicaControl:
