@@ -154,10 +154,11 @@ class Drill:
             self.sandbox: SandboxControl = ReplicaControl(
                 self.sandbox_url, baseline={"search_lag_seconds": drill_providers.LOOKUP_LAG}
             )
-        elif self.sandbox_url is None:
-            self.sandbox_url = self._stack.enter_context(sandbox_service(self.workdir, name=f"sandbox-{self.nonce}"))
-            self.sandbox = SandboxControl(self.sandbox_url)
         else:
+            if self.sandbox_url is None:
+                self.sandbox_url = self._stack.enter_context(
+                    sandbox_service(self.workdir, name=f"sandbox-{self.nonce}")
+                )
             self.sandbox = SandboxControl(self.sandbox_url)
         self.sandbox.clear()
         self._prepare_ledger()

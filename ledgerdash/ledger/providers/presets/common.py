@@ -24,9 +24,10 @@ import string
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
+from ledgerdash.ledger import clock
 from ledgerdash.ledger.canonical import canonical_bytes, sha256_hex
 from ledgerdash.ledger.errors import InvalidArgs, NothingHappened, PermanentFailure
 from ledgerdash.ledger.providers.base import (
@@ -243,20 +244,21 @@ class PresetAdapter(HttpCalls):
         elif form is not None:
             body = urllib.parse.urlencode(form).encode()
             sent_headers["Content-Type"] = "application/x-www-form-urlencoded"
-        headers = sent_headers
         try:
             if sending:
                 status, data, got = self._exchange(
                     method,
                     url,
                     body=body,
-                    headers=headers,
+                    headers=sent_headers,
                     timeout=self.max_request_seconds,
                     before_send=lambda: crashpoints.reached(crashpoints.BEFORE_SEND),
                     after_send=lambda: crashpoints.reached(crashpoints.AFTER_SEND),
                 )
             else:
-                status, data, got = self._exchange(method, url, body=body, headers=headers, timeout=self.lookup_timeout)
+                status, data, got = self._exchange(
+                    method, url, body=body, headers=sent_headers, timeout=self.lookup_timeout
+                )
         except NotSent as exc:
             if sending:
                 raise NothingHappened(f"could not connect to {self.provider}: {exc}") from None
@@ -310,8 +312,9 @@ class PresetAdapter(HttpCalls):
         return sought.lands_by + timedelta(seconds=self.lookup_lag_seconds) + CLOCK_SKEW
 
     def window_start(self, sought: Sought) -> datetime:
-        """Where a search by time begins: the first dispatch claim, less the clocks' skew (a day ago, unknown)."""
-        start = sought.sent_after or datetime.now(UTC) - timedelta(days=1)
+        """Where a search by time begins: the first dispatch claim, less the
+        clocks' skew (unknown: a day before the ledger's now)."""
+        start = sought.sent_after or clock.now() - timedelta(days=1)
         return start - CLOCK_SKEW
 
 
@@ -324,7 +327,7 @@ def received(on_request_id: Callable[[str], None] | None, request_id: str) -> No
 def one_match(matches: list[Any], what: str) -> Any:
     """The single match, or None for none; two or more are for a person (:class:`Ambiguous`)."""
     if len(matches) > 1:
-        raise Ambiguous(f"{len(matches)} {what} carry this call's reference: a person decides which, if any, is it")
+        raise Ambiguous(f"{len(matches)} {what} may be this call's: a person decides which, if any, it is")
     return matches[0] if matches else None
 
 
