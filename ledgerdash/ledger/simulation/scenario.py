@@ -17,7 +17,8 @@ of provider the ledger must recover against:
 and one tool per provider preset (``sim.stripe``, ``sim.slack``,
 ``sim.github``, ``sim.postmark``, ``sim.twilio``, ``sim.jira``), modelled
 on what the preset states of its provider: whether it deduplicates and for
-how long, how far its lookup lags (each effect shows up to the preset's
+how long, that it refuses a caller that comes too often (a 429), how far
+its lookup lags (each effect shows up to the preset's
 documented lag after it happened, and the tool's lookup lag is that), and
 what the lookup finds a call by (Twilio's by its content, where two alike
 are ambiguous).
@@ -68,6 +69,8 @@ def _modelled_on(preset: type[PresetAdapter]) -> Traits:
         idempotent=preset.deduplicates,
         retention=preset.retention_seconds,
         processing=1.0,
+        # Every one of them answers 429 to a caller that comes too often: nothing done, come back later.
+        refuses=0.1,
         lookup_lag=preset.documented_lag_seconds,
         lookup_by="content" if preset.name == "twilio.message" else "key",
     )
