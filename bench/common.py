@@ -3,10 +3,12 @@ processes under test, statistics, and the verdict on each target."""
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -159,8 +161,22 @@ class Databases:
             return int(row[0]) if row else 0
 
 
-#: Where the benchmark collects the static files (kept between runs: collecting again is quick).
-BENCH_STATIC = ROOT / "var" / "bench-static"
+#: The environment variable naming where this run's static files are.
+STATIC_ENV = "BENCH_STATIC_ROOT"
+
+
+def bench_static() -> Path:
+    """Where this benchmark run collects the static files: a folder of its own
+    (its processes inherit the name), removed when the run ends. Two runs side
+    by side (the smoke tests' workers) collecting into one folder rewrote each
+    other's files mid-run."""
+    given = os.environ.get(STATIC_ENV)
+    if given:
+        return Path(given)
+    path = ROOT / "var" / "bench-static" / f"run-{os.getpid()}"
+    os.environ[STATIC_ENV] = str(path)
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def django_env(database_url: str, **extra: str) -> dict[str, str]:
@@ -180,7 +196,7 @@ def django_env(database_url: str, **extra: str) -> dict[str, str]:
             "PYTHONPATH": str(ROOT),
             # The benchmark's own collected static files: pages render with DEBUG off, which needs
             # them, and no other command's (or test's) collecting may be what makes it work.
-            "STATIC_ROOT": str(BENCH_STATIC),
+            "STATIC_ROOT": str(bench_static()),
         }
     )
     env.update(extra)
