@@ -132,6 +132,15 @@ class _GitHub(PresetAdapter):
                 return matches
         raise LookupUnavailable(f"more than {PAGES * 100} {self.noun}s since the call: not all were read")
 
+    def _by_id(self, path: str, sought: Sought) -> Lookup | None:
+        """The item a dispatcher recorded the id of, read at ``path``, when it carries the call's marker."""
+        if not sought.request_id.isdigit():
+            return None
+        answer = self.call("GET", path)
+        if answer.ok and read_marker((answer.document or {}).get("body"))[0] == ref(sought.key):
+            return self._found(answer.document, sought.request_id)
+        return None
+
     def _found(self, item: dict[str, Any], request_id: str) -> Lookup:
         return found(
             request_id,
@@ -156,10 +165,8 @@ class Issue(_GitHub):
         return self._post(f"{self.repo_path}/issues", key, args, dict(args), on_request_id)
 
     def search(self, sought: Sought) -> Lookup:
-        if sought.request_id.isdigit():
-            answer = self.call("GET", f"{self.repo_path}/issues/{sought.request_id}")
-            if answer.ok and read_marker((answer.document or {}).get("body"))[0] == ref(sought.key):
-                return self._found(answer.document, sought.request_id)
+        if (by_id := self._by_id(f"{self.repo_path}/issues/{sought.request_id}", sought)) is not None:
+            return by_id
         matches = self._listing(
             f"{self.repo_path}/issues", sought, {"state": "all", "sort": "created", "direction": "desc"}
         )
@@ -189,10 +196,8 @@ class IssueComment(_GitHub):
         number = sought.args.get("issue_number")
         if not isinstance(number, int):
             raise LookupUnavailable("a comment is found on its issue; the call's arguments name none")
-        if sought.request_id.isdigit():
-            answer = self.call("GET", f"{self.repo_path}/issues/comments/{sought.request_id}")
-            if answer.ok and read_marker((answer.document or {}).get("body"))[0] == ref(sought.key):
-                return self._found(answer.document, sought.request_id)
+        if (by_id := self._by_id(f"{self.repo_path}/issues/comments/{sought.request_id}", sought)) is not None:
+            return by_id
         match = one_match(self._listing(f"{self.repo_path}/issues/{number}/comments", sought, {}), "comments")
         if match is None:
             return not_found(f"no comment on issue {number} made since the call carries its marker")
