@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv bench-venv lock run check test lint bench bench-quick clean
+.PHONY: venv bench-venv lock run check test test-pgbouncer lint bench bench-quick clean
 
 ## .venv with exactly what uv.lock pins (the app and the dev tools).
 venv:
@@ -31,6 +31,11 @@ check: venv
 ## Lint, type-check, then the whole suite on SQLite and on PostgreSQL, with coverage.
 test: venv
 	@./scripts/test.sh
+
+## The PostgreSQL tests through a PgBouncer of their own, in transaction mode
+## (scripts/test-pgbouncer.sh; SMOKE=1 runs the PostgreSQL-only ones).
+test-pgbouncer: venv
+	@./scripts/test-pgbouncer.sh
 
 ## Benchmarks beside the peers, on PostgreSQL (BENCH_DATABASE_URL, default the local
 ## server; scratch databases ledgerdash_bench*): 12 to 15 minutes, 22 on the slowest

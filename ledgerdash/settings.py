@@ -108,6 +108,16 @@ TEMPLATES = [
 ]
 
 
+def database_timeouts_ms() -> tuple[int, int]:
+    """PostgreSQL's statement_timeout and lock_timeout for the app's
+    connections, in milliseconds (0: none): sent as each connection starts,
+    or set on the runtime role behind a transaction pooler."""
+    return (
+        env_int("DATABASE_STATEMENT_TIMEOUT_MS", 30_000, minimum=0),
+        env_int("DATABASE_LOCK_TIMEOUT_MS", 10_000, minimum=0),
+    )
+
+
 def database_config(url: str) -> dict[str, object]:
     """Django's settings for the database at ``url`` (SQLite or PostgreSQL), with the ledger's defaults."""
     try:
@@ -137,17 +147,25 @@ def database_config(url: str) -> dict[str, object]:
         # Server-side binding lets psycopg prepare the statements a process
         # sends again and again (every transition's compare-and-set and event
         # append) after their fifth use, so the server stops re-planning them.
-        # Turn it off behind a pooler in transaction mode (PgBouncer before
-        # 1.21), which cannot keep prepared statements.
-        binding = env_bool("DATABASE_SERVER_SIDE_BINDING", True)
+        # Behind a pooler in transaction mode (PgBouncer), one connection of the
+        # server serves many of the app's, one transaction at a time: nothing
+        # may outlive a transaction on it. So no prepared statements, no
+        # cursor held across transactions, and no settings sent when the
+        # connection starts (PgBouncer refuses the ``options`` startup
+        # parameter, or drops it where told to ignore it): the timeouts are
+        # then the runtime role's own (``manage.py db_roles --create-roles``).
+        pooled = env_bool("DATABASE_TRANSACTION_POOLER", False)
+        if pooled:
+            config["DISABLE_SERVER_SIDE_CURSORS"] = True
+        binding = env_bool("DATABASE_SERVER_SIDE_BINDING", True) and not pooled
         defaults = {"server_side_binding": True, "prepare_threshold": 5} if binding else {}
-        # A stalled database becomes a fast error (answered as a 503 with
-        # Retry-After) well before gunicorn's worker timeout kills the worker:
-        # a statement may run this long, and wait this long for a lock.
-        # 0 turns a limit off (a one-off maintenance command may want that).
-        statement_ms = env_int("DATABASE_STATEMENT_TIMEOUT_MS", 30_000, minimum=0)
-        lock_ms = env_int("DATABASE_LOCK_TIMEOUT_MS", 10_000, minimum=0)
-        defaults["options"] = f"-c statement_timeout={statement_ms} -c lock_timeout={lock_ms}"
+        if not pooled:
+            # A stalled database becomes a fast error (answered as a 503 with
+            # Retry-After) well before gunicorn's worker timeout kills the worker:
+            # a statement may run this long, and wait this long for a lock.
+            # 0 turns a limit off (a one-off maintenance command may want that).
+            statement_ms, lock_ms = database_timeouts_ms()
+            defaults["options"] = f"-c statement_timeout={statement_ms} -c lock_timeout={lock_ms}"
         if env_bool("DATABASE_POOL", False):
             # psycopg's pool in each process (Django's OPTIONS["pool"]): connections
             # are reused across requests without a pooler in front. A process
@@ -172,6 +190,9 @@ def database_config(url: str) -> dict[str, object]:
 
 DATABASE_URL = env_str("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'ledgerdash.sqlite3'}"
 DATABASES = {"default": database_config(DATABASE_URL)}
+DATABASE_TIMEOUTS_MS = database_timeouts_ms()
+#: The app reaches PostgreSQL through a pooler in transaction mode (see database_config).
+DATABASE_TRANSACTION_POOLER = env_bool("DATABASE_TRANSACTION_POOLER", False)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -1,6 +1,7 @@
 #!/bin/sh
 # The whole suite: lint and types, then pytest on SQLite and on PostgreSQL,
-# then the benchmark smoke test (in .venv-bench, beside the peers), then the
+# then the PostgreSQL-only tests through PgBouncer in transaction mode, then
+# the benchmark smoke test (in .venv-bench, beside the peers), then the
 # coverage of the two main passes against its floor (pyproject.toml,
 # [tool.coverage.report] fail_under).
 #
@@ -44,6 +45,9 @@ echo "== pytest on PostgreSQL (with the browser tests)"
 ./scripts/browser.sh
 # shellcheck disable=SC2086
 DATABASE_URL=$PG_URL $BIN/pytest $XDIST $COV --cov-append -m "not bench" "$@"
+
+echo "== the PostgreSQL-only tests through PgBouncer in transaction mode (make test-pgbouncer: all of them)"
+SMOKE=1 ./scripts/test-pgbouncer.sh "$@"
 
 echo "== the benchmark smoke tests, on PostgreSQL beside the peers (.venv-bench)"
 ./scripts/venv.sh bench

@@ -154,6 +154,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if _vendor() == "postgresql":
         problem = _postgres_unreachable()
         if problem is None:
+            from django.conf import settings
+
+            if settings.DATABASE_TRANSACTION_POOLER:
+                skip = pytest.mark.skip(reason="its database session is the pooler's (DATABASE_TRANSACTION_POOLER)")
+                for item in items:
+                    if item.get_closest_marker("own_session"):
+                        item.add_marker(skip)
             return
         if IN_CI:
             raise pytest.UsageError(f"{problem}; CI must run the PostgreSQL tests")

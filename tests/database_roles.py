@@ -25,6 +25,12 @@ inside a transaction that is rolled back, as before.
 ``LEDGERDASH_TEST_DB_ROLES=off`` runs the pass as the URL's own user instead
 (for a server where that user may not create roles); the template copies
 still replace the flush.
+
+**Through a pooler.** With ``LEDGERDASH_TEST_ADMIN_URL`` (the server itself,
+as a superuser) the harness makes and drops databases and roles there,
+while the app (``DATABASE_URL``: PgBouncer in front of that server) connects
+through the pooler; a pooler's idle connections to the test database are
+ended before it is copied (``scripts/pgbouncer.sh``, ``make test-pgbouncer``).
 """
 
 from __future__ import annotations
@@ -64,8 +70,23 @@ def _conninfo(params: dict[str, Any], dbname: str) -> dict[str, Any]:
     }
 
 
+def _server() -> dict[str, Any]:
+    """The server's settings as the harness reaches it: the superuser the
+    suite was given, on the server itself when a pooler is in front."""
+    if _admin:
+        return _admin
+    params = dict(settings.DATABASES["default"])
+    direct = os.environ.get("LEDGERDASH_TEST_ADMIN_URL")
+    if direct:
+        import dj_database_url
+
+        server = dj_database_url.parse(direct)
+        params.update({k: server[k] for k in ("HOST", "PORT", "USER", "PASSWORD")})  # type: ignore[literal-required]
+    return params
+
+
 def _url(user: str, password: str | None, dbname: str) -> str:
-    params = _admin or settings.DATABASES["default"]
+    params = _server()
     auth = user + (f":{password}" if password else "")
     host = params.get("HOST") or "localhost"
     port = f":{params['PORT']}" if params.get("PORT") else ""
@@ -74,7 +95,7 @@ def _url(user: str, password: str | None, dbname: str) -> str:
 
 def admin_url(dbname: str | None = None) -> str:
     """The superuser the suite was given, on ``dbname`` (default: the test database)."""
-    params = _admin or settings.DATABASES["default"]
+    params = _server()
     return _url(str(params.get("USER") or "postgres"), params.get("PASSWORD"), dbname or _test_name())
 
 
@@ -87,7 +108,7 @@ def owner_url(dbname: str | None = None) -> str:
 
 
 def admin_connect(dbname: str | None = None) -> psycopg.Connection[Any]:
-    params = _admin or settings.DATABASES["default"]
+    params = _server()
     return psycopg.connect(**_conninfo(params, dbname or _test_name()), autocommit=True)
 
 
@@ -175,7 +196,7 @@ def django_db_setup(
             teardown_databases(config, verbosity=verbosity)
         return
 
-    _admin.update(settings.DATABASES["default"])
+    _admin.update(_server())
     split = os.environ.get("LEDGERDASH_TEST_DB_ROLES", "on").lower() not in {"off", "0", "false", "no"}
     original_teardown = TransactionTestCase._fixture_teardown
     original_setup = TransactionTestCase.__dict__["_fixture_setup"]  # a classmethod
@@ -195,6 +216,11 @@ def django_db_setup(
                     admin.execute(statement)
         connections.close_all()
         with admin_connect("postgres") as admin:
+            # A pooler keeps the server's connections to the test database open after the app let go.
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                [_test_name()],
+            )
             admin.execute(f'CREATE DATABASE "{_template_name()}" TEMPLATE "{_test_name()}"')
         if split:
             _use(*_roles["runtime"])

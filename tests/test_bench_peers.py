@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.conf import settings
 
 from bench.peers import SCOPES, STRIPES, TOOL, TOOL_CLAIMED, MinimalPeer, StripedPeer, prepare_striped, tool_args
 from ledgerdash.ledger import audit, recording
@@ -29,9 +30,16 @@ LABEL = "bench-agent@host"
 PER_CALL = {"id", "idempotency_key", "provider_key", "provider_request_id", "created_at", "updated_at", "lands_by"}
 
 
+def _connect(url: str) -> psycopg.Connection[Any]:
+    """The peers' own connection; without prepared statements behind a
+    transaction pooler, whose server sessions the peers' would not own."""
+    threshold = None if settings.DATABASE_TRANSACTION_POOLER else 5
+    return psycopg.connect(url, autocommit=True, prepare_threshold=threshold)
+
+
 @pytest.fixture
 def conn() -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(database_url(), autocommit=True) as connection:
+    with _connect(database_url()) as connection:
         yield connection
 
 
@@ -142,7 +150,7 @@ def _agents_at_once(kind: type[MinimalPeer], url: str, tenant: Tenant, agents: i
     in ``tenant`` at the same time."""
 
     def work(index: int) -> None:
-        with psycopg.connect(url, autocommit=True) as own:
+        with _connect(url) as own:
             peer = kind(own, f"agent-{index}")
             for i in range(calls):
                 key = f"a{index}:{i}"
@@ -176,7 +184,7 @@ def test_the_striped_peer_keeps_each_stripe_a_whole_chain() -> None:
     agents, calls = 6, 10
     _agents_at_once(StripedPeer, owner_url(), tenant, agents, calls)
 
-    with psycopg.connect(owner_url(), autocommit=True) as conn:
+    with _connect(owner_url()) as conn:
         rows = conn.execute(
             "SELECT stripe, seq, attempt_id, content_hash, prev_hash, hash FROM bench_striped_event"
             " WHERE tenant_id = %s ORDER BY stripe, seq",

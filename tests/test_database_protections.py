@@ -57,6 +57,18 @@ def test_the_app_connects_as_a_role_that_is_no_superuser_and_owns_nothing(ledger
     assert (superuser, createrole, createdb, owned) == (False, False, False, 0)
 
 
+def test_the_runtime_role_carries_the_apps_timeouts(ledger: Attempt) -> None:
+    """What a transaction pooler's connections run with: the app cannot send them when it connects there."""
+    from django.conf import settings
+
+    statement_ms, lock_ms = settings.DATABASE_TIMEOUTS_MS
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT rolconfig FROM pg_roles WHERE rolname = current_user")
+        (config,) = cursor.fetchone()
+    assert f"statement_timeout={statement_ms}" in config
+    assert f"lock_timeout={lock_ms}" in config
+
+
 def test_the_runtime_role_cannot_switch_a_trigger_off(ledger: Attempt) -> None:
     for table in LEDGER_TABLES:
         assert "must be owner" in refused(f"ALTER TABLE {table} DISABLE TRIGGER ALL")

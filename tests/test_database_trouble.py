@@ -186,6 +186,7 @@ def test_terminated_sessions_are_replaced_without_an_error(app: App) -> None:
     assert app.client.find("invoice-1") == []
 
 
+@pytest.mark.own_session
 def test_a_table_locked_for_long_answers_503_within_the_lock_timeout(app: App) -> None:
     eventually_ok(app, "/queues/unknown/")
     with admin_connect() as admin, contextlib.closing(admin.cursor()) as cursor:
@@ -263,6 +264,7 @@ def _sweep(app: App, attempt_id: int, unknown_id: int) -> list[str]:
     return wrong
 
 
+@pytest.mark.own_session
 @pytest.mark.parametrize("app", [{"DATABASE_LOCK_TIMEOUT_MS": "150"}], indirect=True)
 def test_every_endpoint_answers_each_locked_table_and_terminated_sessions_cleanly(app: App) -> None:
     from ledgerdash.ledger.policies import policy_publish

@@ -400,6 +400,7 @@ def test_only_a_never_sent_intent_can_be_abandoned_and_only_with_its_fence(tenan
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.own_session
 def test_an_agent_whose_connection_was_cut_recovers_on_its_next_call(tenant_a: Tenant) -> None:
     import psycopg
 

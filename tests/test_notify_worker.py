@@ -92,6 +92,7 @@ def test_a_killed_worker_loses_no_delivery(tenant_a: Tenant, tmp_path: Path) -> 
     assert all(entry["signed"] for entry in received)
 
 
+@pytest.mark.own_session
 def test_the_worker_survives_terminated_connections(tenant_a: Tenant, tmp_path: Path) -> None:
     from django.db import connection
 

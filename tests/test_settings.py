@@ -129,9 +129,12 @@ def test_an_empty_var_dir_means_the_default(value: str, expected: object) -> Non
         ("sqlite:///{tmp}/db.sqlite3?timeout=5", {"timeout": 5}, "init_command"),
     ],
 )
-def test_options_in_the_database_url_are_kept(url: str, kept: dict[str, object], added: str, tmp_path: Path) -> None:
+def test_options_in_the_database_url_are_kept(
+    url: str, kept: dict[str, object], added: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ledgerdash import settings
 
+    monkeypatch.delenv("DATABASE_TRANSACTION_POOLER", raising=False)
     options = settings.database_config(url.format(tmp=tmp_path))["OPTIONS"]
     assert isinstance(options, dict)
     assert kept.items() <= options.items()
@@ -163,6 +166,7 @@ def test_postgres_connections_get_the_statement_and_lock_timeouts(monkeypatch: p
 
     monkeypatch.setenv("DATABASE_STATEMENT_TIMEOUT_MS", "2500")
     monkeypatch.setenv("DATABASE_LOCK_TIMEOUT_MS", "0")
+    monkeypatch.delenv("DATABASE_TRANSACTION_POOLER", raising=False)
     config = settings.database_config("postgres://u@db.example.com/ledger?options=-c%20search_path%3Dledger")
     options = config["OPTIONS"]
     assert isinstance(options, dict)
@@ -170,6 +174,18 @@ def test_postgres_connections_get_the_statement_and_lock_timeouts(monkeypatch: p
     assert options["options"] == "-c statement_timeout=2500 -c lock_timeout=0 -c search_path=ledger"
     assert config["CONN_HEALTH_CHECKS"] is True
     assert "pool" not in options
+
+
+def test_behind_a_transaction_pooler_nothing_outlives_a_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledgerdash import settings
+
+    monkeypatch.setenv("DATABASE_TRANSACTION_POOLER", "true")
+    config = settings.database_config("postgres://u@db.example.com/ledger")
+    options = config["OPTIONS"]
+    assert isinstance(options, dict)
+    assert "options" not in options  # PgBouncer refuses the startup parameter
+    assert "server_side_binding" not in options
+    assert config["DISABLE_SERVER_SIDE_CURSORS"] is True
 
 
 def test_the_connection_pool_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 
+from django.conf import settings
+
 #: Rows the app adds but never changes or removes (history).
 APPEND_ONLY = ("ledger_attemptevent",)
 #: Rows the app changes but never removes.
@@ -80,6 +82,12 @@ def create_role_statements(*, owner: str, runtime: str) -> list[str]:
         statements.append(
             f"ALTER ROLE {quoted} NOSUPERUSER NOCREATEROLE NOREPLICATION NOBYPASSRLS"
         )  # an existing role of that name gets no more than it needs
+    # The app's timeouts as the runtime role's own: behind a pooler in
+    # transaction mode the app cannot send them when it connects
+    # (DATABASE_TRANSACTION_POOLER); elsewhere what it sends overrides them.
+    statement_ms, lock_ms = settings.DATABASE_TIMEOUTS_MS
+    statements.append(f"ALTER ROLE {identifier(runtime)} SET statement_timeout = {int(statement_ms)}")
+    statements.append(f"ALTER ROLE {identifier(runtime)} SET lock_timeout = {int(lock_ms)}")
     return statements
 
 

@@ -375,13 +375,17 @@ class ReconcilerProcess:
 def cut_connection(announce: dict[str, str], process: ReconcilerProcess) -> str:
     """Cut the paused reconciler's database connection, as a server restart
     or a network fault would, then let it go on. PostgreSQL: the server
-    terminates its session. SQLite (no server): the process closes its
+    terminates its session. SQLite (no server), or behind a transaction
+    pooler (where the server's session serves whichever client runs a
+    transaction, not the reconciler alone): the process closes its
     connection under the ORM's feet. Returns what was done, for the report."""
-    if connection.vendor == "postgresql" and announce.get("backend"):
+    if connection.vendor == "postgresql" and announce.get("backend") and not settings.DATABASE_TRANSACTION_POOLER:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [int(announce["backend"])])
             (done,) = cursor.fetchone()
         process.say("go")
         return f"the server terminated the reconciler's session (backend {announce['backend']}): {done}"
     process.say("drop")
+    if connection.vendor == "postgresql":
+        return "the reconciler's connection to the pooler was closed under it (its server session is the pooler's)"
     return "the reconciler's connection was closed under it (SQLite has no server session to terminate)"
