@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv bench-venv lock run check test test-pgbouncer lint bench bench-quick clean
+.PHONY: venv bench-venv lock run check test test-pgbouncer ha-drill lint bench bench-quick clean
 
 ## .venv with exactly what uv.lock pins (the app and the dev tools).
 venv:
@@ -36,6 +36,14 @@ test: venv
 ## (scripts/test-pgbouncer.sh; SMOKE=1 runs the PostgreSQL-only ones).
 test-pgbouncer: venv
 	@./scripts/test-pgbouncer.sh
+
+## The failover drill (ledgerdash/ha): agents, reconcilers and the notifier under load on a
+## PostgreSQL cluster of its own (Patroni, etcd, a synchronous standby, from Debian's packages);
+## the primary is killed, then the next one frozen. About 2 minutes; exits 1 unless nothing was
+## lost, duplicated or left stuck.
+ha-drill: venv
+	@./scripts/ha-packages.sh
+	@DEBUG=true $(PY) manage.py ha_drill
 
 ## Benchmarks beside the peers, on PostgreSQL (BENCH_DATABASE_URL, default the local
 ## server; scratch databases ledgerdash_bench*): 12 to 15 minutes, 22 on the slowest

@@ -118,12 +118,38 @@ def database_timeouts_ms() -> tuple[int, int]:
     )
 
 
+def _multi_host(url: str) -> tuple[tuple[str, str] | None, str]:
+    """libpq's multi-host URL (``postgres://user@db1:5432,db2:5432/name
+    ?target_session_attrs=read-write``, a primary and its standbys: each
+    connection tries them in turn and keeps the one that takes writes), as
+    the comma lists libpq takes for host and port, and the URL with its
+    first host alone, for the rest of the parsing."""
+    _scheme, sep, rest = url.partition("://")
+    netloc = rest.split("/", 1)[0].split("?", 1)[0]
+    auth, at, hostlist = netloc.rpartition("@")
+    if not sep or "," not in hostlist:
+        return None, url
+    hosts, ports = [], []
+    for entry in hostlist.split(","):
+        host, colon, port = entry.rpartition(":") if not entry.endswith("]") else (entry, "", "")
+        if not colon:
+            host, port = entry, ""
+        if not host:
+            raise ImproperlyConfigured(f"DATABASE_URL names an empty host in {hostlist!r}")
+        hosts.append(host)
+        ports.append(port or "5432")
+    return (",".join(hosts), ",".join(ports)), url.replace(netloc, f"{auth}{at}{hosts[0]}", 1)
+
+
 def database_config(url: str) -> dict[str, object]:
     """Django's settings for the database at ``url`` (SQLite or PostgreSQL), with the ledger's defaults."""
+    hosts, url = _multi_host(url)
     try:
         config: dict[str, object] = dict(dj_database_url.parse(url))
     except (ValueError, dj_database_url.UnknownSchemeError) as exc:
         raise ImproperlyConfigured(f"DATABASE_URL={url!r} is not a database URL: {exc}") from None
+    if hosts:
+        config["HOST"], config["PORT"] = hosts
     engine = config.get("ENGINE")
     if engine == "django.db.backends.sqlite3":
         name = Path(str(config["NAME"]))
@@ -166,6 +192,10 @@ def database_config(url: str) -> dict[str, object]:
             # 0 turns a limit off (a one-off maintenance command may want that).
             statement_ms, lock_ms = database_timeouts_ms()
             defaults["options"] = f"-c statement_timeout={statement_ms} -c lock_timeout={lock_ms}"
+        # A server that does not answer (a host that hangs, a failed-over
+        # primary's address) costs a new connection this long, then the next
+        # host of a multi-host URL is tried.
+        defaults["connect_timeout"] = env_int("DATABASE_CONNECT_TIMEOUT", 10, minimum=1)
         if env_bool("DATABASE_POOL", False):
             # psycopg's pool in each process (Django's OPTIONS["pool"]): connections
             # are reused across requests without a pooler in front. A process

@@ -41,8 +41,9 @@ echo "== pytest on SQLite (with the alert tests)"
 # shellcheck disable=SC2086 # XDIST and COV are lists of options
 env -u DATABASE_URL $BIN/pytest $XDIST $COV -m "not postgres" "$@"
 
-echo "== pytest on PostgreSQL (with the browser tests)"
+echo "== pytest on PostgreSQL (with the browser tests and the failover drill)"
 ./scripts/browser.sh
+./scripts/ha-packages.sh
 # shellcheck disable=SC2086
 DATABASE_URL=$PG_URL $BIN/pytest $XDIST $COV --cov-append -m "not bench" "$@"
 

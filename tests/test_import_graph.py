@@ -8,6 +8,7 @@ it) and under ``TYPE_CHECKING``.
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -207,3 +208,13 @@ def test_the_providers_stand_alone() -> None:
             n for n in imported if n.startswith(("django", "ledgerdash.ledger", "ledgerdash_client", "ledgerdash.ops"))
         }
         assert not foreign, f"{name} imports {sorted(foreign)}"
+
+
+def test_the_cluster_script_needs_only_the_standard_library() -> None:
+    """deploy/ha/cluster runs ledgerdash.ha.cluster with the system's python3, before any install."""
+    path = MODULES["ledgerdash.ha.cluster"]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    outside = {n for n in imported if n.split(".")[0] not in sys.stdlib_module_names and n != "__future__"}
+    assert not outside, f"ledgerdash.ha.cluster imports {sorted(outside)}"

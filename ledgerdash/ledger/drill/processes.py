@@ -152,6 +152,10 @@ class SandboxControl:
     def count(self, key: str) -> int:
         return int(self._call("GET", "/effects/count?key=" + urllib.parse.quote(key, safe=""))["count"])
 
+    def counts(self) -> dict[str, int]:
+        """Effects performed, per key."""
+        return {str(key): int(n) for key, n in self._call("GET", "/effects/counts").items()}
+
     def release(self, tool: str) -> int:
         """Perform the requests held for ``tool`` now; how many there were."""
         return int(self._call("POST", f"/faults/{urllib.parse.quote(tool, safe='')}/release")["performed"])
@@ -270,9 +274,9 @@ def web_environment() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def web_service(directory: Path) -> Iterator[str]:
-    """Serve the app itself (gunicorn, as deployed) on the drill's database,
-    for agents that reach the ledger over the HTTP API; yield its URL."""
+def web_service(directory: Path, *, env: dict[str, str] | None = None) -> Iterator[str]:
+    """Serve the app itself (gunicorn, as deployed) on the drill's database
+    (or ``env``'s), for agents that reach the ledger over the HTTP API; yield its URL."""
     port = _free_port()
     log = (directory / "web.log").open("w")
     proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module, fixed arguments
@@ -290,7 +294,7 @@ def web_service(directory: Path) -> Iterator[str]:
         ],
         stdout=log,
         stderr=log,
-        env=web_environment(),
+        env=web_environment() | (env or {}),
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"

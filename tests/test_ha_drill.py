@@ -1,0 +1,147 @@
+"""The failover drill (ledgerdash.ha): its verdict, and a whole run.
+
+The run starts a cluster of its own (etcd and two PostgreSQL servers under
+Patroni, from Debian's packages, which scripts/ha-packages.sh installs as
+the browser is), never the suite's server; it is marked ``postgres`` so it
+runs in the PostgreSQL pass, beside the SQLite pass's longest tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ledgerdash.ha.cluster import missing_programs
+from ledgerdash.ha.drill import judge
+from ledgerdash.settings import database_config
+from tests.conftest import IN_CI
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _call(key: str, **fields: object) -> dict[str, object]:
+    return {"key": key, "tool": "ha.charge_card", "acked": True, **fields}
+
+
+def test_a_clean_history_is_judged_clean() -> None:
+    calls = [_call("a"), _call("b"), _call("c", acked=False, refused=None)]
+    attempts = [("a", "OUTCOME_CONFIRMED", 1), ("b", "OUTCOME_CONFIRMED", 2), ("c", "FAILED", 3)]
+    assert judge(calls, attempts, {"a": 1, "b": 1}) == ([], [], [])
+
+
+def test_an_acknowledged_call_the_ledger_no_longer_confirms_is_lost() -> None:
+    lost, _, stuck = judge([_call("a")], [("a", "DISPATCHED", 1)], {"a": 1})
+    assert lost == ["a: acknowledged; the ledger says DISPATCHED, the provider performed it 1x"]
+    assert stuck == ["attempt 1 (a): DISPATCHED"]
+
+
+def test_an_acknowledged_call_missing_from_the_ledger_or_the_provider_is_lost() -> None:
+    lost, _, _ = judge([_call("a"), _call("b")], [("b", "OUTCOME_CONFIRMED", 2)], {"a": 1})
+    assert lost == [
+        "a: acknowledged; the ledger says None, the provider performed it 1x",
+        "b: acknowledged; the ledger says OUTCOME_CONFIRMED, the provider performed it 0x",
+    ]
+
+
+def test_a_refusal_for_good_of_what_the_provider_did_is_lost() -> None:
+    lost, _, _ = judge([_call("a", acked=False, refused="attempt_failed")], [("a", "FAILED", 1)], {"a": 1})
+    assert lost == ["a: refused for good (attempt_failed), yet the provider performed it"]
+
+
+def test_an_effect_performed_twice_is_duplicated_and_the_last_attempt_counts() -> None:
+    attempts = [("a", "UNKNOWN", 1), ("a", "OUTCOME_CONFIRMED", 2)]
+    lost, duplicated, stuck = judge([_call("a")], attempts, {"a": 2})
+    assert (lost, duplicated) == ([], ["a: performed 2x"])
+    assert stuck == ["attempt 1 (a): UNKNOWN"]
+
+
+def test_a_multi_host_url_becomes_libpqs_host_and_port_lists() -> None:
+    config = database_config(
+        "postgres://app:secret@db1:5433,db2,[::1]:5434/ledger?target_session_attrs=read-write&connect_timeout=3"
+    )
+    assert (config["HOST"], config["PORT"], config["NAME"], config["USER"]) == (
+        "db1,db2,[::1]",
+        "5433,5432,5434",
+        "ledger",
+        "app",
+    )
+    options = config["OPTIONS"]
+    assert isinstance(options, dict)
+    assert options["target_session_attrs"] == "read-write"
+    assert options["connect_timeout"] == 3  # the URL's, over the default
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.longest
+def test_the_failover_drill_loses_duplicates_and_strands_nothing(tmp_path: Path) -> None:
+    """Kept, with every log, when it fails; pytest's own folders are closed
+    to the postgres OS user the cluster runs as, so the drill's is in /tmp."""
+    missing = missing_programs()
+    if missing:
+        reason = f"needs Debian's {', '.join(missing)}: run scripts/ha-packages.sh (as root it installs them)"
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update({"DEBUG": "true", "LEDGERDASH_VAR_DIR": str(tmp_path / "var")})
+    workdir = Path(tempfile.mkdtemp(prefix="ledgerdash-ha-drill-"))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "ha_drill", "--keep", str(workdir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=540,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, f"{out}{done.stderr[-3000:]}\n(the cluster's and processes' logs: {workdir})"
+    shutil.rmtree(workdir, ignore_errors=True)
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"ha-drill: lost 0, duplicated 0, stuck 0, recovered in \d+\.\d s", last), out
+    # Both faults happened, on different nodes, and each time another server took the writes.
+    kill = re.search(r"SIGKILL (node\d) \(the leader\); writes again after", out)
+    freeze = re.search(r"SIGSTOP (node\d) \(the leader\); writes again after", out)
+    assert kill, out
+    assert freeze, out
+    assert kill.group(1) != freeze.group(1), out
+    assert "verify_audit on the new primary: passed" in out
+    acknowledged = re.search(r"(\d+) calls: (\d+) acknowledged", out)
+    assert acknowledged, out
+    assert int(acknowledged.group(2)) > 0, out
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_the_production_guides_cluster_commands_work_in_order() -> None:
+    """docs/production.md's "High availability" ``sh`` block, run as written
+    (in a folder of the run's own): start prints a URL that finds the
+    primary, status names a leader and a synchronous standby, stop ends it."""
+    if missing_programs():
+        pytest.skip("needs Debian's patroni and etcd-server: run scripts/ha-packages.sh")
+    guide = (ROOT / "docs" / "production.md").read_text()
+    section = guide.split("## High availability", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```sh\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+    workdir = Path(tempfile.mkdtemp(prefix="ledgerdash-ha-guide-"))
+    workdir.chmod(0o755)  # the cluster runs as the postgres OS user under root
+    script = block.replace("/tmp/ledgerdash-ha", str(workdir / "cluster"))  # noqa: S108 - the page's own path, replaced
+    try:
+        done = subprocess.run(["sh", "-ec", script], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        url, *members = done.stdout.strip().splitlines()
+        assert re.fullmatch(
+            r"postgres://postgres@127\.0\.0\.1:\d+,127\.0\.0\.1:\d+/postgres\?target_session_attrs=read-write.*", url
+        )
+        roles = sorted(json.loads(line)["role"] for line in members)
+        assert roles == ["leader", "sync_standby"], done.stdout
+    finally:
+        subprocess.run([str(ROOT / "deploy" / "ha" / "cluster"), "stop", str(workdir / "cluster")], check=False)
+        shutil.rmtree(workdir, ignore_errors=True)
