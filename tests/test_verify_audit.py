@@ -255,3 +255,88 @@ def test_a_kept_head_that_does_not_parse_or_names_no_tenant_is_an_error(
     output, code = verify_output("--known-heads", str(notes))
     assert code == 1
     assert "names no chain head" in output
+
+
+# --- incremental: from the heads the last walk verified ------------------------------------------
+
+
+def test_an_incremental_walk_reads_only_what_was_appended_since(ledger: list[AttemptEvent], tenant_a: Tenant) -> None:
+    assert verify_output()[1] == 0
+    before = len(ledger)
+    attempt_in(State.OUTCOME_CONFIRMED, tenant_a, key="a-later")
+    added = AttemptEvent.objects.filter(tenant=tenant_a).count() - before
+    (result, _) = audit.verify(incremental=True)
+    assert result.ok, result.describe()
+    assert (result.walked, result.events) == (added, before + added)
+    assert f"acme: ok, {before + added} events, head seq {before + added}" in result.describe()
+    assert f"({added} new since the last walk)" in result.describe()
+    check = ChainCheck.objects.get(tenant=tenant_a)
+    assert check.reached_heads == [list(_head(tenant_a))]
+    # Nothing new: nothing read, still verified up to the head.
+    (again, _) = audit.verify(incremental=True)
+    assert (again.ok, again.walked, again.events) == (True, 0, before + added)
+
+
+def test_an_incremental_walk_without_an_earlier_one_walks_everything(
+    ledger: list[AttemptEvent], tenant_a: Tenant
+) -> None:
+    (result, _) = audit.verify(incremental=True)
+    assert (result.ok, result.walked, result.events) == (True, None, len(ledger))  # None: a full walk
+
+
+@tamper.commits
+def test_an_incremental_walk_catches_an_edit_after_the_verified_head(
+    ledger: list[AttemptEvent], tenant_a: Tenant
+) -> None:
+    assert verify_output()[1] == 0
+    attempt_in(State.OUTCOME_CONFIRMED, tenant_a, key="a-later")
+    victim = AttemptEvent.objects.filter(tenant=tenant_a).order_by("-seq")[1]
+    tamper.edit(victim.pk, reason="changed later")
+    output, code = verify_output("--tenant", "acme", "--incremental")
+    assert code == 1
+    assert f"tenant acme seq {victim.seq} (event id {victim.pk}) was edited" in output
+
+
+@tamper.commits
+def test_an_incremental_walk_catches_the_verified_head_rewritten_or_removed(
+    ledger: list[AttemptEvent], tenant_a: Tenant
+) -> None:
+    assert verify_output()[1] == 0
+    seq, digest = _head(tenant_a)
+    tamper.edit(ledger[-1].pk, hash="f" * 64)
+    output, code = verify_output("--tenant", "acme", "--incremental", "--no-save")
+    assert code == 1
+    assert f"acme: BROKEN (rewritten) tenant acme seq {seq} (event id {ledger[-1].pk}) is not the head" in output
+    tamper.delete(ledger[-1].pk)
+    output, code = verify_output("--tenant", "acme", "--incremental")
+    assert code == 1
+    assert f"acme: BROKEN (tail lost) tenant acme: seq {seq}, where the verify_audit of" in output
+    assert f"verified the chain to ({digest[:16]}…), is gone" in output
+
+
+@tamper.commits
+def test_an_incremental_walk_does_not_reread_what_it_verified_before(
+    ledger: list[AttemptEvent], tenant_a: Tenant
+) -> None:
+    """The limit it trades for speed: an edit behind the verified head is the full walk's to find."""
+    assert verify_output()[1] == 0
+    victim = ledger[2]
+    tamper.edit(victim.pk, reason="edited behind the head")
+    assert verify_output("--tenant", "acme", "--incremental", "--no-save")[1] == 0
+    output, code = verify_output("--tenant", "acme")
+    assert code == 1
+    assert f"seq {victim.seq} (event id {victim.pk}) was edited" in output
+
+
+def test_an_incremental_walk_follows_each_of_several_chains(tenant_striped: Tenant) -> None:
+    for n in range(6):
+        attempt_in(State.OUTCOME_CONFIRMED, tenant_striped, key=f"s-{n}")
+    assert audit.verify([tenant_striped])[0].ok
+    total = AttemptEvent.objects.filter(tenant=tenant_striped).count()
+    for n in range(6, 9):
+        attempt_in(State.OUTCOME_CONFIRMED, tenant_striped, key=f"s-{n}")
+    (result,) = audit.verify([tenant_striped], incremental=True)
+    assert result.ok, result.describe()
+    now = AttemptEvent.objects.filter(tenant=tenant_striped).count()
+    assert (result.walked, result.events) == (now - total, now)
+    assert result.verified_seq == max(ChainHead.objects.filter(tenant=tenant_striped).values_list("seq", flat=True))

@@ -95,6 +95,8 @@ class ChainResult:
     broken: Break | None = None
     #: Where each chain's walk ended, ``(seq, hash)``, for the chains with events.
     reached: tuple[tuple[int, str], ...] = ()
+    #: An incremental walk's events read (those after the heads it started from); None: a full walk.
+    walked: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -104,15 +106,16 @@ class ChainResult:
         if self.broken is None:
             chains = f" in {self.tenant.chain_stripes} chains" if self.tenant.chain_stripes > 1 else ""
             newest = "newest head" if chains else "head"
+            since = "" if self.walked is None else f" ({self.walked} new since the last walk)"
             return (
                 f"{self.tenant.slug}: ok, {self.events} events{chains}, {newest} seq {self.head_seq} "
-                f"{self.head_hash[:16]}…"
+                f"{self.head_hash[:16]}…{since}"
             )
         return f"{self.tenant.slug}: BROKEN ({self.broken.problem}) {self.broken.message}"
 
 
-def _events(tenant_id: int) -> Iterator[dict[str, Any]]:
-    return events_by_seq(AttemptEvent.objects.filter(tenant_id=tenant_id), _FIELDS, chunk=CHUNK)
+def _events(tenant_id: int, after: int = 0) -> Iterator[dict[str, Any]]:
+    return events_by_seq(AttemptEvent.objects.filter(tenant_id=tenant_id), _FIELDS, chunk=CHUNK, after=after)
 
 
 def _name(tenant: Tenant, row: dict[str, Any]) -> str:
@@ -209,11 +212,44 @@ def _head_problem(
     return None
 
 
-def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = ()) -> ChainResult:
+def _start_problem(tenant: Tenant, since: list[KnownHead]) -> Break | None:
+    """Whether each head an incremental walk starts from is still the event at its seq."""
+    found = dict(
+        AttemptEvent.objects.filter(tenant_id=tenant.pk, seq__in=[k.seq for k in since]).values_list("seq", "hash")
+    )
+    for kept in since:
+        now = found.get(kept.seq)
+        if now is None:
+            return Break(
+                TAIL_LOST,
+                f"tenant {tenant.slug}: seq {kept.seq}, where {kept.source} verified the chain to "
+                f"({kept.hash[:16]}…), is gone",
+                kept.seq,
+            )
+        if now != kept.hash:
+            event_id = AttemptEvent.objects.filter(tenant_id=tenant.pk, seq=kept.seq).values_list("id", flat=True)[0]
+            return Break(
+                REWRITTEN,
+                f"tenant {tenant.slug} seq {kept.seq} (event id {event_id}) is not the head {kept.source} "
+                f"verified ({kept.hash[:16]}…, now {now[:16]}…): the history up to it was rewritten",
+                kept.seq,
+                event_id,
+            )
+    return None
+
+
+def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = (), *, since: Iterable[KnownHead] = ()) -> ChainResult:
     """Walk the tenant's events in seq order, each against the one before it
     in its own chain (a tenant with several keeps them interleaved by seq:
-    see :mod:`ledgerdash.ledger.chain`)."""
+    see :mod:`ledgerdash.ledger.chain`).
+
+    ``since``: the heads an earlier walk verified, at most one per chain (an
+    incremental walk). Each must still be the event at its seq; the walk
+    then reads only what was appended after them, so its cost follows the
+    events added since, not the ledger's size. It does not read the events
+    before those heads again: an edit there is the full walk's to find."""
     started = time.monotonic()
+    since = list(since)
     known = list(known)
     kept_at: dict[int, list[KnownHead]] = {}
     for head_kept in known:
@@ -223,10 +259,17 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = ()) -> ChainResul
     # Per chain: the seq its next event must have, and that event's prev_hash.
     expected = {stripe: stripe + 1 for stripe in range(step)}
     prev = dict.fromkeys(range(step), chain.GENESIS)
+    for kept in since:
+        stripe = chain.stripe_of_seq(kept.seq, step)
+        expected[stripe], prev[stripe] = kept.seq + step, kept.hash
+    before = {stripe: _events_up_to(stripe, expected[stripe] - step, step) for stripe in range(step)}
     count = 0
-    broken: Break | None = None
-    for row in _events(tenant.pk):
+    broken = _start_problem(tenant, since) if since else None
+    rows = _events(tenant.pk, after=min(expected.values()) - step) if broken is None else iter(())
+    for row in rows:
         stripe = chain.stripe_of_seq(row["seq"], step)
+        if row["seq"] < expected[stripe]:
+            continue  # verified before, behind this chain's starting head
         fields = SimpleNamespace(tenant_id=tenant.pk, **row)
         recomputed = chain.content_hash(chain.event_content(fields))
         if recomputed != row["content_hash"] or chain.link(row["prev_hash"], row["content_hash"]) != row["hash"]:
@@ -275,7 +318,8 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = ()) -> ChainResul
     head_seq, head_hash = max(heads.values(), default=(0, chain.GENESIS))
     return ChainResult(
         tenant=tenant,
-        events=count,
+        events=count + sum(before.values()),
+        walked=count if since else None,
         verified_seq=max(reached.values()),
         head_seq=head_seq,
         head_hash=head_hash,
@@ -286,16 +330,24 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = ()) -> ChainResul
     )
 
 
+def _events_up_to(stripe: int, seq: int, step: int) -> int:
+    """How many events chain ``stripe`` holds up to ``seq``, one of its own
+    (its seqs are stripe + 1, then every ``step``); 0 before its first."""
+    return (seq - stripe - 1) // step + 1 if seq > stripe else 0
+
+
 def verify(
     tenants: Iterable[Tenant] | None = None,
     *,
     save: bool = True,
     known: dict[str, list[KnownHead]] | None = None,
+    incremental: bool = False,
 ) -> list[ChainResult]:
     """Walk each tenant's chains (all tenants by default) against the heads
     ``known`` by tenant slug and the furthest heads an earlier walk verified;
     with ``save``, keep each result as the tenant's :class:`ChainCheck` for
-    the dashboard."""
+    the dashboard. ``incremental``: start each walk from those furthest
+    heads (see :func:`verify_tenant`); a tenant never walked is walked whole."""
     chosen = list(tenants if tenants is not None else Tenant.objects.order_by("slug"))
     earlier = {
         check.tenant_id: [
@@ -308,7 +360,8 @@ def verify(
     for tenant in chosen:
         kept = list((known or {}).get(tenant.slug, ()))
         kept += earlier.get(tenant.pk, [])
-        results.append(verify_tenant(tenant, kept))
+        since = earlier.get(tenant.pk, []) if incremental else []
+        results.append(verify_tenant(tenant, kept, since=since))
     if save:
         for result in results:
             record_check(result)

@@ -22,11 +22,14 @@ def needs_attention(tenant_ids: Iterable[int]) -> QuerySet[Attempt]:
     )
 
 
-def events_by_seq(events: QuerySet[AttemptEvent], fields: Iterable[str], *, chunk: int) -> Iterator[dict[str, Any]]:
-    """``fields`` of ``events`` (one tenant's) in chain order, read in keyset
-    chunks of ``chunk`` rows: memory stays flat however long the chain."""
+def events_by_seq(
+    events: QuerySet[AttemptEvent], fields: Iterable[str], *, chunk: int, after: int = 0
+) -> Iterator[dict[str, Any]]:
+    """``fields`` of ``events`` (one tenant's) in chain order, from the one
+    after seq ``after``, read in keyset chunks of ``chunk`` rows: memory
+    stays flat however long the chain."""
     fields = tuple(fields)
-    last = 0
+    last = after
     while True:
         rows = list(events.filter(seq__gt=last).order_by("seq").values(*fields)[:chunk])
         if not rows:

@@ -25,6 +25,12 @@ class Command(LoggedChecks, BaseCommand):
             "--no-save", action="store_true", help="do not store the result for the dashboard's chain badge"
         )
         parser.add_argument(
+            "--incremental",
+            action="store_true",
+            help="start from the heads the last walk verified and read only what was appended since (they must "
+            "still be on the chain); the full walk, the default, also reads every older event again",
+        )
+        parser.add_argument(
             "--known-head",
             action="append",
             default=[],
@@ -61,7 +67,7 @@ class Command(LoggedChecks, BaseCommand):
             if slug not in slugs_known:
                 raise CommandError(f"a known head names no tenant of this ledger: {slug}")
             kept.setdefault(slug, []).append(head)
-        results = audit.verify(tenants, save=not options["no_save"], known=kept)
+        results = audit.verify(tenants, save=not options["no_save"], known=kept, incremental=options["incremental"])
         for result in results:
             style = self.style.SUCCESS if result.ok else self.style.ERROR
             self.stdout.write(style(result.describe()) + f" [{result.duration_ms} ms]")
