@@ -311,7 +311,8 @@ def test_an_incremental_walk_catches_the_verified_head_rewritten_or_removed(
     output, code = verify_output("--tenant", "acme", "--incremental")
     assert code == 1
     assert f"acme: BROKEN (tail lost) tenant acme: seq {seq}, where the verify_audit of" in output
-    assert f"verified the chain to ({digest[:16]}…), is gone" in output
+    assert f"saw the chain ({digest[:16]}…), is gone" in output
+    assert ChainCheck.objects.get(tenant=tenant_a).verified_seq == 0  # nothing verified from a head that is gone
 
 
 @tamper.commits
@@ -340,3 +341,21 @@ def test_an_incremental_walk_follows_each_of_several_chains(tenant_striped: Tena
     now = AttemptEvent.objects.filter(tenant=tenant_striped).count()
     assert (result.walked, result.events) == (now - total, now)
     assert result.verified_seq == max(ChainHead.objects.filter(tenant=tenant_striped).values_list("seq", flat=True))
+
+
+@tamper.commits
+def test_an_incremental_walk_still_checks_kept_heads_behind_where_it_starts(
+    ledger: list[AttemptEvent], tenant_a: Tenant
+) -> None:
+    """A head kept outside the database is what catches someone who rewrites the history and the
+    last walk's record of it alike; the incremental walk checks it without reading up to it."""
+    early = ledger[1]
+    assert verify_output()[1] == 0
+    assert verify_output("--incremental", "--known-head", f"acme:{early.seq}:{early.hash}")[1] == 0
+    output, code = verify_output("--incremental", "--no-save", "--known-head", f"acme:{early.seq}:{'0' * 64}")
+    assert code == 1
+    assert f"acme: BROKEN (rewritten) tenant acme seq {early.seq} (event id {early.pk}) is not the head" in output
+    tamper.delete(early.pk)
+    output, code = verify_output("--incremental", "--no-save", "--known-head", f"acme:{early.seq}:{early.hash}")
+    assert code == 1
+    assert f"acme: BROKEN (tail lost) tenant acme: seq {early.seq}, where --known-head" in output

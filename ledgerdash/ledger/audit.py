@@ -213,7 +213,9 @@ def _head_problem(
 
 
 def _start_problem(tenant: Tenant, since: list[KnownHead]) -> Break | None:
-    """Whether each head an incremental walk starts from is still the event at its seq."""
+    """Whether each of these heads (those an incremental walk starts from,
+    and the kept heads behind them, which it will not read) is still the
+    event at its seq, with its hash."""
     found = dict(
         AttemptEvent.objects.filter(tenant_id=tenant.pk, seq__in=[k.seq for k in since]).values_list("seq", "hash")
     )
@@ -222,7 +224,7 @@ def _start_problem(tenant: Tenant, since: list[KnownHead]) -> Break | None:
         if now is None:
             return Break(
                 TAIL_LOST,
-                f"tenant {tenant.slug}: seq {kept.seq}, where {kept.source} verified the chain to "
+                f"tenant {tenant.slug}: seq {kept.seq}, where {kept.source} saw the chain "
                 f"({kept.hash[:16]}…), is gone",
                 kept.seq,
             )
@@ -231,7 +233,7 @@ def _start_problem(tenant: Tenant, since: list[KnownHead]) -> Break | None:
             return Break(
                 REWRITTEN,
                 f"tenant {tenant.slug} seq {kept.seq} (event id {event_id}) is not the head {kept.source} "
-                f"verified ({kept.hash[:16]}…, now {now[:16]}…): the history up to it was rewritten",
+                f"saw at seq {kept.seq} ({kept.hash[:16]}…, now {now[:16]}…): the history up to it was rewritten",
                 kept.seq,
                 event_id,
             )
@@ -244,10 +246,13 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = (), *, since: Ite
     see :mod:`ledgerdash.ledger.chain`).
 
     ``since``: the heads an earlier walk verified, at most one per chain (an
-    incremental walk). Each must still be the event at its seq; the walk
-    then reads only what was appended after them, so its cost follows the
-    events added since, not the ledger's size. It does not read the events
-    before those heads again: an edit there is the full walk's to find."""
+    incremental walk). Each must still be the event at its seq, as must the
+    ``known`` heads behind them; the walk then reads only the events
+    appended after them (the events it reads follow what was added since,
+    not the ledger's size; the check for attempts without events still
+    reads every attempt's id). It does not read the events before those
+    heads again: an edit there is the full walk's to find. A chain that had
+    no events at the last walk is read from its start."""
     started = time.monotonic()
     since = list(since)
     known = list(known)
@@ -264,8 +269,10 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = (), *, since: Ite
         expected[stripe], prev[stripe] = kept.seq + step, kept.hash
     before = {stripe: _events_up_to(stripe, expected[stripe] - step, step) for stripe in range(step)}
     count = 0
-    broken = _start_problem(tenant, since) if since else None
-    rows = _events(tenant.pk, after=min(expected.values()) - step) if broken is None else iter(())
+    behind = [k for k in known if k.seq < expected[chain.stripe_of_seq(k.seq, step)] and k not in since]
+    broken = _start_problem(tenant, since + behind) if since else None
+    started_from = broken is None
+    rows = _events(tenant.pk, after=min(expected.values()) - step) if started_from else iter(())
     for row in rows:
         stripe = chain.stripe_of_seq(row["seq"], step)
         if row["seq"] < expected[stripe]:
@@ -300,7 +307,7 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = (), *, since: Ite
             break
         prev[stripe], expected[stripe], count = row["hash"], row["seq"] + step, count + 1
     # Where each chain's walk ended: the seq before the one it expected next (0: no events).
-    reached = {stripe: max(expected[stripe] - step, 0) for stripe in range(step)}
+    reached = {stripe: max(expected[stripe] - step, 0) if started_from else 0 for stripe in range(step)}
     if broken is None:
         broken = _head_problem(tenant, heads, reached, prev)
     if broken is None:
