@@ -5,6 +5,7 @@ See ``.env.example`` for every variable this reads.
 
 from __future__ import annotations
 
+import urllib.parse
 from datetime import timedelta
 from pathlib import Path
 
@@ -130,15 +131,21 @@ def _multi_host(url: str) -> tuple[tuple[str, str] | None, str]:
     if not sep or "," not in hostlist:
         return None, url
     hosts, ports = [], []
-    for entry in hostlist.split(","):
-        host, colon, port = entry.rpartition(":") if not entry.endswith("]") else (entry, "", "")
-        if not colon:
-            host, port = entry, ""
-        if not host:
-            raise ImproperlyConfigured(f"DATABASE_URL names an empty host in {hostlist!r}")
+    entries = hostlist.split(",")
+    for entry in entries:
+        if entry.startswith("["):  # an IPv6 address: [::1]:5432
+            address, bracket, after = entry[1:].partition("]")
+            host, port = address, after.removeprefix(":")
+            if not bracket or (after and not after.startswith(":")):
+                host = ""
+        else:
+            host, _, port = entry.partition(":")
+        host = urllib.parse.unquote(host)  # a socket folder is written %2Fvar%2Frun%2Fpostgresql
+        if not host or not (port == "" or port.isdigit()):
+            raise ImproperlyConfigured(f"DATABASE_URL: {entry!r} in {hostlist!r} is not HOST or HOST:PORT")
         hosts.append(host)
         ports.append(port or "5432")
-    return (",".join(hosts), ",".join(ports)), url.replace(netloc, f"{auth}{at}{hosts[0]}", 1)
+    return (",".join(hosts), ",".join(ports)), url.replace(netloc, f"{auth}{at}{entries[0]}", 1)
 
 
 def database_config(url: str) -> dict[str, object]:
@@ -181,6 +188,11 @@ def database_config(url: str) -> dict[str, object]:
         # parameter, or drops it where told to ignore it): the timeouts are
         # then the runtime role's own (``manage.py db_roles --create-roles``).
         pooled = env_bool("DATABASE_TRANSACTION_POOLER", False)
+        if pooled and "options" in (config.get("OPTIONS") or {}):  # type: ignore[operator]
+            raise ImproperlyConfigured(
+                "DATABASE_URL sets ?options=, which a pooler in transaction mode refuses "
+                "(DATABASE_TRANSACTION_POOLER=true): set those settings on the role instead (ALTER ROLE … SET)"
+            )
         if pooled:
             config["DISABLE_SERVER_SIDE_CURSORS"] = True
         binding = env_bool("DATABASE_SERVER_SIDE_BINDING", True) and not pooled

@@ -259,3 +259,23 @@ def test_the_units_keep_the_backups_heads_outside_the_database_and_verify_agains
     latest.symlink_to(forged.name)
     refused = unit("ledgerdash-verify-audit.service")
     assert refused.returncode != 0, refused.stdout
+
+
+def test_a_multi_host_urls_dump_and_restore_go_to_the_primary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pg_dump and pg_restore get the URL's hosts and its connection options as libpq's variables."""
+    from django.db import connection
+
+    from ledgerdash.ledger import backup
+    from ledgerdash.settings import database_config
+
+    monkeypatch.delenv("DATABASE_CONNECT_TIMEOUT", raising=False)
+    config = database_config("postgres://app:pw@db1:5432,db2:5433/ledger?sslmode=require")
+    monkeypatch.setattr(connection, "settings_dict", config)
+    args, env = backup._pg_args()
+    assert args == ["--dbname", "ledger", "--host", "db1,db2", "--port", "5432,5433", "--username", "app"]
+    assert (env["PGTARGETSESSIONATTRS"], env["PGSSLMODE"], env["PGCONNECT_TIMEOUT"], env["PGPASSWORD"]) == (
+        "read-write",
+        "require",
+        "10",
+        "pw",
+    )

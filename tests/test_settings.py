@@ -186,6 +186,8 @@ def test_behind_a_transaction_pooler_nothing_outlives_a_transaction(monkeypatch:
     assert "options" not in options  # PgBouncer refuses the startup parameter
     assert "server_side_binding" not in options
     assert config["DISABLE_SERVER_SIDE_CURSORS"] is True
+    with pytest.raises(ImproperlyConfigured, match="a pooler in transaction mode refuses"):
+        settings.database_config("postgres://u@db.example.com/ledger?options=-c%20search_path%3Dledger")
 
 
 def test_the_connection_pool_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,6 +36,19 @@ def _pg_args() -> tuple[list[str], dict[str, str]]:
     env = dict(os.environ)
     if db.get("PASSWORD"):
         env["PGPASSWORD"] = str(db["PASSWORD"])
+    # The URL's connection options reach pg_dump and pg_restore as libpq's
+    # variables: a multi-host URL's dump is taken from, and a restore written
+    # to, the primary (never a standby that may lag behind the heads printed).
+    options = db.get("OPTIONS") or {}
+    for option, variable in (
+        ("target_session_attrs", "PGTARGETSESSIONATTRS"),
+        ("sslmode", "PGSSLMODE"),
+        ("connect_timeout", "PGCONNECT_TIMEOUT"),
+    ):
+        if option in options:
+            env[variable] = str(options[option])
+    if "," in str(db.get("HOST") or "") and "target_session_attrs" not in options:
+        env["PGTARGETSESSIONATTRS"] = "read-write"
     return args, env
 
 

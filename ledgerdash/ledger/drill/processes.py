@@ -38,9 +38,16 @@ def database_url() -> str:
     auth = db.get("USER") or ""
     if db.get("PASSWORD"):
         auth += f":{db['PASSWORD']}"
-    host = db.get("HOST") or "localhost"
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgres://{auth}@{host}{port}/{db['NAME']}"
+    hosts = str(db.get("HOST") or "localhost").split(",")
+    ports = str(db.get("PORT") or "").split(",")
+    where = ",".join(
+        (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+        for host, port in zip(hosts, ports + [""] * (len(hosts) - len(ports)), strict=True)
+    )
+    options = db.get("OPTIONS") or {}
+    # What finds the primary behind a multi-host URL goes to the children too.
+    query = "&".join(f"{k}={options[k]}" for k in ("target_session_attrs", "sslmode") if k in options)
+    return f"postgres://{auth}@{where}/{db['NAME']}" + (f"?{query}" if query else "")
 
 
 def child_environment() -> dict[str, str]:
