@@ -8,10 +8,12 @@ runs in the PostgreSQL pass, beside the SQLite pass's longest tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from ledgerdash.ha.cluster import missing_programs
-from ledgerdash.ha.drill import judge
+from ledgerdash.ha.cluster import missing_programs, process_tree
+from ledgerdash.ha.drill import FailoverDrill, Fault, judge
 from ledgerdash.settings import database_config
 from tests.conftest import IN_CI
 
@@ -63,12 +65,37 @@ def test_an_effect_performed_twice_is_duplicated_and_the_last_attempt_counts() -
     assert stuck == ["attempt 1 (a): UNKNOWN"]
 
 
+def test_the_ledgers_own_word_counts_for_keys_no_agent_reported() -> None:
+    attempts = [("gave-up", "FAILED", 1), ("phantom", "OUTCOME_CONFIRMED", 2), ("fine", "FAILED", 3)]
+    lost, _, _ = judge([], attempts, {"gave-up": 1})
+    assert lost == [
+        "gave-up: the ledger settled it as failed, yet the provider performed it 1x",
+        "phantom: the ledger confirmed it, yet the provider never performed it",
+    ]
+
+
+def test_a_drill_in_which_nothing_recovered_does_not_pass() -> None:
+    drill = FailoverDrill(Path("/nonexistent"), say=lambda _line: None)
+    drill.verdict.faults = [Fault("kill", "node1", 0.0, writes_again=10.0, calls_again=11.0)]
+    drill.verdict.faults.append(Fault("freeze", "node2", 30.0, writes_again=12.0, calls_again=None))
+    drill.verdict.calls = [_call("a")]
+    drill.verdict.audit_ok = True
+    drill._progress()
+    assert drill.verdict.no_progress == ["no call was acknowledged after the freeze of node2"]
+    assert not drill.verdict.passed
+    drill.verdict.faults[1].calls_again = 14.0
+    drill.verdict.no_progress = []
+    drill._progress()
+    assert drill.verdict.passed
+    assert drill.verdict.last_line() == "ha-drill: lost 0, duplicated 0, stuck 0, recovered in 12.0 s"
+
+
 def test_a_multi_host_url_becomes_libpqs_host_and_port_lists() -> None:
     config = database_config(
         "postgres://app:secret@db1:5433,db2,[::1]:5434/ledger?target_session_attrs=read-write&connect_timeout=3"
     )
     assert (config["HOST"], config["PORT"], config["NAME"], config["USER"]) == (
-        "db1,db2,[::1]",
+        "db1,db2,::1",
         "5433,5432,5434",
         "ledger",
         "app",
@@ -77,6 +104,16 @@ def test_a_multi_host_url_becomes_libpqs_host_and_port_lists() -> None:
     assert isinstance(options, dict)
     assert options["target_session_attrs"] == "read-write"
     assert options["connect_timeout"] == 3  # the URL's, over the default
+
+
+def test_a_multi_host_url_takes_socket_folders_and_refuses_what_libpq_would_not() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    config = database_config("postgres://app@%2Fvar%2Frun%2Fpostgresql,db2:6432/ledger")
+    assert (config["HOST"], config["PORT"]) == ("/var/run/postgresql,db2", "5432,6432")
+    for bad in ("db1:5432,,db2", "db1:five,db2", "[::1,db2", "db1,[::1]x"):
+        with pytest.raises(ImproperlyConfigured, match="is not HOST or HOST:PORT"):
+            database_config(f"postgres://app@{bad}/ledger")
 
 
 @pytest.mark.postgres
@@ -94,16 +131,23 @@ def test_the_failover_drill_loses_duplicates_and_strands_nothing(tmp_path: Path)
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
     env.update({"DEBUG": "true", "LEDGERDASH_VAR_DIR": str(tmp_path / "var")})
     workdir = Path(tempfile.mkdtemp(prefix="ledgerdash-ha-drill-"))
-    done = subprocess.run(
+    drill = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "ha_drill", "--keep", str(workdir)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
-        timeout=540,
-        check=False,
     )
-    out = done.stdout
-    assert done.returncode == 0, f"{out}{done.stderr[-3000:]}\n(the cluster's and processes' logs: {workdir})"
+    try:
+        out, err = drill.communicate(timeout=540)
+    except subprocess.TimeoutExpired:
+        # Its cluster, web server and workers run in sessions of their own: stop them all.
+        for pid in process_tree(drill.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, err = drill.communicate()
+        pytest.fail(f"the drill did not end within 9 minutes:\n{out}\n{err[-3000:]}\n(logs: {workdir})")
+    assert drill.returncode == 0, f"{out}{err[-3000:]}\n(the cluster's and processes' logs: {workdir})"
     shutil.rmtree(workdir, ignore_errors=True)
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"ha-drill: lost 0, duplicated 0, stuck 0, recovered in \d+\.\d s", last), out
@@ -145,3 +189,18 @@ def test_the_production_guides_cluster_commands_work_in_order() -> None:
     finally:
         subprocess.run([str(ROOT / "deploy" / "ha" / "cluster"), "stop", str(workdir / "cluster")], check=False)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_the_drills_children_reach_the_same_primary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The crash drill hands its own database to its agent processes as a URL: a multi-host one stays one."""
+    from django.db import connection
+
+    from ledgerdash.ledger.drill import processes
+
+    monkeypatch.setattr(connection, "vendor", "postgresql")
+    monkeypatch.setattr(
+        connection, "settings_dict", database_config("postgres://app:pw@db1:5432,[::1]:5433/ledger?sslmode=require")
+    )
+    url = processes.database_url()
+    assert url == "postgres://app:pw@db1:5432,[::1]:5433/ledger?sslmode=require"
+    assert database_config(url)["HOST"] == "db1,::1"

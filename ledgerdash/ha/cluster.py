@@ -124,7 +124,7 @@ def free_base_port(start: int = 25400, *, span: int = 30, tries: int = 200) -> i
     raise ClusterError(f"no {span} free ports from {start}")
 
 
-def _pids_of(root: int) -> list[int]:
+def process_tree(root: int) -> list[int]:
     """``root`` and all its descendants, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -151,6 +151,23 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _runs(pid: int, marker: str) -> bool:
+    """Whether ``pid`` is a live process whose command line names ``marker``
+    (a node's data folder or configuration): a pid read from a file may
+    since belong to another process."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return _alive(pid) and marker in cmdline
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
 
 def _http_json(url: str, timeout: float = 1.0) -> Any:
@@ -183,14 +200,27 @@ class Node:
         except (OSError, ValueError, IndexError):
             return None
 
+    def patroni(self) -> int | None:
+        """Its Patroni's pid: the process this run started, or the one a
+        ``start`` in another process wrote down, if it still runs this node's configuration."""
+        if self.proc is not None:
+            return self.proc.pid if self.proc.poll() is None else None
+        try:
+            pid = int((self.home / "patroni.pid").read_text())
+        except (OSError, ValueError):
+            return None
+        return pid if _runs(pid, str(self.config)) else None
+
     def processes(self) -> list[int]:
-        """Its Patroni and every PostgreSQL process, the postmaster first."""
+        """Its Patroni and every PostgreSQL process, the postmaster first
+        (each checked to be this node's, not a process that took a stale pid)."""
         pids: list[int] = []
         postmaster = self.postmaster()
-        if postmaster and _alive(postmaster):
-            pids += _pids_of(postmaster)
-        if self.proc and self.proc.poll() is None:
-            pids += [pid for pid in _pids_of(self.proc.pid) if pid not in pids]
+        if postmaster and _runs(postmaster, str(self.data)):
+            pids += process_tree(postmaster)
+        patroni = self.patroni()
+        if patroni:
+            pids += [pid for pid in process_tree(patroni) if pid not in pids]
         return pids
 
 
@@ -387,9 +417,7 @@ class Cluster:
     def stop(self) -> None:
         """Everything down: each Patroni stops its PostgreSQL; what is left is killed."""
         for node in self.nodes:
-            for pid in node.processes():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)  # a frozen node cannot stop
+            _signal(node.processes(), signal.SIGCONT)  # a frozen node cannot stop
             if node.proc and node.proc.poll() is None:
                 node.proc.terminate()
         for node in self.nodes:
@@ -399,9 +427,7 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     node.proc.kill()
                     node.proc.wait()
-            for pid in node.processes():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            _signal(node.processes(), signal.SIGKILL)
         if self.etcd and self.etcd.poll() is None:
             self.etcd.terminate()
             try:
@@ -413,27 +439,30 @@ class Cluster:
     # -- faults ---------------------------------------------------------------------------------
 
     def kill(self, node: Node) -> None:
-        """The host dies: SIGKILL to its Patroni (first, so it restarts nothing) and its PostgreSQL."""
-        if node.proc and node.proc.poll() is None:
-            for pid in reversed(_pids_of(node.proc.pid)):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            node.proc.wait()
-        for pid in node.processes():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        """The host dies: SIGKILL to its Patroni first (so it restarts
+        nothing), then to every PostgreSQL process."""
+        patroni = node.patroni()
+        if patroni:
+            _signal(process_tree(patroni), signal.SIGKILL)
+            if node.proc is not None:
+                node.proc.wait()
+        _signal(node.processes(), signal.SIGKILL)
 
     def freeze(self, node: Node) -> None:
         """The host hangs: SIGSTOP to every process of the node; the
-        connections its clients hold stay open, unanswered."""
-        for pid in node.processes():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
+        connections its clients hold stay open, unanswered. Stopped again
+        until no new process appears (the postmaster may fork one between
+        the list and the signal)."""
+        stopped: set[int] = set()
+        for _ in range(20):
+            fresh = [pid for pid in node.processes() if pid not in stopped]
+            if not fresh:
+                return
+            _signal(fresh, signal.SIGSTOP)
+            stopped.update(fresh)
 
     def thaw(self, node: Node) -> None:
-        for pid in node.processes():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        _signal(node.processes(), signal.SIGCONT)
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -484,24 +513,23 @@ class Cluster:
 
 
 def _stop_saved(root: Path) -> None:
-    """Stop what a ``start`` in another process left: the pids it wrote."""
+    """Stop what a ``start`` in another process left, by the pids it wrote
+    (each checked to still run this cluster's configuration): resume a
+    frozen node, ask each Patroni to stop its PostgreSQL, kill what is left."""
     cluster = Cluster.attach(root)
-    pids: list[int] = []
     for node in cluster.nodes:
-        with contextlib.suppress(OSError, ValueError):
-            pids.append(int((node.home / "patroni.pid").read_text()))
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+        _signal(node.processes(), signal.SIGCONT)
+    patronis = [pid for node in cluster.nodes if (pid := node.patroni())]
+    _signal(patronis, signal.SIGTERM)
     deadline = time.monotonic() + 30
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(_alive(pid) for pid in patronis) and time.monotonic() < deadline:
         time.sleep(0.2)
     for node in cluster.nodes:
-        for pid in node.processes():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(OSError, ValueError, ProcessLookupError):
-        os.kill(int((cluster.root / "etcd" / "etcd.pid").read_text()), signal.SIGTERM)
+        _signal(node.processes(), signal.SIGKILL)
+    with contextlib.suppress(OSError, ValueError):
+        etcd = int((cluster.root / "etcd" / "etcd.pid").read_text())
+        if _runs(etcd, str(cluster.root / "etcd" / "data")):
+            _signal([etcd], signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:

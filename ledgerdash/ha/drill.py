@@ -105,6 +105,8 @@ class Verdict:
     audit_ok: bool = False
     workers_down: list[str] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
+    #: What shows the drill exercised nothing: no call acknowledged at all, or none after a fault.
+    no_progress: list[str] = field(default_factory=list)
 
     @property
     def recovered(self) -> float | None:
@@ -114,7 +116,7 @@ class Verdict:
     @property
     def passed(self) -> bool:
         return (
-            not (self.lost or self.duplicated or self.stuck or self.workers_down)
+            not (self.lost or self.duplicated or self.stuck or self.workers_down or self.no_progress)
             and self.audit_ok
             and self.recovered is not None
         )
@@ -182,6 +184,7 @@ class Probe:
 
 class AgentProcess:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = log.stem
         self.calls: list[dict[str, Any]] = []
         self._log = log.open("w")
         self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and manage.py
@@ -318,8 +321,11 @@ class FailoverDrill:
             for agent in agents:
                 agent.proc.terminate()
             for agent in agents:
-                agent.stop(self.grace_seconds + 30)
+                code = agent.stop(self.grace_seconds + 30)
+                if code != 0:
+                    self.verdict.workers_down.append(f"{agent.name} (exit {code}; see its log)")
                 self.verdict.calls += agent.calls
+            self._progress()
             self._settle(url)
             self.verdict.lost += [f"probe write {n}: acknowledged, then gone" for n in probe.missing()]
             self.verdict.workers_down = [name for name, proc in workers.items() if proc.poll() is not None]
@@ -404,6 +410,16 @@ class FailoverDrill:
         fault.calls_again = min(acknowledged) if acknowledged else None
         self.say(f"ha-drill: {fault.line()}")
 
+    def _progress(self) -> None:
+        """A drill in which nothing was acknowledged, or nothing after a
+        fault, proves nothing: the app never recovered, or never ran."""
+        verdict = self.verdict
+        if not any(call.get("acked") for call in verdict.calls):
+            verdict.no_progress.append("no call was acknowledged at all")
+        for fault in verdict.faults:
+            if fault.calls_again is None:
+                verdict.no_progress.append(f"no call was acknowledged after the {fault.kind} of {fault.node}")
+
     def _settle(self, url: str) -> None:
         """Wait until every attempt of the drill's tenant is settled, or ``settle`` seconds."""
         started = time.monotonic()
@@ -457,6 +473,8 @@ class FailoverDrill:
             self.say(f"ha-drill:   {line}")
         if verdict.workers_down:
             self.say(f"ha-drill: workers that stopped: {', '.join(verdict.workers_down)}")
+        for line in verdict.no_progress:
+            self.say(f"ha-drill: {line}")
         summary = audit.strip().splitlines()[-1] if audit.strip() else ""
         self.say(f"ha-drill: verify_audit on the new primary: {'passed' if verdict.audit_ok else 'FAILED'} ({summary})")
         self.say(verdict.last_line())
@@ -477,6 +495,17 @@ def judge(
             lost.append(f"{key}: acknowledged; the ledger says {now}, the provider performed it {done}x")
         if call.get("refused") and done > 0:
             lost.append(f"{key}: refused for good ({call['refused']}), yet the provider performed it")
+    # The ledger's own word, for every key (an agent that gave up reported none):
+    # settled as failed yet performed, or confirmed yet never performed.
+    reported = {line.split(":", 1)[0] for line in lost}
+    for key, state in latest.items():
+        done = performed.get(key, 0)
+        if key in reported:
+            continue
+        if state == "FAILED" and done > 0:
+            lost.append(f"{key}: the ledger settled it as failed, yet the provider performed it {done}x")
+        elif state == "OUTCOME_CONFIRMED" and done == 0:
+            lost.append(f"{key}: the ledger confirmed it, yet the provider never performed it")
     duplicated = [f"{key}: performed {n}x" for key, n in performed.items() if n > 1]
     stuck = [f"attempt {pk} ({key}): {state}" for key, state, pk in attempts if state not in TERMINAL_STATES]
     return lost, duplicated, stuck
