@@ -37,6 +37,7 @@ from ledgerdash.ledger.errors import (
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, FailedBecause, Incident, State, Tenant, Tool
 from ledgerdash.ledger.reconciler import Reconciler
+from ledgerdash_client.outcomes import NothingHappened
 from tests.conftest import AGENT, RECONCILER, ledger_snapshot, record
 from tests.factories import an_hour_ago, attempt_in
 from tests.sandboxes import Sandbox, unique_key
@@ -471,3 +472,25 @@ def test_the_time_a_request_may_land_is_in_the_attempt_resource(tenant_a: Tenant
     dispatched = api.dispatch(attempt["id"]).json()
     assert dispatched["lands_by"] is not None
     assert timezone.datetime.fromisoformat(dispatched["lands_by"]) > timezone.now()
+
+
+def test_a_database_lost_between_dispatch_and_send_sends_nothing_and_says_so(
+    tenant_a: Tenant, sandbox_tools: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failover right after DISPATCHED: the tool's settings cannot be read, so nothing goes to the
+    provider, and the agent hears a refusal it can act on (call again), not the database's own error."""
+    from django.db import OperationalError
+
+    from ledgerdash.ledger.providers import registry
+
+    def unreachable(*_args: Any, **_kwargs: Any) -> Any:
+        raise OperationalError("consuming input failed: server closed the connection unexpectedly")
+
+    monkeypatch.setattr(registry, "profile_for", unreachable)
+    send = recording.provider_tool("send_email", key="invoice:{invoice}:send")
+    invoice = unique_key("inv")
+    with recording.task(tenant="acme", task_id="t"), pytest.raises(NothingHappened, match="nothing was sent"):
+        send(invoice=invoice, to="ap@example.com")
+    assert sandbox_tools.count(f"invoice:{invoice}:send") == 0
+    attempt = Attempt.objects.get(idempotency_key=f"invoice:{invoice}:send")
+    assert attempt.state == S.FAILED_RETRYABLE  # recorded as provably not sent: it may be sent again

@@ -649,7 +649,17 @@ def provider_tool(
         from ledgerdash.ledger.providers.base import dispatch_through
         from ledgerdash.ledger.providers.registry import profile_for
 
-        profile = profile_for(name, getattr(call.attempt, "tenant_id", None))  # with the tenant's credentials
+        try:
+            profile = profile_for(name, getattr(call.attempt, "tenant_id", None))  # with the tenant's credentials
+        except (OperationalError, InterfaceError) as exc:
+            # The database went away between the dispatch and the send (a
+            # failover): nothing left for the provider, and the agent may call
+            # again with the key. The broken connection is not reused.
+            connection.close()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise NothingHappened(
+                f"the ledger's database could not be read before sending ({first}); nothing was sent"
+            ) from exc
         if profile is None:
             raise PermanentFailure(f"no provider adapter is configured for {name}; nothing was sent")
         return dispatch_through(profile.adapter, call)
