@@ -9,18 +9,22 @@ runs in the PostgreSQL pass, beside the SQLite pass's longest tests.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 
+from ledgerdash.ha import agent as ha_agent
+from ledgerdash.ha.agent import Agent
 from ledgerdash.ha.cluster import missing_programs, process_tree
 from ledgerdash.ha.drill import FailoverDrill, Fault, judge
 from ledgerdash.settings import database_config
@@ -119,48 +123,45 @@ def test_a_multi_host_url_takes_socket_folders_and_refuses_what_libpq_would_not(
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.longest
-def test_the_failover_drill_loses_duplicates_and_strands_nothing(tmp_path: Path) -> None:
-    """Kept, with every log, when it fails; pytest's own folders are closed
-    to the postgres OS user the cluster runs as, so the drill's is in /tmp."""
+def test_the_failover_drill_loses_duplicates_and_strands_nothing() -> None:
+    """The whole drill, run by this process (its cluster, web server, agents
+    and workers are processes of their own). Kept, with every log, when it
+    fails; pytest's own folders are closed to the postgres OS user the
+    cluster runs as, so the drill's is in /tmp."""
     missing = missing_programs()
     if missing:
         reason = f"needs Debian's {', '.join(missing)}: run scripts/ha-packages.sh (as root it installs them)"
         if IN_CI:
             pytest.fail(reason)
         pytest.skip(reason)
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
-    env.update({"DEBUG": "true", "LEDGERDASH_VAR_DIR": str(tmp_path / "var")})
     workdir = Path(tempfile.mkdtemp(prefix="ledgerdash-ha-drill-"))
-    drill = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "ha_drill", "--keep", str(workdir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    out = io.StringIO()
+    before = set(process_tree(os.getpid()))
     try:
-        out, err = drill.communicate(timeout=540)
-    except subprocess.TimeoutExpired:
-        # Its cluster, web server and workers run in sessions of their own: stop them all.
-        for pid in process_tree(drill.pid):
+        call_command("ha_drill", "--keep", str(workdir), stdout=out)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    finally:
+        # Whatever the drill left running (it stops everything it started, unless it was interrupted).
+        for pid in set(process_tree(os.getpid())) - before:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        out, err = drill.communicate()
-        pytest.fail(f"the drill did not end within 9 minutes:\n{out}\n{err[-3000:]}\n(logs: {workdir})")
-    assert drill.returncode == 0, f"{out}{err[-3000:]}\n(the cluster's and processes' logs: {workdir})"
-    shutil.rmtree(workdir, ignore_errors=True)
-    last = out.strip().splitlines()[-1]
-    assert re.fullmatch(r"ha-drill: lost 0, duplicated 0, stuck 0, recovered in \d+\.\d s", last), out
+    output = out.getvalue()
+    assert code == 0, f"{output}\n(the cluster's and processes' logs: {workdir})"
+    last = output.strip().splitlines()[-1]
+    assert re.fullmatch(r"ha-drill: lost 0, duplicated 0, stuck 0, recovered in \d+\.\d s", last), output
     # Both faults happened, on different nodes, and each time another server took the writes.
-    kill = re.search(r"SIGKILL (node\d) \(the leader\); writes again after", out)
-    freeze = re.search(r"SIGSTOP (node\d) \(the leader\); writes again after", out)
-    assert kill, out
-    assert freeze, out
-    assert kill.group(1) != freeze.group(1), out
-    assert "verify_audit on the new primary: passed" in out
-    acknowledged = re.search(r"(\d+) calls: (\d+) acknowledged", out)
-    assert acknowledged, out
-    assert int(acknowledged.group(2)) > 0, out
+    kill = re.search(r"SIGKILL (node\d) \(the leader\); writes again after", output)
+    freeze = re.search(r"SIGSTOP (node\d) \(the leader\); writes again after", output)
+    assert kill, output
+    assert freeze, output
+    assert kill.group(1) != freeze.group(1), output
+    assert "verify_audit on the new primary: passed" in output
+    acknowledged = re.search(r"(\d+) calls: (\d+) acknowledged", output)
+    assert acknowledged, output
+    assert int(acknowledged.group(2)) > 0, output
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.mark.postgres
@@ -204,3 +205,68 @@ def test_the_drills_children_reach_the_same_primary(monkeypatch: pytest.MonkeyPa
     url = processes.database_url()
     assert url == "postgres://app:pw@db1:5432,[::1]:5433/ledger?sslmode=require"
     assert database_config(url)["HOST"] == "db1,::1"
+
+
+class _Refused(Exception):
+    def __init__(self, code: str) -> None:
+        super().__init__(f"the ledger answered {code}")
+        self.code = code
+
+
+def _agent(monkeypatch: pytest.MonkeyPatch, answers: list[object]) -> tuple[Agent, list[str]]:
+    """An in-process drill agent whose calls answer ``answers`` in turn (an exception is raised)."""
+    monkeypatch.setattr(ha_agent, "PAUSE", 0)
+    agent = Agent(via="process", tenant="acme", tools=[{"name": "ha.send_email"}], prefix="p", out=io.StringIO())
+    keys: list[str] = []
+
+    def once(_spec: dict[str, object], key: str, _args: dict[str, object]) -> object:
+        keys.append(key)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(agent, "_once", once)
+    return agent, keys
+
+
+def test_an_agent_calls_again_with_the_same_key_until_the_ledger_acknowledges(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    agent, keys = _agent(
+        monkeypatch,
+        [_Refused("ledger_unavailable"), ConnectionResetError("cut"), _Refused("attempt_in_flight"), {"id": "e1"}],
+    )
+    report = agent.call(7)
+    assert keys == ["p-000007"] * 4
+    assert (report["acked"], report["id"], report["tries"]) == (True, "e1", 4)
+    assert report["errors"] == {"ledger_unavailable": 1, "ConnectionResetError": 1, "attempt_in_flight": 1}
+
+
+def test_an_agent_stops_at_a_refusal_for_good_and_gives_up_after_its_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    agent, _ = _agent(monkeypatch, [_Refused("invalid_input")])
+    report = agent.call(1)
+    assert (report["acked"], report["refused"], report["tries"]) == (False, "invalid_input", 1)
+    agent, _ = _agent(monkeypatch, [_Refused("ledger_unavailable")] * 3)
+    agent.grace, agent.stopped_at = 0.0, time.monotonic() - 1
+    report = agent.call(2)
+    assert (report["acked"], report["refused"], report["tries"]) == (False, None, 1)
+    assert report["last_error"].startswith("ledger_unavailable: ")
+
+
+def test_an_agent_reports_each_call_as_a_line_until_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    agent, keys = _agent(monkeypatch, [{"id": "e1"}, {"id": "e2"}])
+    original = agent.call
+
+    def call_then_stop(n: int) -> dict[str, object]:
+        report = original(n)
+        if n == 1:
+            agent.stop.set()
+        return report
+
+    monkeypatch.setattr(agent, "call", call_then_stop)
+    monkeypatch.setattr(ha_agent.signal, "signal", lambda *_args: None)
+    agent.run()
+    lines = [json.loads(line) for line in agent.out.getvalue().splitlines()]  # type: ignore[attr-defined]
+    assert [(line["key"], line["id"]) for line in lines] == [("p-000000", "e1"), ("p-000001", "e2")]
+    assert keys == ["p-000000", "p-000001"]

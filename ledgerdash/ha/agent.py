@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from typing import IO, Any
@@ -114,6 +115,9 @@ class Agent:
             except Exception as exc:  # every answer is counted; what the agent does next depends on it
                 code, retryable = _code(exc)
                 errors[code] += 1
+                if not isinstance(getattr(exc, "code", None), str):
+                    # Not one of the ledger's answers: its log says where it came from.
+                    traceback.print_exception(exc, file=sys.stderr)
                 if self.via == "process":
                     connections.close_all()  # a broken connection is not reused
                 if not retryable:

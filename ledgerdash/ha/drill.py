@@ -381,9 +381,11 @@ class FailoverDrill:
         if leader is None:
             raise RuntimeError(f"no leader to {kind}: {cluster.members()}")
         node = cluster.node(leader)
+        (cluster.kill if kind == "kill" else cluster.freeze)(node)
+        # Timed from when every process of the node is down or stopped: a
+        # write that began while the signals went out may still succeed.
         fault = Fault(kind, leader, time.monotonic())
         self.verdict.faults.append(fault)
-        (cluster.kill if kind == "kill" else cluster.freeze)(node)
         deadline = fault.at + 120
         while (written := probe.first_success_after(fault.at)) is None and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -391,8 +393,10 @@ class FailoverDrill:
             fault.writes_again = written - fault.at
         # Back only once another node leads: a host that returns within the
         # leader key's lifetime keeps its place, and nothing has failed over.
-        with contextlib.suppress(RuntimeError):
+        try:
             cluster.wait_for(lambda: cluster.leader() not in (None, leader), 120, f"a leader other than {leader}")
+        except RuntimeError:
+            self.verdict.no_progress.append(f"no other node took the lead after the {kind} of {leader}")
         if kind == "kill":
             cluster.start_node(node)
         else:

@@ -224,8 +224,7 @@ def _start_problem(tenant: Tenant, since: list[KnownHead]) -> Break | None:
         if now is None:
             return Break(
                 TAIL_LOST,
-                f"tenant {tenant.slug}: seq {kept.seq}, where {kept.source} saw the chain "
-                f"({kept.hash[:16]}…), is gone",
+                f"tenant {tenant.slug}: seq {kept.seq}, where {kept.source} saw the chain ({kept.hash[:16]}…), is gone",
                 kept.seq,
             )
         if now != kept.hash:
