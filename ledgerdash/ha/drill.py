@@ -26,8 +26,10 @@ in flight, and the drill counts:
 
 - **lost**: calls the ledger acknowledged to an agent (the tool returned)
   whose attempt is not confirmed afterwards or whose effect the provider
-  never performed; and calls the ledger refused for good although the
-  provider performed them;
+  never performed; calls the ledger refused for good although the provider
+  performed them; any key the ledger settled as failed that the provider
+  performed, or confirmed that it never performed; and the probe's
+  acknowledged writes that are gone;
 - **duplicated**: keys the provider performed more than once;
 - **stuck**: attempts not settled (confirmed, failed, reconciled) once the
   reconcilers have had ``settle`` seconds;
@@ -37,7 +39,9 @@ in flight, and the drill counts:
 It then runs ``verify_audit`` against the new primary: every tenant's chain
 must be whole. The last line is ``ha-drill: lost N, duplicated N, stuck N,
 recovered in S s``; the drill fails unless the three counts are 0, the
-audit passes and every worker is still running.
+audit passes, every worker is still running and every agent exited
+cleanly, calls were acknowledged after each fault, and another node took
+the lead each time.
 
 The verdict does not depend on timing: the faults land wherever the calls
 happen to be, and whatever they interrupt must still end acknowledged once
