@@ -654,8 +654,10 @@ def provider_tool(
         except (OperationalError, InterfaceError) as exc:
             # The database went away between the dispatch and the send (a
             # failover): nothing left for the provider, and the agent may call
-            # again with the key. The broken connection is not reused.
-            connection.close()
+            # again with the key. The broken connection is not reused (as in
+            # :func:`reconnecting`, unless a caller's transaction holds it).
+            if not connection.in_atomic_block:
+                connection.close()
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise NothingHappened(
                 f"the ledger's database could not be read before sending ({first}); nothing was sent"
