@@ -37,7 +37,7 @@ import io
 import json
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -118,7 +118,7 @@ def _events(tenant_id: int, after: int = 0) -> Iterator[dict[str, Any]]:
     return events_by_seq(AttemptEvent.objects.filter(tenant_id=tenant_id), _FIELDS, chunk=CHUNK, after=after)
 
 
-def _name(tenant: Tenant, row: dict[str, Any]) -> str:
+def _name(tenant: Tenant, row: Mapping[str, Any]) -> str:
     return f"tenant {tenant.slug} seq {row['seq']} (event id {row['id']})"
 
 
@@ -212,30 +212,37 @@ def _head_problem(
     return None
 
 
+def _rewritten(tenant: Tenant, row: Mapping[str, Any], kept: KnownHead) -> Break:
+    """The event ``row`` (id, seq, hash) sits where ``kept`` saw another."""
+    return Break(
+        REWRITTEN,
+        f"{_name(tenant, row)} is not the head {kept.source} saw at seq {kept.seq} "
+        f"({kept.hash[:16]}…, now {row['hash'][:16]}…): the history up to it was rewritten",
+        row["seq"],
+        row["id"],
+    )
+
+
 def _start_problem(tenant: Tenant, since: list[KnownHead]) -> Break | None:
     """Whether each of these heads (those an incremental walk starts from,
     and the kept heads behind them, which it will not read) is still the
     event at its seq, with its hash."""
-    found = dict(
-        AttemptEvent.objects.filter(tenant_id=tenant.pk, seq__in=[k.seq for k in since]).values_list("seq", "hash")
-    )
+    found = {
+        row["seq"]: row
+        for row in AttemptEvent.objects.filter(tenant_id=tenant.pk, seq__in=[k.seq for k in since]).values(
+            "id", "seq", "hash"
+        )
+    }
     for kept in since:
-        now = found.get(kept.seq)
-        if now is None:
+        row = found.get(kept.seq)
+        if row is None:
             return Break(
                 TAIL_LOST,
                 f"tenant {tenant.slug}: seq {kept.seq}, where {kept.source} saw the chain ({kept.hash[:16]}…), is gone",
                 kept.seq,
             )
-        if now != kept.hash:
-            event_id = AttemptEvent.objects.filter(tenant_id=tenant.pk, seq=kept.seq).values_list("id", flat=True)[0]
-            return Break(
-                REWRITTEN,
-                f"tenant {tenant.slug} seq {kept.seq} (event id {event_id}) is not the head {kept.source} "
-                f"saw at seq {kept.seq} ({kept.hash[:16]}…, now {now[:16]}…): the history up to it was rewritten",
-                kept.seq,
-                event_id,
-            )
+        if row["hash"] != kept.hash:
+            return _rewritten(tenant, row, kept)
     return None
 
 
@@ -296,13 +303,7 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = (), *, since: Ite
             break
         other = next((k for k in kept_at.get(row["seq"], ()) if k.hash != row["hash"]), None)
         if other is not None:
-            broken = Break(
-                REWRITTEN,
-                f"{_name(tenant, row)} is not the head {other.source} saw at seq {other.seq} "
-                f"({other.hash[:16]}…, now {row['hash'][:16]}…): the history up to it was rewritten",
-                row["seq"],
-                row["id"],
-            )
+            broken = _rewritten(tenant, row, other)
             break
         prev[stripe], expected[stripe], count = row["hash"], row["seq"] + step, count + 1
     # Where each chain's walk ended: the seq before the one it expected next (0: no events).
