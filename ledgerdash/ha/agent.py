@@ -37,8 +37,7 @@ from django.db import connections
 
 import ledgerdash_client as client
 from ledgerdash.ledger import recording
-from ledgerdash.ledger.providers.base import dispatch_through
-from ledgerdash.ledger.providers.factory import ToolSpec, build_adapter
+from ledgerdash.ledger.drill.agent import client_tool
 from ledgerdash_client import errorcodes
 
 #: Seconds between calls of the same key after a retryable answer.
@@ -77,20 +76,13 @@ class Agent:
         self.stop = threading.Event()
         self.stopped_at: float | None = None
         self.label = f"ha-agent:{prefix}"
-        self._calls: dict[str, Callable[..., Any]] = {}
         if via == "http":
             self.ledger = client.LedgerClient(url, token, agent=self.label, retries=2, timeout=10.0)
 
     def _tool(self, spec: dict[str, Any], key: str) -> Callable[..., Any]:
-        name = spec["name"]
         if self.via == "process":
-            return recording.provider_tool(name, key=lambda _args: key)
-        adapter = build_adapter(ToolSpec(**spec))
-
-        def call_provider(call: client.ToolCall, **_arguments: Any) -> Any:
-            return dispatch_through(adapter, call)
-
-        return client.tool(name, key=lambda _args: key)(call_provider)
+            return recording.provider_tool(spec["name"], key=lambda _args: key)
+        return client_tool(spec, key)
 
     def _once(self, spec: dict[str, Any], key: str, args: dict[str, Any]) -> Any:
         tool = self._tool(spec, key)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import IO, Any
 
 from django.db import connections, transaction
@@ -43,13 +44,20 @@ class RolledBack(Exception):
     """The caller's transaction was rolled back, as a failing view's would be."""
 
 
-def _over_http(job: dict[str, Any], label: str) -> Any:
-    adapter = build_adapter(ToolSpec(**job["adapter"]))
+def client_tool(spec: dict[str, Any], key: str) -> Callable[..., Any]:
+    """An HTTP agent's tool: the Python client's wrapper around the adapter
+    ``spec`` (a :class:`ToolSpec`'s fields) describes, the reconciler's own,
+    built in this process without the database; every call uses ``key``."""
+    adapter = build_adapter(ToolSpec(**spec))
 
     def call_provider(call: client.ToolCall, **_arguments: Any) -> Any:
         return dispatch_through(adapter, call)
 
-    tool = client.tool(job["tool"], key=lambda _args: job["key"])(call_provider)
+    return client.tool(spec["name"], key=lambda _args: key)(call_provider)
+
+
+def _over_http(job: dict[str, Any], label: str) -> Any:
+    tool = client_tool(job["adapter"], job["key"])
     ledger = client.LedgerClient(job["url"], job["token"], agent=label, retries=2)
     with client.task(task_id=job["task_id"], client=ledger):
         return tool(**job["args"])
