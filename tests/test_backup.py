@@ -202,6 +202,28 @@ def test_postgres_backup_wipe_restore_verify(
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
+def test_a_restore_that_fails_halfway_leaves_the_database_as_it_was(
+    tenant_a: Tenant, tenant_b: Tenant, tmp_path: Path, scratch_databases: Any
+) -> None:
+    fill(tenant_a, tenant_b)
+    events = AttemptEvent.objects.count()
+    backup = tmp_path / "ledger.dump"
+    call_command("backup_ledger", "--out", str(backup))
+    target = scratch_databases()
+    assert manage("restore_ledger", str(backup), url=target).returncode == 0
+    # Cut short after the statements that drop the tables: pg_restore fails while reading the data.
+    cut = tmp_path / "cut.dump"
+    cut.write_bytes(backup.read_bytes()[: backup.stat().st_size * 3 // 4])
+    result = manage("restore_ledger", "--replace", str(cut), url=target)
+    assert result.returncode == 1
+    assert "pg_restore failed" in result.stderr
+    assert "the database was left as it was" in result.stderr
+    with psycopg.connect(target) as restored:
+        assert restored.execute("SELECT count(*) FROM ledger_attemptevent").fetchone() == (events,)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 def test_postgres_restore_of_a_tampered_ledger_fails_loudly(
     tenant_a: Tenant, tenant_b: Tenant, tmp_path: Path, scratch_databases: Any
 ) -> None:

@@ -11,10 +11,12 @@ the first break, if one does not.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
 import subprocess
+import tempfile
 from pathlib import Path
 
 from django.db import DatabaseError, connection
@@ -101,20 +103,7 @@ def restore(path: Path) -> None:
     if connection.vendor == "postgresql":
         args, env = _pg_args()
         connection.close()
-        _run(
-            [
-                _tool("pg_restore"),
-                "--clean",
-                "--if-exists",
-                "--no-owner",
-                "--no-privileges",
-                "--single-transaction",
-                "--exit-on-error",
-                *args,
-                str(path),
-            ],
-            env,
-        )
+        _restore_postgres(path, args, env)
         return
     source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
@@ -130,6 +119,43 @@ def restore(path: Path) -> None:
     finally:
         target.close()
         source.close()
+
+
+#: Run before the backup's own statements, in their transaction: the
+#: events' partitions cannot be dropped one by one while attached (their
+#: primary keys are the partitioned table's), which ``pg_restore --clean``
+#: tries; dropping the partitioned table drops them all.
+_DROP_PARTITIONED = "DROP TABLE IF EXISTS public.ledger_attemptevent CASCADE;\n"
+
+
+def _restore_postgres(path: Path, args: list[str], env: dict[str, str]) -> None:
+    """The backup's statements (``pg_restore --clean`` as a script) fed to
+    ``psql`` in one transaction, after :data:`_DROP_PARTITIONED`: all of it
+    lands, or nothing changes."""
+    restore_cmd = [_tool("pg_restore"), "--clean", "--if-exists", "--no-owner", "--no-privileges", "--file", "-"]
+    psql_cmd = [_tool("psql"), "--no-psqlrc", "--quiet", "--single-transaction", "--set", "ON_ERROR_STOP=1"]
+    with tempfile.TemporaryFile() as restore_err, tempfile.TemporaryFile() as psql_err:
+        psql = subprocess.Popen(  # noqa: S603 - our own tools
+            [*psql_cmd, *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=psql_err
+        )
+        assert psql.stdin is not None
+        psql.stdin.write(_DROP_PARTITIONED.encode())
+        script = subprocess.Popen([*restore_cmd, str(path)], env=env, stdout=subprocess.PIPE, stderr=restore_err)  # noqa: S603
+        assert script.stdout is not None
+        with contextlib.suppress(BrokenPipeError):  # psql stopped at an error: its own message says which
+            shutil.copyfileobj(script.stdout, psql.stdin, 1 << 20)
+        script.stdout.close()
+        script_rc = script.wait()
+        if script_rc != 0:
+            psql.kill()  # before its input ends: what it ran is rolled back, not committed
+        with contextlib.suppress(BrokenPipeError):
+            psql.stdin.close()
+        psql_rc = psql.wait()
+        for name, rc, err in (("pg_restore", script_rc, restore_err), ("psql", psql_rc, psql_err)):
+            if rc != 0:  # pg_restore's first: a killed psql's code says nothing
+                err.seek(0)
+                message = err.read().decode(errors="replace").strip()
+                raise BackupError(f"{name} failed ({rc}): {message}; the database was left as it was")
 
 
 def verify_restored() -> list[audit.ChainResult]:
