@@ -28,7 +28,7 @@ from django.conf import settings
 #: Rows the app adds but never changes or removes (history).
 APPEND_ONLY = ("ledger_attemptevent",)
 #: Rows the app changes but never removes.
-NEVER_DELETED = ("ledger_attempt", "ledger_chainhead", "ledger_incident")
+NEVER_DELETED = ("ledger_attempt", "ledger_chainhead", "ledger_incident", "ledger_eventarchive")
 
 _TAKE_OWNERSHIP = """DO $$ DECLARE item record; BEGIN
   FOR item IN
@@ -117,6 +117,15 @@ def grant_statements(*, owner: str, runtime: str, database: str) -> list[str]:
             f"DO $$ BEGIN IF to_regclass('public.{table}') IS NOT NULL THEN "
             f"REVOKE {privileges} ON {table} FROM {r}; END IF; END $$"
         )
+    # The events' partitions (PostgreSQL keeps them by id range): the app
+    # reaches their rows through the partitioned table, whose privileges are
+    # the ones checked; on a partition itself it may read (pg_dump does), no more.
+    # (to_regclass: nothing to do before the first migrate)
+    partitions = "SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('public.ledger_attemptevent')"
+    statements.append(
+        f"DO $$ DECLARE part oid; BEGIN FOR part IN {partitions} "
+        f"LOOP EXECUTE format('REVOKE INSERT, UPDATE, DELETE ON %s FROM {r}', part::regclass); END LOOP; END $$"
+    )
     return statements
 
 
