@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import re
 import time
@@ -44,9 +45,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from django.db import connection
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from ledgerdash.ledger import archive as archives
 from ledgerdash.ledger import chain
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, ChainHead, Tenant
 from ledgerdash.ledger.queries import events_by_seq
@@ -97,6 +100,8 @@ class ChainResult:
     reached: tuple[tuple[int, str], ...] = ()
     #: An incremental walk's events read (those after the heads it started from); None: a full walk.
     walked: int | None = None
+    #: Archived events counted, not read (the walk started where the archive ends the chains).
+    archived: int = 0
 
     @property
     def ok(self) -> bool:
@@ -107,6 +112,8 @@ class ChainResult:
             chains = f" in {self.tenant.chain_stripes} chains" if self.tenant.chain_stripes > 1 else ""
             newest = "newest head" if chains else "head"
             since = "" if self.walked is None else f" ({self.walked} new since the last walk)"
+            if self.archived:
+                since += f" ({self.archived} archived, not read: --archive DIR reads them)"
             return (
                 f"{self.tenant.slug}: ok, {self.events} events{chains}, {newest} seq {self.head_seq} "
                 f"{self.head_hash[:16]}…{since}"
@@ -246,7 +253,28 @@ def _start_problem(tenant: Tenant, since: list[KnownHead]) -> Break | None:
     return None
 
 
-def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = (), *, since: Iterable[KnownHead] = ()) -> ChainResult:
+@dataclass(frozen=True)
+class ArchivedPart:
+    """The part of a tenant's chains that was archived (a prefix of each)."""
+
+    #: stripe -> (seq, hash) of the chain's last archived event.
+    ends: dict[int, tuple[int, str]]
+    events: int
+    #: The newest archived event's time (any tenant's): an attempt older than
+    #: it may have had every event archived.
+    before: datetime | None
+    #: The archived events themselves, read from the files, to walk before
+    #: the live ones; None: start each chain where the archive ends it.
+    rows: Iterable[dict[str, Any]] | None = None
+
+
+def verify_tenant(
+    tenant: Tenant,
+    known: Iterable[KnownHead] = (),
+    *,
+    since: Iterable[KnownHead] = (),
+    archive: ArchivedPart | None = None,
+) -> ChainResult:
     """Walk the tenant's events in seq order, each against the one before it
     in its own chain (a tenant with several keeps them interleaved by seq:
     see :mod:`ledgerdash.ledger.chain`).
@@ -258,27 +286,48 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = (), *, since: Ite
     not the ledger's size; the check for attempts without events still
     reads every attempt's id). It does not read the events before those
     heads again: an edit there is the full walk's to find. A chain that had
-    no events at the last walk is read from its start."""
+    no events at the last walk is read from its start.
+
+    ``archive``: the part of the chains archived out of the database. With
+    its rows, they are walked first, and each chain must pass through where
+    the archive recorded it ending; without, each chain starts there (as an
+    incremental walk starts from a head: heads kept from before it cannot be
+    checked), and the archived events are counted, not read."""
     started = time.monotonic()
     since = list(since)
     known = list(known)
+    step = tenant.chain_stripes
+    starts: dict[int, tuple[int, str]] = {}
+    if archive is not None and archive.rows is not None:
+        since = []  # a walk through the archive is a full walk
+        known += [KnownHead(seq, digest, "the archive of the events") for seq, digest in archive.ends.values()]
+    elif archive is not None and archive.ends:
+        ends = archive.ends
+        since = [k for k in since if k.seq > ends.get(chain.stripe_of_seq(k.seq, step), (0, ""))[0]]
+        known = [k for k in known if k.seq > ends.get(chain.stripe_of_seq(k.seq, step), (0, ""))[0]]
+        starts = dict(ends)  # a head in ``since`` goes further
     kept_at: dict[int, list[KnownHead]] = {}
     for head_kept in known:
         kept_at.setdefault(head_kept.seq, []).append(head_kept)
-    step = tenant.chain_stripes
     heads = {h.stripe: (h.seq, h.hash) for h in ChainHead.objects.filter(tenant_id=tenant.pk)}
     # Per chain: the seq its next event must have, and that event's prev_hash.
     expected = {stripe: stripe + 1 for stripe in range(step)}
     prev = dict.fromkeys(range(step), chain.GENESIS)
+    for stripe, (seq, digest) in starts.items():
+        expected[stripe], prev[stripe] = seq + step, digest
     for kept in since:
         stripe = chain.stripe_of_seq(kept.seq, step)
         expected[stripe], prev[stripe] = kept.seq + step, kept.hash
     before = {stripe: _events_up_to(stripe, expected[stripe] - step, step) for stripe in range(step)}
     count = 0
     behind = [k for k in known if k.seq < expected[chain.stripe_of_seq(k.seq, step)] and k not in since]
-    broken = _start_problem(tenant, since + behind) if since else None
+    broken = _start_problem(tenant, since + behind) if since or behind else None
     started_from = broken is None
-    rows = _events(tenant.pk, after=min(expected.values()) - step) if started_from else iter(())
+    rows: Iterable[dict[str, Any]] = iter(())
+    if started_from:
+        rows = _events(tenant.pk, after=min(expected.values()) - step)
+        if archive is not None and archive.rows is not None:
+            rows = itertools.chain(archive.rows, rows)
     for row in rows:
         stripe = chain.stripe_of_seq(row["seq"], step)
         if row["seq"] < expected[stripe]:
@@ -313,9 +362,11 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = (), *, since: Ite
     if broken is None:
         broken = _kept_head_problem(tenant, known, reached)
     if broken is None:
+        attempts = Attempt.objects.filter(tenant_id=tenant.pk)
+        if archive is not None and archive.before is not None:
+            attempts = attempts.filter(created_at__gt=archive.before)  # older ones' events may be archived
         silent = (
-            Attempt.objects.filter(tenant_id=tenant.pk)
-            .filter(~Exists(AttemptEvent.objects.filter(attempt_id=OuterRef("pk"))))
+            attempts.filter(~Exists(AttemptEvent.objects.filter(attempt_id=OuterRef("pk"))))
             .order_by("pk")
             .values_list("pk", flat=True)
             .first()
@@ -327,6 +378,7 @@ def verify_tenant(tenant: Tenant, known: Iterable[KnownHead] = (), *, since: Ite
         tenant=tenant,
         events=count + sum(before.values()),
         walked=count if since else None,
+        archived=archive.events if archive is not None and archive.rows is None else 0,
         verified_seq=max(reached.values()),
         head_seq=head_seq,
         head_hash=head_hash,
@@ -349,13 +401,19 @@ def verify(
     save: bool = True,
     known: dict[str, list[KnownHead]] | None = None,
     incremental: bool = False,
+    archive_dir: Path | None = None,
 ) -> list[ChainResult]:
     """Walk each tenant's chains (all tenants by default) against the heads
     ``known`` by tenant slug and the furthest heads an earlier walk verified;
     with ``save``, keep each result as the tenant's :class:`ChainCheck` for
     the dashboard. ``incremental``: start each walk from those furthest
-    heads (see :func:`verify_tenant`); a tenant never walked is walked whole."""
+    heads (see :func:`verify_tenant`); a tenant never walked is walked whole.
+    Where partitions of the events were archived, each chain starts where
+    the archive ends it; ``archive_dir``: read the archive's files there and
+    walk them first (:mod:`ledgerdash.ledger.archive`)."""
     chosen = list(tenants if tenants is not None else Tenant.objects.order_by("slug"))
+    found = archives.archived() if connection.vendor == "postgresql" else archives.Archived()
+    reader = archives.Reader(archive_dir, found) if archive_dir is not None else None
     earlier = {
         check.tenant_id: [
             KnownHead(seq, digest, f"the verify_audit of {check.reached_at:%Y-%m-%d %H:%M:%S} UTC")
@@ -363,12 +421,22 @@ def verify(
         ]
         for check in ChainCheck.objects.filter(tenant__in=chosen, reached_at__isnull=False)
     }
-    results = []
-    for tenant in chosen:
+    by_tenant: dict[int, ChainResult] = {}
+    # The archive's files are read once, front to back: tenant by tenant, by id.
+    for tenant in sorted(chosen, key=lambda t: t.pk):
         kept = list((known or {}).get(tenant.slug, ()))
         kept += earlier.get(tenant.pk, [])
         since = earlier.get(tenant.pk, []) if incremental else []
-        results.append(verify_tenant(tenant, kept, since=since))
+        part = None
+        if found.archives:
+            part = ArchivedPart(
+                ends=found.of(tenant.pk),
+                events=found.events.get(tenant.pk, 0),
+                before=found.last_at,
+                rows=reader.of(tenant.pk) if reader is not None else None,
+            )
+        by_tenant[tenant.pk] = verify_tenant(tenant, kept, since=since, archive=part)
+    results = [by_tenant[tenant.pk] for tenant in chosen]
     if save:
         for result in results:
             record_check(result)

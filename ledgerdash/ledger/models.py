@@ -911,6 +911,38 @@ class ChainCheck(models.Model):
         return f"{self.tenant_id}: {'ok' if self.ok else self.problem} @ {self.checked_at:%Y-%m-%d %H:%M}"
 
 
+class EventArchive(models.Model):
+    """A partition of the events that left the database for a file
+    (``manage.py archive_events``; PostgreSQL): where it went, its digest,
+    and where each chain it held began and ended, so the walks of the live
+    events go on from those ends, and one that reads the file checks it.
+
+    Never deleted: it is what tells a shortened chain from an archived one.
+    ``restored_at``: when ``restore_events`` brought the partition back.
+    """
+
+    name = models.CharField(max_length=63)
+    #: The partition's id range: ``low`` None is from the lowest id.
+    low = models.BigIntegerField(null=True, blank=True)
+    high = models.BigIntegerField()
+    file = models.CharField(max_length=255)
+    sha256 = models.CharField(max_length=64)
+    events = models.PositiveBigIntegerField()
+    first_at = models.DateTimeField(null=True, blank=True)
+    last_at = models.DateTimeField(null=True, blank=True)
+    #: One entry per chain with events in it: tenant_id, tenant (slug),
+    #: stripe, first_seq, prev_hash, last_seq, hash, events.
+    chains = models.JSONField(default=list)
+    archived_at = models.DateTimeField()
+    restored_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["high"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.events} events) -> {self.file}"
+
+
 class ReconcilerWorker(models.Model):
     """One ``manage.py reconcile`` process's running totals, written after each pass.
 

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledgerdash.ledger import audit
+from ledgerdash.ledger.archive import ArchiveError
 from ledgerdash.ledger.models import Tenant
 from ledgerdash.ops.logs import LoggedChecks
 
@@ -29,6 +30,13 @@ class Command(LoggedChecks, BaseCommand):
             action="store_true",
             help="start from the heads the last walk verified and read only what was appended since (they must "
             "still be on the chain); the full walk, the default, also reads every older event again",
+        )
+        parser.add_argument(
+            "--archive",
+            type=Path,
+            metavar="DIR",
+            help="where archive_events wrote the archived partitions: read them and walk archive and live as one "
+            "chain per tenant (without it, each chain starts where the archive ends it)",
         )
         parser.add_argument(
             "--known-head",
@@ -67,7 +75,16 @@ class Command(LoggedChecks, BaseCommand):
             if slug not in slugs_known:
                 raise CommandError(f"a known head names no tenant of this ledger: {slug}")
             kept.setdefault(slug, []).append(head)
-        results = audit.verify(tenants, save=not options["no_save"], known=kept, incremental=options["incremental"])
+        try:
+            results = audit.verify(
+                tenants,
+                save=not options["no_save"],
+                known=kept,
+                incremental=options["incremental"],
+                archive_dir=options["archive"],
+            )
+        except ArchiveError as exc:
+            raise CommandError(str(exc), returncode=1) from None
         for result in results:
             style = self.style.SUCCESS if result.ok else self.style.ERROR
             self.stdout.write(style(result.describe()) + f" [{result.duration_ms} ms]")

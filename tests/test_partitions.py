@@ -1,0 +1,195 @@
+"""The events' partitions on PostgreSQL: each one protected as the whole
+table is, ranges made ahead (and the tail closed when writes reached it),
+the oldest settled and verified ones archived to files, verified across
+archive and live as one chain per tenant, and restored."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import DatabaseError, connection, transaction
+
+from ledgerdash.ledger import archive, audit, partitions, recording
+from ledgerdash.ledger.events import Actor, EventKind
+from ledgerdash.ledger.models import AttemptEvent, EventArchive, State, Tenant
+from ledgerdash.ledger.store.chains import event_record
+from tests.conftest import AGENT, record
+from tests.database_roles import admin_connect, owner_url
+from tests.test_backup import manage
+
+pytestmark = pytest.mark.postgres
+FIRST = "ledger_attemptevent_0"
+
+
+def _settled(tenant: Tenant, key: str) -> None:
+    attempt = record(tenant, key)
+    attempt = recording.mark_dispatched(attempt, actor=AGENT)
+    recording.confirm(attempt, provider_request_id=f"req-{key}", actor=AGENT)
+
+
+def _owner(*args: str) -> subprocess.CompletedProcess[str]:
+    """A command as the role that owns the tables (partitions are made and dropped by their owner)."""
+    return manage(*args, url=owner_url())
+
+
+def _next_event_id(value: int) -> None:
+    with admin_connect() as admin:
+        admin.execute("SELECT setval('ledger_attemptevent_id_seq', %s, false)", [value])
+
+
+def test_every_partition_keeps_the_tables_protections(tenant_a: Tenant) -> None:
+    names = [p.name for p in partitions.partitions()]
+    assert names[0] == FIRST
+    assert partitions.partitions()[-1].tail
+    with admin_connect() as admin:
+        for name in names:
+            triggers = {
+                row[0] for row in admin.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass", [name])
+            }
+            assert {f"{name}_no_truncate", "ledger_attemptevent_append_only"} <= triggers, name
+            unique = admin.execute(
+                "SELECT indexdef FROM pg_indexes WHERE tablename = %s "
+                "AND indexdef LIKE 'CREATE UNIQUE%%(tenant_id, seq)'",
+                [name],
+            ).fetchall()
+            assert unique, name
+    record(tenant_a, "k-1")
+    # The app's own role reads a partition (pg_dump does) and changes nothing there.
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {FIRST}")
+    for statement in (f"DELETE FROM {FIRST}", f"UPDATE {FIRST} SET reason = 'x'", f"TRUNCATE {FIRST}"):
+        assert "permission denied" in _refused(statement)
+
+
+def _refused(statement: str) -> str:
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(statement)
+    except DatabaseError as exc:
+        return str(exc)
+    return ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chain_head_never_moves_back(tenant_a: Tenant) -> None:
+    record(tenant_a, "k-1")
+    with admin_connect() as admin, pytest.raises(psycopg.errors.RestrictViolation, match="only moves forward"):
+        admin.execute("UPDATE ledger_chainhead SET seq = 0 WHERE tenant_id = %s", [tenant_a.pk])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ranges_are_made_ahead_and_a_reached_tail_is_closed() -> None:
+    done = _owner("event_partitions", "--make-ahead", "2", "--size", "100")
+    assert done.returncode == 0, done.stderr
+    assert "made ledger_attemptevent_10000000 for ids 10,000,000 to 10,000,100" in done.stdout
+    assert "made ledger_attemptevent_10000200 for ids 10,000,200 on (the tail)" in done.stdout
+    again = _owner("event_partitions", "--make-ahead", "2", "--size", "100")
+    assert "nothing to make" in again.stdout
+    # Nobody ran it while the writes went past every range: they land in the
+    # tail, then the next run closes it at a round bound past them.
+    _next_event_id(10_000_250)
+    tenant = Tenant.objects.create(slug="late", name="Late")
+    event_record(tenant=tenant, kind=EventKind.POLICY, actor=Actor.system("tests"), details={"n": 1})
+    closed = _owner("event_partitions", "--make-ahead", "1", "--size", "100")
+    assert closed.returncode == 0, closed.stderr
+    assert "closed ledger_attemptevent_10000200 at id 10,000,300: writes had reached it" in closed.stdout
+    layout = [(p.low, p.high) for p in partitions.partitions()]
+    assert layout[-3:] == [(10_000_200, 10_000_300), (10_000_300, 10_000_400), (10_000_400, None)]
+    assert AttemptEvent.objects.filter(tenant=tenant, id__gte=10_000_250).count() == 2  # both in the closed tail
+
+
+@pytest.mark.django_db(transaction=True)
+def test_archive_verify_across_and_restore(tenant_a: Tenant, tenant_striped: Tenant, tmp_path: Path) -> None:
+    assert _owner("event_partitions", "--make-ahead", "3", "--size", "40").returncode == 0
+    _next_event_id(10_000_000)  # the first range (below 10M) keeps the tenants' first events
+    for n in range(20):
+        _settled(tenant_a, f"a-{n}")
+        _settled(tenant_striped, f"s-{n}")
+    total = {t.pk: AttemptEvent.objects.filter(tenant=t).count() for t in (tenant_a, tenant_striped)}
+    assert AttemptEvent.objects.filter(id__gte=10_000_080).exists()  # writes went past the second range
+
+    refused = _owner("archive_events", str(tmp_path), "--older-than", "0", "--limit", "2")
+    assert refused.returncode != 0
+    assert "which no verify_audit that held has reached: run verify_audit first" in refused.stderr
+    assert all(r.ok for r in audit.verify())
+
+    done = _owner("archive_events", str(tmp_path), "--older-than", "0", "--limit", "2")
+    assert done.returncode == 0, done.stderr
+    assert f"archived {FIRST}: " in done.stdout
+    assert "archived ledger_attemptevent_10000000: 40 events" in done.stdout
+    archived = EventArchive.objects.get(name="ledger_attemptevent_10000000")
+    archived_events = sum(a.events for a in EventArchive.objects.all())
+    manifest = json.loads((tmp_path / "ledger_attemptevent_10000000.json").read_text())
+    assert manifest["sha256"] == archived.sha256
+    assert {c["tenant"] for c in manifest["chains"]} == {tenant_a.slug, tenant_striped.slug}
+    assert not AttemptEvent.objects.filter(id__lt=10_000_040).exists()  # gone from the database
+    assert AttemptEvent.objects.count() == sum(total.values()) - archived_events
+
+    # The next range holds events of an attempt still moving: it stays.
+    with admin_connect() as admin:
+        (attempt_id,) = admin.execute(
+            "SELECT attempt_id FROM ledger_attemptevent WHERE id >= 10000040 AND attempt_id IS NOT NULL LIMIT 1"
+        ).fetchone()
+        admin.execute("SET session_replication_role = replica")
+        admin.execute("UPDATE ledger_attempt SET state = %s WHERE id = %s", [State.UNKNOWN, attempt_id])
+    held = _owner("archive_events", str(tmp_path), "--older-than", "0")
+    assert held.returncode != 0
+    assert f"holds events of attempt #{attempt_id}, which is not settled" in held.stderr
+
+    # Live alone: each chain starts where the archive ends it.
+    results = {r.tenant.pk: r for r in audit.verify(save=False)}
+    assert all(r.ok for r in results.values()), [r.describe() for r in results.values()]
+    assert results[tenant_a.pk].events == total[tenant_a.pk]
+    assert "archived, not read" in results[tenant_a.pk].describe()
+    # Archive and live as one chain per tenant.
+    across = audit.verify(save=False, archive_dir=tmp_path)
+    assert all(r.ok for r in across), [r.describe() for r in across]
+    assert {r.tenant.pk: r.events for r in across} == total
+    ok = manage("verify_audit", "--archive", str(tmp_path), "--no-save", url=owner_url())
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+    # An edited archive file is caught by its digest...
+    data = tmp_path / archived.file
+    original = data.read_bytes()
+    with gzip.open(data, "rt") as handle:
+        lines = handle.readlines()
+    lines[0] = lines[0].replace('"kind":"', '"kind":"x', 1)
+    with gzip.open(data, "wt") as handle:
+        handle.writelines(lines)
+    with pytest.raises(archive.ArchiveError, match="the file was changed or replaced"):
+        audit.verify(save=False, archive_dir=tmp_path)
+    data.write_bytes(original)
+
+    # Restore: the newest archive first.
+    first_out = _owner("restore_events", str(tmp_path), FIRST)
+    assert first_out.returncode != 0
+    assert "restore ledger_attemptevent_10000000 first" in first_out.stderr
+    back = _owner("restore_events", str(tmp_path), "ledger_attemptevent_10000000")
+    assert back.returncode == 0, back.stderr
+    assert AttemptEvent.objects.filter(id__lt=10_000_040).count() == 40
+    assert all(r.ok for r in audit.verify(save=False))
+    restored = [p for p in partitions.partitions() if p.name == "ledger_attemptevent_10000000"]
+    assert restored
+    assert restored[0].high == 10_000_040
+    with admin_connect() as admin, pytest.raises(psycopg.errors.RestrictViolation, match="append-only"):
+        admin.execute("DELETE FROM ledger_attemptevent_10000000 WHERE id = 10000000")
+    with admin_connect() as admin, pytest.raises(psycopg.errors.RestrictViolation, match="TRUNCATE refused"):
+        admin.execute("TRUNCATE ledger_attemptevent_10000000")
+
+
+def test_an_archive_file_edited_with_its_manifest_is_still_caught(tmp_path: Path, tenant_a: Tenant) -> None:
+    row = {"tenant_id": tenant_a.pk, "seq": 1}
+    path = tmp_path / "ledger_attemptevent_5.ndjson.gz"
+    with gzip.open(path, "wt") as handle:
+        handle.write(json.dumps(row) + "\n")
+    record_ = EventArchive(name="ledger_attemptevent_5", high=10, file=path.name, sha256="0" * 64, events=1)
+    (tmp_path / "ledger_attemptevent_5.json").write_text(
+        json.dumps({"format": archive.FORMAT, "sha256": archive._sha256(path), "chains": [], "events": 1})
+    )
+    with pytest.raises(archive.ArchiveError, match="the ledger recorded 0000000000000000"):
+        archive.read_manifest(tmp_path, record_)
