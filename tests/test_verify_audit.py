@@ -3,6 +3,7 @@ was edited, removed or moved behind the application's back."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -327,6 +328,52 @@ def test_an_incremental_walk_does_not_reread_what_it_verified_before(
     output, code = verify_output("--tenant", "acme")
     assert code == 1
     assert f"seq {victim.seq} (event id {victim.pk}) was edited" in output
+
+
+def _orphan(tenant: Tenant, key: str, created_at: Any = None) -> Attempt:
+    """An attempt with no events (as if they had been removed)."""
+    template = Attempt.objects.filter(tenant=tenant).first()
+    assert template is not None
+    orphan = Attempt.objects.create(
+        tenant=tenant, task_id="t", tool_name="send_email", idempotency_key=key, provider_key=key, args={},
+        args_hash=template.args_hash, state=State.OUTCOME_CONFIRMED, policy_version=1,
+    )  # fmt: skip
+    if created_at is not None:
+        Attempt.objects.filter(pk=orphan.pk).update(created_at=created_at)
+    return orphan
+
+
+def test_an_incremental_walk_checks_the_attempts_recorded_since_the_last_walk(
+    ledger: list[AttemptEvent], tenant_a: Tenant
+) -> None:
+    assert verify_output()[1] == 0
+    orphan = _orphan(tenant_a, "new-orphan")
+    (result,) = audit.verify([tenant_a], incremental=True, save=False)
+    assert result.broken is not None
+    assert result.broken.problem == audit.NO_EVENTS
+    assert f"attempt #{orphan.pk} has no events" in result.broken.message
+
+
+def test_an_incremental_walk_leaves_older_attempts_to_the_full_walk(
+    ledger: list[AttemptEvent], tenant_a: Tenant
+) -> None:
+    """Its reads follow what was added since: an attempt recorded well
+    before the last walk is the full walk's to check (its events' seqs
+    missing from the chain are the full walk's to see as well)."""
+    assert verify_output()[1] == 0
+    walked = ChainCheck.objects.get(tenant=tenant_a).reached_at
+    assert walked is not None
+    old = _orphan(tenant_a, "old-orphan", created_at=walked - audit.INCREMENTAL_OVERLAP - timedelta(minutes=1))
+    (incremental,) = audit.verify([tenant_a], incremental=True, save=False)
+    assert incremental.ok, incremental.describe()
+    (full,) = audit.verify([tenant_a], save=False)
+    assert full.broken is not None
+    assert f"attempt #{old.pk} has no events" in full.broken.message
+    # Within the overlap before the last walk, the incremental walk looks too.
+    recent = _orphan(tenant_a, "recent-orphan", created_at=walked - timedelta(minutes=5))
+    (again,) = audit.verify([tenant_a], incremental=True, save=False)
+    assert again.broken is not None
+    assert f"attempt #{recent.pk} has no events" in again.broken.message
 
 
 def test_an_incremental_walk_follows_each_of_several_chains(tenant_striped: Tenant) -> None:

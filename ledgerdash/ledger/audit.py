@@ -40,7 +40,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -55,6 +55,8 @@ from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, ChainHea
 from ledgerdash.ledger.queries import events_by_seq
 
 CHUNK = 5000
+#: How far before the last walk an incremental walk looks for attempts without events.
+INCREMENTAL_OVERLAP = timedelta(hours=1)
 
 EDITED = "edited"
 MISSING = "missing"
@@ -274,6 +276,7 @@ def verify_tenant(
     *,
     since: Iterable[KnownHead] = (),
     archive: ArchivedPart | None = None,
+    attempts_since: datetime | None = None,
 ) -> ChainResult:
     """Walk the tenant's events in seq order, each against the one before it
     in its own chain (a tenant with several keeps them interleaved by seq:
@@ -283,9 +286,12 @@ def verify_tenant(
     incremental walk). Each must still be the event at its seq, as must the
     ``known`` heads behind them; the walk then reads only the events
     appended after them (the events it reads follow what was added since,
-    not the ledger's size; the check for attempts without events still
-    reads every attempt's id). It does not read the events before those
-    heads again: an edit there is the full walk's to find. A chain that had
+    not the ledger's size; so does the check for attempts without events,
+    given ``attempts_since``: it looks only at attempts recorded from then
+    on). It does not read the events before those heads again: an edit
+    there is the full walk's to find, as is an older attempt whose events
+    were all removed (that also leaves its chain short of the seqs they
+    had, which is the full walk's to see). A chain that had
     no events at the last walk is read from its start.
 
     ``archive``: the part of the chains archived out of the database. With
@@ -365,6 +371,8 @@ def verify_tenant(
         attempts = Attempt.objects.filter(tenant_id=tenant.pk)
         if archive is not None and archive.before is not None:
             attempts = attempts.filter(created_at__gt=archive.before)  # older ones' events may be archived
+        if attempts_since is not None:
+            attempts = attempts.filter(created_at__gte=attempts_since)
         silent = (
             attempts.filter(~Exists(AttemptEvent.objects.filter(attempt_id=OuterRef("pk"))))
             .order_by("pk")
@@ -414,13 +422,18 @@ def verify(
     chosen = list(tenants if tenants is not None else Tenant.objects.order_by("slug"))
     found = archives.archived() if connection.vendor == "postgresql" else archives.Archived()
     reader = archives.Reader(archive_dir, found) if archive_dir is not None else None
+    checks = list(ChainCheck.objects.filter(tenant__in=chosen, reached_at__isnull=False))
     earlier = {
         check.tenant_id: [
             KnownHead(seq, digest, f"the verify_audit of {check.reached_at:%Y-%m-%d %H:%M:%S} UTC")
             for seq, digest in check.reached_heads
         ]
-        for check in ChainCheck.objects.filter(tenant__in=chosen, reached_at__isnull=False)
+        for check in checks
     }
+    # An incremental walk checks the attempts recorded since the last walk
+    # that held, and those of the hour before it: an attempt's time is taken
+    # before its transaction commits, which no statement timeout lets last that long.
+    walked_at = {check.tenant_id: check.reached_at - INCREMENTAL_OVERLAP for check in checks if check.reached_at}
     by_tenant: dict[int, ChainResult] = {}
     # The archive's files are read once, front to back: tenant by tenant, by id.
     for tenant in sorted(chosen, key=lambda t: t.pk):
@@ -435,7 +448,13 @@ def verify(
                 before=found.last_at,
                 rows=reader.of(tenant.pk) if reader is not None else None,
             )
-        by_tenant[tenant.pk] = verify_tenant(tenant, kept, since=since, archive=part)
+        by_tenant[tenant.pk] = verify_tenant(
+            tenant,
+            kept,
+            since=since,
+            archive=part,
+            attempts_since=walked_at.get(tenant.pk) if incremental else None,
+        )
     results = [by_tenant[tenant.pk] for tenant in chosen]
     if save:
         for result in results:
