@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv bench-venv lock run check test test-pgbouncer ha-drill lint bench bench-quick clean
+.PHONY: venv bench-venv lock run check test test-pgbouncer ha-drill lint bench bench-quick bench-growth clean
 
 ## .venv with exactly what uv.lock pins (the app and the dev tools).
 venv:
@@ -54,6 +54,11 @@ bench: bench-venv
 
 bench-quick: bench-venv
 	.venv-bench/bin/python -m bench --quick
+
+## The ledger grown to 50 million events beside it nearly empty (docs/scale.md): about
+## an hour and 40 GB of disk here; GROWTH_EVENTS and GROWTH_TENANTS set its size.
+bench-growth: bench-venv
+	.venv-bench/bin/python -m bench --only growth
 
 lint: venv
 	$(VENV)/bin/ruff check .
