@@ -32,6 +32,7 @@ from ledgerdash.ledger import recording, tokens
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.store import statements as store_statements
 from tests.database_roles import django_db_setup  # noqa: F401 - PostgreSQL as the runtime role
 from tests.live import output_tail
 
@@ -179,6 +180,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs PostgreSQL: run with DATABASE_URL=postgres://postgres@127.0.0.1/ledgerdash")
     for item in needs_pg:
         item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_remembered_of_earlier_tests() -> None:
+    """Each test starts with no attempt ids reserved and no tenant's chains
+    remembered (what a process keeps of its database: ``statements``), so
+    what it counts or sees does not depend on the tests its worker ran
+    before (how many ids of a block they used; a tenant id they made with
+    another number of chains, rolled back since)."""
+    store_statements.forget_database()
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from ledgerdash.ledger.errors import AuthorizationChanged, TenantInactive, ToolN
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tool
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.store import statements
 from tests.conftest import AGENT, TOOLS_V1, record
 
 pytestmark = pytest.mark.postgres
@@ -32,10 +31,6 @@ def _statements(captured: CaptureQueriesContext) -> list[str]:
 
 
 def test_once_read_an_intent_and_its_dispatch_are_one_statement_each(tenant_a: Any) -> None:
-    # A fresh block of ids, so the second intent does not happen to be the
-    # one that reserves the next block (whatever tests ran before in this
-    # process).
-    statements.forget_database()
     first = record(tenant_a, "k-known-1")
     with CaptureQueriesContext(connection) as intent:
         second = record(tenant_a, "k-known-2")
