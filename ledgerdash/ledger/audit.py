@@ -373,12 +373,9 @@ def verify_tenant(
             attempts = attempts.filter(created_at__gt=archive.before)  # older ones' events may be archived
         if attempts_since is not None:
             attempts = attempts.filter(created_at__gte=attempts_since)
-        # Newest first, the order of the tenant's (tenant, created_at, id)
-        # index: ordered by id, PostgreSQL may walk every tenant's attempts
-        # by their primary key to find the first one that matches.
         silent = (
             attempts.filter(~Exists(AttemptEvent.objects.filter(attempt_id=OuterRef("pk"))))
-            .order_by("-created_at", "-id")
+            .order_by("pk")
             .values_list("pk", flat=True)
             .first()
         )
