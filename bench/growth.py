@@ -284,6 +284,13 @@ def _load(prepared: dict[str, Any], events: int) -> dict[str, Any]:
             f"({loaded_events['rows_per_s']:,}/s)"
         )
         chains.save(conn)
+        invalid = conn.execute(
+            "SELECT string_agg(i.indexrelid::regclass::text, ', ') FROM pg_index i JOIN pg_inherits p "
+            "ON i.indrelid IN (p.inhrelid, p.inhparent) WHERE p.inhparent = 'ledger_attemptevent'::regclass "
+            "AND NOT i.indisvalid"
+        ).fetchone()
+        assert invalid is not None
+        assert invalid[0] is None, f"indexes left unbuilt by the load: {invalid[0]}"
     heads = chains.heads
     # The earlier walk reached the loaded ends (a full walk of them is not measured here).
     for tenant_id, (seq, digest) in heads.items():
