@@ -211,6 +211,8 @@ def test_a_restore_that_fails_halfway_leaves_the_database_as_it_was(
     call_command("backup_ledger", "--out", str(backup))
     target = scratch_databases()
     assert manage("restore_ledger", str(backup), url=target).returncode == 0
+    with psycopg.connect(target) as restored:  # what the backup does not hold, to tell a partial restore
+        restored.execute("UPDATE ledger_tenant SET name = 'kept' WHERE slug = %s", [tenant_a.slug])
     # Cut short after the statements that drop the tables: pg_restore fails while reading the data.
     cut = tmp_path / "cut.dump"
     cut.write_bytes(backup.read_bytes()[: backup.stat().st_size * 3 // 4])
@@ -218,6 +220,31 @@ def test_a_restore_that_fails_halfway_leaves_the_database_as_it_was(
     assert result.returncode == 1
     assert "pg_restore failed" in result.stderr
     assert "the database was left as it was" in result.stderr
+    with psycopg.connect(target) as restored:
+        assert restored.execute("SELECT count(*) FROM ledger_attemptevent").fetchone() == (events,)
+        assert restored.execute("SELECT name FROM ledger_tenant WHERE slug = %s", [tenant_a.slug]).fetchone() == (
+            "kept",
+        )
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_restore_whose_statement_fails_says_why_and_changes_nothing(
+    tenant_a: Tenant, tenant_b: Tenant, tmp_path: Path, scratch_databases: Any
+) -> None:
+    fill(tenant_a, tenant_b)
+    events = AttemptEvent.objects.count()
+    backup = tmp_path / "ledger.dump"
+    call_command("backup_ledger", "--out", str(backup))
+    target = scratch_databases()
+    assert manage("restore_ledger", str(backup), url=target).returncode == 0
+    with psycopg.connect(target) as restored:
+        # A table the backup knows nothing of, whose key on the tenants stops their clean-up.
+        restored.execute("CREATE TABLE blocks_the_drop (tenant_id bigint REFERENCES ledger_tenant (id))")
+    result = manage("restore_ledger", "--replace", str(backup), url=target)
+    assert result.returncode == 1
+    assert "psql failed" in result.stderr
+    assert "blocks_the_drop" in result.stderr
     with psycopg.connect(target) as restored:
         assert restored.execute("SELECT count(*) FROM ledger_attemptevent").fetchone() == (events,)
 

@@ -121,7 +121,7 @@ def restore(path: Path) -> None:
         source.close()
 
 
-#: Run before the backup's own statements, in their transaction: the
+#: Run first, in the transaction the backup's own statements run in: the
 #: events' partitions cannot be dropped one by one while attached (their
 #: primary keys are the partitioned table's), which ``pg_restore --clean``
 #: tries; dropping the partitioned table drops them all.
@@ -130,29 +130,39 @@ _DROP_PARTITIONED = "DROP TABLE IF EXISTS public.ledger_attemptevent CASCADE;\n"
 
 def _restore_postgres(path: Path, args: list[str], env: dict[str, str]) -> None:
     """The backup's statements (``pg_restore --clean`` as a script) fed to
-    ``psql`` in one transaction, after :data:`_DROP_PARTITIONED`: all of it
-    lands, or nothing changes."""
+    ``psql`` between a ``BEGIN`` of ours and a ``COMMIT`` sent only once
+    pg_restore has finished well (psql's own --single-transaction does not
+    apply to what it reads from its input): all of it lands, or, when either
+    program fails, psql ends without the ``COMMIT`` and nothing changes."""
     restore_cmd = [_tool("pg_restore"), "--clean", "--if-exists", "--no-owner", "--no-privileges", "--file", "-"]
-    psql_cmd = [_tool("psql"), "--no-psqlrc", "--quiet", "--single-transaction", "--set", "ON_ERROR_STOP=1"]
+    psql_cmd = [_tool("psql"), "--no-psqlrc", "--quiet", "--set", "ON_ERROR_STOP=1"]
     with tempfile.TemporaryFile() as restore_err, tempfile.TemporaryFile() as psql_err:
         psql = subprocess.Popen(  # noqa: S603 - our own tools
             [*psql_cmd, *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=psql_err
         )
         assert psql.stdin is not None
-        psql.stdin.write(_DROP_PARTITIONED.encode())
         script = subprocess.Popen([*restore_cmd, str(path)], env=env, stdout=subprocess.PIPE, stderr=restore_err)  # noqa: S603
         assert script.stdout is not None
         with contextlib.suppress(BrokenPipeError):  # psql stopped at an error: its own message says which
+            psql.stdin.write(b"BEGIN;\n" + _DROP_PARTITIONED.encode())
             shutil.copyfileobj(script.stdout, psql.stdin, 1 << 20)
         script.stdout.close()
         script_rc = script.wait()
-        if script_rc != 0:
-            psql.kill()  # before its input ends: what it ran is rolled back, not committed
+        psql_stopped = psql.poll()  # on an error of its own (ON_ERROR_STOP), before its input ended
+        if script_rc != 0 or psql_stopped is not None:
+            psql.kill()  # no COMMIT sent: its transaction is rolled back
+        else:
+            with contextlib.suppress(BrokenPipeError):
+                psql.stdin.write(b"COMMIT;\n")
         with contextlib.suppress(BrokenPipeError):
             psql.stdin.close()
         psql_rc = psql.wait()
-        for name, rc, err in (("pg_restore", script_rc, restore_err), ("psql", psql_rc, psql_err)):
-            if rc != 0:  # pg_restore's first: a killed psql's code says nothing
+        # psql's error first when it stopped on its own: pg_restore then only saw its pipe close.
+        order = [("psql", psql_rc, psql_err), ("pg_restore", script_rc, restore_err)]
+        if psql_stopped is None:
+            order.reverse()
+        for name, rc, err in order:
+            if rc != 0:
                 err.seek(0)
                 message = err.read().decode(errors="replace").strip()
                 raise BackupError(f"{name} failed ({rc}): {message}; the database was left as it was")
