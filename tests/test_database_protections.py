@@ -87,6 +87,12 @@ def test_the_runtime_role_cannot_edit_or_remove_history(ledger: Attempt) -> None
     assert "permission denied" in refused("DELETE FROM ledger_attemptevent WHERE id = %s", [event.pk])
     assert "permission denied" in refused("DELETE FROM ledger_attempt WHERE id = %s", [ledger.pk])
     assert "permission denied" in refused("DELETE FROM ledger_chainhead")
+    # What archive_events recorded is the owner's to write: the walks and restore_events trust it.
+    assert "permission denied" in refused("UPDATE ledger_eventarchive SET sha256 = 'x'")
+    assert "permission denied" in refused(
+        "INSERT INTO ledger_eventarchive (name, high, file, sha256, events, chains, archived_at) "
+        "VALUES ('x', 1, 'x', 'x', 0, '[]', now())"
+    )
     assert "permission denied" in refused("CREATE TABLE scratch (id int)")
     assert "must be owner" in refused("ALTER TABLE ledger_attemptevent ADD COLUMN forged text")
     assert AttemptEvent.objects.filter(attempt=ledger, reason="intent recorded").exists()

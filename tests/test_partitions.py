@@ -18,6 +18,7 @@ from ledgerdash.ledger import archive, audit, partitions, recording
 from ledgerdash.ledger.events import Actor, EventKind
 from ledgerdash.ledger.models import AttemptEvent, EventArchive, State, Tenant
 from ledgerdash.ledger.store.chains import event_record
+from tests import tamper
 from tests.conftest import AGENT, record
 from tests.database_roles import admin_connect, owner_url
 from tests.test_backup import manage
@@ -80,6 +81,28 @@ def test_a_chain_head_never_moves_back(tenant_a: Tenant) -> None:
     record(tenant_a, "k-1")
     with admin_connect() as admin, pytest.raises(psycopg.errors.RestrictViolation, match="only moves forward"):
         admin.execute("UPDATE ledger_chainhead SET seq = 0 WHERE tenant_id = %s", [tenant_a.pk])
+
+
+def _forge(tenant_id: int, *, seq: int) -> int:
+    """An event INSERTed by hand, as the app's role could, at ``seq``; its id."""
+    with admin_connect() as admin:
+        row = admin.execute(
+            "INSERT INTO ledger_attemptevent (tenant_id, seq, kind, actor_kind, actor_label, from_state, to_state, "
+            "reason, details, created_at, content_hash, prev_hash, hash) "
+            "VALUES (%s, %s, 'comment', 'system', 'forger', '', '', '', '{}', now(), %s, %s, %s) RETURNING id",
+            [tenant_id, seq, "1" * 64, "2" * 64, "3" * 64],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_seq_is_given_once_across_partitions(tenant_a: Tenant) -> None:
+    record(tenant_a, "k-1")  # seq 1 onwards, in the first partition
+    assert _owner("event_partitions", "--make-ahead", "1", "--size", "100").returncode == 0
+    _next_event_id(10_000_050)  # the next event lands in another partition
+    with pytest.raises(psycopg.errors.UniqueViolation, match="already has an event at seq 1"):
+        _forge(tenant_a.pk, seq=1)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -164,6 +187,17 @@ def test_archive_verify_across_and_restore(tenant_a: Tenant, tenant_striped: Ten
     with pytest.raises(archive.ArchiveError, match="the file was changed or replaced"):
         audit.verify(save=False, archive_dir=tmp_path)
     data.write_bytes(original)
+
+    # An event written into the database at a seq the archive holds (the
+    # database cannot see the archived one to refuse it): the walk can.
+    forged = _forge(tenant_a.pk, seq=1)
+    (caught,) = audit.verify([tenant_a], save=False)
+    assert caught.broken is not None
+    assert caught.broken.problem == audit.BEHIND_ARCHIVE
+    assert f"seq 1 (event id {forged}) is in the database, but the archive holds tenant acme up to seq" in (
+        caught.broken.message
+    )
+    tamper.execute("DELETE FROM ledger_attemptevent WHERE id = %s", [forged])
 
     # Restore: the newest archive first.
     first_out = _owner("restore_events", str(tmp_path), FIRST)

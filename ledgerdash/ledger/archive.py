@@ -19,8 +19,8 @@ A partition leaves the database (PostgreSQL; run as the owner) only when:
 Then its rows go to ``<partition>.ndjson.gz`` (one event a line, in
 (tenant, seq) order, gzip), with ``<partition>.json`` beside it (the range,
 the file's SHA-256, and where each chain began and ended in it), both
-flushed to disk and the file read back against its digest before the
-database lets go: an :class:`~ledgerdash.ledger.models.EventArchive` row is
+flushed to disk, and the file read back from the disk (every event
+parsed and counted) before the database lets go: an :class:`~ledgerdash.ledger.models.EventArchive` row is
 written, and the partition is detached and dropped, in one transaction.
 
 ``verify_audit`` then starts each chain from where the archive ended it (it
@@ -69,6 +69,8 @@ COLUMNS = (
     "hash",
 )
 CHUNK = 5000
+#: How long archiving and restoring wait for the events' lock before giving up (run again later).
+LOCK_TIMEOUT = "10s"
 
 
 class ArchiveError(RuntimeError):
@@ -273,9 +275,37 @@ def archive_oldest(directory: Path, *, older_than: timedelta, limit: int | None 
     return done
 
 
+def _newest(partition: partitions.Partition) -> datetime | None:
+    """The newest time of the partition's events and of their attempts: an
+    attempt older than the newest archive may have had every event archived
+    (its time and its first event's are taken a moment apart, and the
+    highest id is not always the newest time)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT greatest((SELECT max(created_at) FROM "{partition.name}"), (SELECT max(a.created_at) '
+            f'FROM ledger_attempt a WHERE a.id IN (SELECT attempt_id FROM "{partition.name}")))'
+        )
+        (newest,) = cursor.fetchone()
+    return newest
+
+
+def _read_back(target: Path, count: int) -> str:
+    """The file as a restore will read it, from the disk: every line parsed,
+    counted against what was written; its SHA-256."""
+    read = 0
+    with gzip.open(target, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            json.loads(line)
+            read += 1
+    if read != count:
+        raise ArchiveError(f"{target} holds {read} events read back, {count} were written: nothing left")
+    return _sha256(target)
+
+
 def _archive(partition: partitions.Partition, directory: Path, now: datetime) -> EventArchive:
     target, ends, count = _export(partition, directory, archived())
-    digest = _sha256(target)  # read back from the disk: what a restore will read
+    digest = _read_back(target, count)
+    newest = _newest(partition)
     manifest = {
         "format": FORMAT,
         "partition": partition.name,
@@ -285,7 +315,7 @@ def _archive(partition: partitions.Partition, directory: Path, now: datetime) ->
         "sha256": digest,
         "events": count,
         "first_at": partition.first_at and chain.timestamp(partition.first_at),
-        "last_at": partition.last_at and chain.timestamp(partition.last_at),
+        "last_at": newest and chain.timestamp(newest),
         "archived_at": chain.timestamp(now),
         "chains": [e.as_dict() for e in ends],
     }
@@ -299,6 +329,9 @@ def _archive(partition: partitions.Partition, directory: Path, now: datetime) ->
         os.close(fd)
     assert partition.high is not None
     with transaction.atomic(), connection.cursor() as cursor:
+        # Detaching waits for every reader of the events, and every reader
+        # then waits for it: give up after a while rather than hold them all.
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         # A write still on its way to the partition ends before the count.
         cursor.execute(f'LOCK TABLE "{partition.name}" IN SHARE MODE')
         cursor.execute(f'SELECT count(*) FROM "{partition.name}"')
@@ -313,7 +346,7 @@ def _archive(partition: partitions.Partition, directory: Path, now: datetime) ->
             sha256=digest,
             events=count,
             first_at=partition.first_at,
-            last_at=partition.last_at,
+            last_at=newest,
             chains=manifest["chains"],
             archived_at=now,
         )
@@ -405,6 +438,7 @@ def restore(directory: Path, name: str) -> EventArchive:
     loading = f"{name}_restoring"
     columns = ", ".join(COLUMNS)
     with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         cursor.execute(f"CREATE TABLE {loading} (LIKE {partitions.PARENT} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
         count = 0
         with cursor.cursor.copy(f"COPY {loading} ({columns}) FROM STDIN") as copy:

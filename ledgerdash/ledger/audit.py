@@ -65,6 +65,7 @@ HEAD_MISMATCH = "head mismatch"
 NO_EVENTS = "attempt without events"
 REWRITTEN = "rewritten"
 TAIL_LOST = "tail lost"
+BEHIND_ARCHIVE = "behind the archive"
 
 _FIELDS = ("id", "seq", *(f for f in chain.HASHED_FIELDS if f != "tenant_id"), "content_hash", "prev_hash", "hash")
 
@@ -270,6 +271,27 @@ class ArchivedPart:
     rows: Iterable[dict[str, Any]] | None = None
 
 
+def _behind_archive(tenant: Tenant, ends: dict[int, tuple[int, str]]) -> Break | None:
+    """A live event at a seq its chain's archived part holds: the archive is
+    a prefix of each chain, so no event in the database may sit at or before
+    where it ends (one written there would not be read by a walk that
+    starts at that end)."""
+    step = tenant.chain_stripes
+    furthest = max(end for end, _ in ends.values())
+    for row in AttemptEvent.objects.filter(tenant_id=tenant.pk, seq__lte=furthest).order_by("seq").values("id", "seq"):
+        stripe = chain.stripe_of_seq(row["seq"], step)
+        end = ends.get(stripe, (0, ""))[0]
+        if row["seq"] <= end:
+            return Break(
+                BEHIND_ARCHIVE,
+                f"{_name(tenant, row)} is in the database, but the archive holds {_chain(tenant, stripe)} "
+                f"up to seq {end}",
+                row["seq"],
+                row["id"],
+            )
+    return None
+
+
 def verify_tenant(
     tenant: Tenant,
     known: Iterable[KnownHead] = (),
@@ -328,6 +350,8 @@ def verify_tenant(
     count = 0
     behind = [k for k in known if k.seq < expected[chain.stripe_of_seq(k.seq, step)] and k not in since]
     broken = _start_problem(tenant, since + behind) if since or behind else None
+    if broken is None and archive is not None and archive.ends:
+        broken = _behind_archive(tenant, archive.ends)
     started_from = broken is None
     rows: Iterable[dict[str, Any]] = iter(())
     if started_from:

@@ -28,7 +28,9 @@ from django.conf import settings
 #: Rows the app adds but never changes or removes (history).
 APPEND_ONLY = ("ledger_attemptevent",)
 #: Rows the app changes but never removes.
-NEVER_DELETED = ("ledger_attempt", "ledger_chainhead", "ledger_incident", "ledger_eventarchive")
+NEVER_DELETED = ("ledger_attempt", "ledger_chainhead", "ledger_incident")
+#: Rows only the owner writes (archive_events and restore_events run as the owner); the app reads them.
+READ_ONLY = ("ledger_eventarchive",)
 
 _TAKE_OWNERSHIP = """DO $$ DECLARE item record; BEGIN
   FOR item IN
@@ -112,7 +114,9 @@ def grant_statements(*, owner: str, runtime: str, database: str) -> list[str]:
         f"ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA public GRANT USAGE, SELECT ON SEQUENCES TO {r}",
     ]
     # Guarded, so the statements also run before the first migrate.
-    for table, privileges in [(t, "UPDATE, DELETE") for t in APPEND_ONLY] + [(t, "DELETE") for t in NEVER_DELETED]:
+    revoked = [(t, "UPDATE, DELETE") for t in APPEND_ONLY] + [(t, "DELETE") for t in NEVER_DELETED]
+    revoked += [(t, "INSERT, UPDATE, DELETE") for t in READ_ONLY]
+    for table, privileges in revoked:
         statements.append(
             f"DO $$ BEGIN IF to_regclass('public.{table}') IS NOT NULL THEN "
             f"REVOKE {privileges} ON {table} FROM {r}; END IF; END $$"

@@ -141,6 +141,9 @@ def make_ahead(*, ahead: int = 2, size: int = SIZE) -> list[str]:
         raise ValueError("ahead and size are at least 1")
     done: list[str] = []
     with transaction.atomic(), connection.cursor() as cursor:
+        # The locks below make every reader and writer of the events wait:
+        # give up after a while (and run again later) rather than hold them all.
+        cursor.execute("SET LOCAL lock_timeout = '10s'")
         # Conflicts with itself (a second run waits), not with reads and writes.
         cursor.execute(f"LOCK TABLE {PARENT} IN SHARE UPDATE EXCLUSIVE MODE")
         current = partitions()
