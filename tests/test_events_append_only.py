@@ -56,4 +56,5 @@ def test_postgres_has_the_triggers_installed(tenant_a: Tenant) -> None:
         assert [row[0] for row in cursor.fetchall()] == [
             "ledger_attemptevent_append_only",
             "ledger_attemptevent_no_truncate",
+            "ledger_attemptevent_seq_once",
         ]
