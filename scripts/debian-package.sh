@@ -16,7 +16,7 @@ if [ "$(id -u)" != 0 ]; then
     echo "$WHAT need $PROGRAM: install Debian's $PACKAGE package (apt-get install $PACKAGE)" >&2
     exit 0
 fi
-echo "installing Debian's $PACKAGE for $WHAT"
+echo "installing Debian's $PACKAGE for $WHAT" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
+apt-get update -qq >&2
 apt-get install -y -qq --no-install-recommends "$PACKAGE" >/dev/null
