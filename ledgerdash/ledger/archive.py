@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from django.db import connection, transaction
@@ -48,22 +49,13 @@ from ledgerdash.ledger import chain, clock, partitions
 from ledgerdash.ledger.models import TERMINAL_STATES, ChainCheck, EventArchive, Tenant
 
 FORMAT = "ledgerdash-events-archive/1"
-#: The columns an archived event keeps, in the file's order.
+#: The columns an archived event keeps, in the file's order: a walk's (the
+#: hashed fields and the links) and where the event sits (id, tenant, seq).
 COLUMNS = (
     "id",
     "tenant_id",
     "seq",
-    "attempt_id",
-    "kind",
-    "actor_kind",
-    "actor_user_id",
-    "actor_label",
-    "from_state",
-    "to_state",
-    "fence",
-    "reason",
-    "details",
-    "created_at",
+    *(name for name in chain.HASHED_FIELDS if name != "tenant_id"),
     "content_hash",
     "prev_hash",
     "hash",
@@ -130,14 +122,9 @@ def _row(values: tuple[Any, ...]) -> dict[str, Any]:
 
 def _check_row(row: dict[str, Any], where: str) -> None:
     fields = dict(row, created_at=parse_datetime(row["created_at"]))
-    recomputed = chain.content_hash(chain.event_content(_Fields(fields)))
+    recomputed = chain.content_hash(chain.event_content(SimpleNamespace(**fields)))
     if recomputed != row["content_hash"] or chain.link(row["prev_hash"], row["content_hash"]) != row["hash"]:
         raise ArchiveError(f"{where}: event id {row['id']} (seq {row['seq']}) does not match its hashes")
-
-
-class _Fields:
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.__dict__.update(values)
 
 
 def _refusal(partition: partitions.Partition, now: datetime, older_than: timedelta) -> str | None:
@@ -452,14 +439,10 @@ def restore(directory: Path, name: str) -> EventArchive:
         bounds = f"id < {high}" if archive.low is None else f"id >= {archive.low} AND id < {high}"
         cursor.execute(f"ALTER TABLE {loading} ADD CONSTRAINT {loading}_bound CHECK ({bounds})")
         cursor.execute(f"ALTER TABLE {loading} RENAME TO {name}")
-        cursor.execute(f"CREATE UNIQUE INDEX {name}_seq ON {name} (tenant_id, seq)")
-        cursor.execute(
-            f"CREATE TRIGGER {name}_no_truncate BEFORE TRUNCATE ON {name} "
-            "FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_truncate()"
-        )
+        for statement in partitions.own_statements(name):
+            cursor.execute(statement)
         cursor.execute(f"ALTER TABLE {partitions.PARENT} ATTACH PARTITION {name} FOR VALUES FROM ({low}) TO ({high})")
         cursor.execute(f"ALTER TABLE {name} DROP CONSTRAINT {loading}_bound")
-        cursor.execute(partitions.revoke_statement(name))
         archive.restored_at = clock.now()
         archive.save(update_fields=["restored_at"])
     return archive

@@ -67,7 +67,8 @@ REWRITTEN = "rewritten"
 TAIL_LOST = "tail lost"
 BEHIND_ARCHIVE = "behind the archive"
 
-_FIELDS = ("id", "seq", *(f for f in chain.HASHED_FIELDS if f != "tenant_id"), "content_hash", "prev_hash", "hash")
+#: What a walk reads of each event of one tenant (an archive's file keeps the same, with the tenant).
+_FIELDS = tuple(name for name in archives.COLUMNS if name != "tenant_id")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ SEQUENCE = f"{PARENT}_id_seq"
 _created = importlib.import_module("ledgerdash.ledger.migrations.0024_events_partitioned")
 #: Ids per partition unless a run says otherwise.
 SIZE = _created.SIZE
-revoke_statement = _created.revoke_statement
+own_statements = _created.own_statements
 
 _BOUND = re.compile(r"FOR VALUES FROM \((?:'?(?P<low>-?\d+)'?|MINVALUE)\) TO \((?:'?(?P<high>-?\d+)'?|MAXVALUE)\)")
 

@@ -75,8 +75,13 @@ def partition_statements(name: str, low: str, high: str) -> list[str]:
     reading, for the roles that may (``pg_dump`` reads each partition); no
     change of rows but its owner's (the app reaches the rows through the
     partitioned table, whose privileges are the ones checked)."""
+    return [f"CREATE TABLE {name} PARTITION OF {PARENT} FOR VALUES FROM ({low}) TO ({high})", *own_statements(name)]
+
+
+def own_statements(name: str) -> list[str]:
+    """What a partition has of its own, which it does not take from the
+    partitioned table: its unique (tenant, seq), TRUNCATE refused, its privileges."""
     return [
-        f"CREATE TABLE {name} PARTITION OF {PARENT} FOR VALUES FROM ({low}) TO ({high})",
         f"CREATE UNIQUE INDEX {name}_seq ON {name} (tenant_id, seq)",
         f"CREATE TRIGGER {name}_no_truncate BEFORE TRUNCATE ON {name} "
         "FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_truncate()",
