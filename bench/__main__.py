@@ -61,6 +61,32 @@ def machine_facts(dbs: Databases) -> dict[str, Any]:
     }
 
 
+def machine_speed(benchmarks: dict[str, Any], cores: int) -> list[str]:
+    """How fast this machine ran, from figures whose code stays the same from
+    run to run: what to weigh one run's times against another's by."""
+    lines = []
+    figures = benchmarks.get("recording", {}).get("figures", {})
+    for peer in ("minimal psycopg", "HTTP floor"):
+        f = figures.get(f"{peer}@1", {})
+        if "calls_per_s" in f:
+            lines.append(
+                f"{peer} at 1 agent: {f['calls_per_s']:.0f} calls/s ({f['calls_per_s'] / cores:.0f} per core),"
+                f" p50 {f['p50_ms']:.2f} ms"
+            )
+    page = benchmarks.get("queue", {}).get("long_history", {}).get("figures", {}).get("attempt page")
+    if page:
+        lines.append(
+            f"the attempt page with its long history: p50 {page['p50_ms']:.1f} ms, p95 {page['p95_ms']:.1f} ms"
+        )
+    copy = benchmarks.get("export", {}).get("figures", {}).get("copy", {})
+    if "rows_per_s" in copy:
+        lines.append(f"COPY of the events to CSV: {copy['rows_per_s']:,.0f} rows/s")
+    without = benchmarks.get("notify", {}).get("ms_without")
+    if without:
+        lines.append(f"a tool call in process without notification rules: {sorted(without)[len(without) // 2]:.2f} ms")
+    return lines
+
+
 def _clean(value: Any) -> Any:
     """NaN is not JSON: write null instead."""
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
@@ -152,10 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     for target in targets:
         if not target.future:
             say(target.line())
-    say("\n=== future targets (not yet expected to be met: the gap to close)")
-    for target in targets:
-        if target.future:
-            say(target.line())
+    if any(target.future for target in targets):
+        say("\n=== future targets (not yet expected to be met: the gap to close)")
+        for target in targets:
+            if target.future:
+                say(target.line())
+    report["machine"]["speed"] = machine_speed(report["benchmarks"], report["machine"]["nproc"])
+    if report["machine"]["speed"]:
+        say("\n=== the machine's speed in this run (control figures: the same work in every run)")
+        for line in report["machine"]["speed"]:
+            say(f"- {line}")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.json or results_dir / f"{stamp}-{report['mode']}.json"
     text = json.dumps(_clean(report), indent=2, default=str)

@@ -30,6 +30,8 @@ PYTHON = sys.executable
 #: Ports this suite's servers listen on (gunicorn, the sandbox).
 GUNICORN_PORT = int(os.environ.get("BENCH_GUNICORN_PORT", "8041"))
 SANDBOX_PORT = int(os.environ.get("BENCH_SANDBOX_PORT", "8042"))
+#: Where the recording benchmark serves its HTTP floor (bench/http_floor.py).
+HTTP_FLOOR_PORT = int(os.environ.get("BENCH_HTTP_FLOOR_PORT", "8043"))
 
 
 #: PostgreSQL's limit on a database name, in bytes.
@@ -327,20 +329,22 @@ def start_gunicorn(
     threads: int = 1,
     settings_module: str = "ledgerdash.settings",
     port: int = GUNICORN_PORT,
+    app: str = "ledgerdash.wsgi:application",
     **extra_env: str,
 ) -> subprocess.Popen[bytes]:
     """gunicorn serving the project against ``database_url`` on loopback, as
     deployed (static files collected first, deploy/gunicorn.conf.py, DEBUG
     off; ``threads`` as ``GUNICORN_THREADS``; ``extra_env`` in its
     environment), once it answers ``/healthz``; stop it with
-    :func:`ledgerdash.processes.stop_group`."""
+    :func:`ledgerdash.processes.stop_group`. ``app``: another WSGI
+    application served the same way (the recording benchmark's HTTP floor)."""
     run_manage(["collectstatic", "--noinput", "-v", "0"], database_url)
     env = django_env(database_url, DJANGO_SETTINGS_MODULE=settings_module, GUNICORN_THREADS=str(threads), **extra_env)
     # This interpreter's gunicorn (the benchmark's environment has the app's packages): the
     # orchestrator and the server run the same code, and no other environment need exist.
     cmd = [
         sys.executable, "-m", "gunicorn",
-        "--config", str(ROOT / "deploy" / "gunicorn.conf.py"), "ledgerdash.wsgi:application",
+        "--config", str(ROOT / "deploy" / "gunicorn.conf.py"), app,
         "--workers", str(workers), "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)

@@ -126,14 +126,17 @@ def ledgerdash_two_commit_agent(cfg: dict[str, Any], index: int) -> Agent:
     return ledgerdash_agent(cfg, index, peer="ledgerdash 2-commit", claim=True)
 
 
-def http_agent(cfg: dict[str, Any], index: int, *, peer: str = "ledgerdash HTTP", claim: bool = False) -> Agent:
+def http_agent(
+    cfg: dict[str, Any], index: int, *, peer: str = "ledgerdash HTTP", claim: bool = False, floor: bool = False
+) -> Agent:
+    """The ingest API's requests with the Python client; with ``floor``, the
+    same requests to the HTTP floor (bench/http_floor.py)."""
     from ledgerdash_client import LedgerClient
 
     shared_slug, own_slug = _tenants(cfg, peer, index)
     label = f"bench-http-{index}@{os.getpid()}"
-    clients = {
-        slug: LedgerClient(cfg["base_url"], cfg["tokens"][slug], agent=label) for slug in (shared_slug, own_slug)
-    }
+    url = cfg["floor_url"] if floor else cfg["base_url"]
+    clients = {slug: LedgerClient(url, cfg["tokens"][slug], agent=label) for slug in (shared_slug, own_slug)}
     prefix = f"{cfg['run']}-{os.getpid()}"
 
     def call(i: int, spread: bool) -> None:
@@ -158,6 +161,16 @@ def http_agent(cfg: dict[str, Any], index: int, *, peer: str = "ledgerdash HTTP"
 def http_two_commit_agent(cfg: dict[str, Any], index: int) -> Agent:
     """The ingest API with the record-and-claim request: two requests per call."""
     return http_agent(cfg, index, peer="ledgerdash HTTP 2-commit", claim=True)
+
+
+def http_floor_agent(cfg: dict[str, Any], index: int) -> Agent:
+    """The client's three requests answered by the HTTP floor."""
+    return http_agent(cfg, index, peer="HTTP floor", floor=True)
+
+
+def http_floor_two_commit_agent(cfg: dict[str, Any], index: int) -> Agent:
+    """The client's two requests of the two-commit path answered by the HTTP floor."""
+    return http_agent(cfg, index, peer="HTTP floor 2-commit", claim=True, floor=True)
 
 
 # --- the floor: three statements per call ------------------------------------------------
@@ -238,11 +251,11 @@ WITH changed AS (
         id, tenant_id, task_id, tool_name, idempotency_key, provider_key, args, args_hash, state, policy_version,
         credential_scope, parent_id, owner_id, requested_by_id, approved_by_id, approved_at, fence, dispatch_fence,
         dispatch_count, first_dispatched_at, provider_request_id, result_ref, result, next_check_at, check_count,
-        last_error, last_lookup, last_note, created_at, updated_at
+        last_error, last_lookup, last_note, created_at, updated_at, api_token_id
     )
     SELECT %(id)s, %(tenant)s, %(task)s, %(tool)s, %(key)s, %(key)s, %(args)s, %(args_hash)s, 'INTENT_RECORDED',
            %(version)s, %(scope)s, NULL, NULL, NULL, NULL, NULL, 0, NULL, 0, NULL, '', '', NULL, %(lease)s, 0,
-           '', '', 'intent recorded', %(now)s, %(now)s
+           '', '', 'intent recorded', %(now)s, %(now)s, %(api_token)s
     WHERE EXISTS ({_AUTHORITY})
     ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING
     RETURNING id
@@ -255,7 +268,8 @@ WITH changed AS (
         next_check_at = %(now)s + make_interval(secs => %(lease_seconds)s),
         lands_by = %(now)s + make_interval(secs => %(max_request)s),
         first_dispatched_at = coalesce(first_dispatched_at, %(now)s)
-    WHERE id = %(id)s AND state = 'INTENT_RECORDED' AND fence = 0 AND EXISTS ({_AUTHORITY})
+    WHERE id = %(id)s AND tenant_id = %(tenant)s AND state = 'INTENT_RECORDED' AND fence = 0
+      AND EXISTS ({_AUTHORITY})
     RETURNING id
 ), {_APPEND}"""
 
@@ -264,7 +278,7 @@ WITH changed AS (
     UPDATE ledger_attempt SET fence = fence + 1, state = 'OUTCOME_CONFIRMED', updated_at = %(now)s,
         last_note = 'outcome confirmed', provider_request_id = %(request_id)s, result_ref = '', result = NULL,
         result_source = 'tool', lands_by = %(now)s, next_check_at = NULL
-    WHERE id = %(id)s AND state = 'DISPATCHED' AND fence = 1
+    WHERE id = %(id)s AND tenant_id = %(tenant)s AND state = 'DISPATCHED' AND fence = 1
     RETURNING id
 ), {_APPEND}"""
 
@@ -275,12 +289,12 @@ WITH changed AS (
         id, tenant_id, task_id, tool_name, idempotency_key, provider_key, args, args_hash, state, policy_version,
         credential_scope, parent_id, owner_id, requested_by_id, approved_by_id, approved_at, fence, dispatch_fence,
         dispatch_count, first_dispatched_at, provider_request_id, result_ref, result, next_check_at, lands_by,
-        check_count, last_error, last_lookup, last_note, created_at, updated_at
+        check_count, last_error, last_lookup, last_note, created_at, updated_at, api_token_id
     )
     SELECT %(id)s, %(tenant)s, %(task)s, %(tool)s, %(key)s, %(key)s, %(args)s, %(args_hash)s, 'DISPATCHED',
            %(version)s, %(scope)s, NULL, NULL, NULL, NULL, NULL, 1, 1, 1, %(now)s, '', '', NULL,
            %(now)s + make_interval(secs => %(lease_seconds)s), %(now)s + make_interval(secs => %(max_request)s),
-           0, '', '', %(reason2)s, %(now)s, %(now)s
+           0, '', '', %(reason2)s, %(now)s, %(now)s, %(api_token)s
     WHERE EXISTS ({_AUTHORITY})
     ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING
     RETURNING id
@@ -295,7 +309,7 @@ _TYPES = {
     "details": "jsonb", "content_hash": "varchar", "request_id": "varchar", "now": "timestamptz",
     "lease": "timestamptz", "lease_seconds": "float8", "max_request": "float8",
     "from_state2": "varchar", "to_state2": "varchar", "fence2": "bigint", "reason2": "text", "details2": "jsonb",
-    "content_hash2": "varchar", "stripe": "smallint",
+    "content_hash2": "varchar", "stripe": "smallint", "api_token": "bigint",
 }  # fmt: skip
 
 
@@ -403,10 +417,18 @@ class MinimalPeer:
         }
 
     def record_intent(
-        self, *, tenant_id: int, task_id: str, key: str, args: dict[str, Any], claim: bool = False
+        self,
+        *,
+        tenant_id: int,
+        task_id: str,
+        key: str,
+        args: dict[str, Any],
+        claim: bool = False,
+        api_token: int | None = None,
     ) -> dict[str, Any]:
         """INSERT the attempt in INTENT_RECORDED with its event; returns the attempt as the next steps need it.
-        With ``claim``, INSERT it DISPATCHED with both events (the intent's, then the claim's) instead."""
+        With ``claim``, INSERT it DISPATCHED with both events (the intent's, then the claim's) instead.
+        ``api_token``: the id of the token a request to record it came with (the HTTP floor)."""
         import rfc8785
         from psycopg.types.json import Jsonb
 
@@ -439,6 +461,7 @@ class MinimalPeer:
             "args_hash": args_hash,
             "scope": scope,
             "lease": datetime.now(UTC) + self.intent_lease,
+            "api_token": api_token,
         }
         sql = self.INTENT
         if claim:
@@ -451,7 +474,7 @@ class MinimalPeer:
         except RuntimeError:
             self._versions.pop(tenant_id, None)  # read the policy again next time
             raise
-        return {**attempt, "key": key, "tool": tool}
+        return {**attempt, "key": key, "tool": tool, "task_id": task_id, "args_hash": args_hash}
 
     def _claim_step(self, attempt: dict[str, Any], key: str, *, reason: str) -> dict[str, Any]:
         return {
@@ -770,9 +793,11 @@ def dbos_agent(cfg: dict[str, Any], index: int) -> Agent:
 AGENTS: dict[str, Callable[[dict[str, Any], int], Agent]] = {
     "ledgerdash": ledgerdash_agent,
     "ledgerdash HTTP": http_agent,
+    "HTTP floor": http_floor_agent,
     "minimal psycopg": minimal_agent,
     "ledgerdash 2-commit": ledgerdash_two_commit_agent,
     "ledgerdash HTTP 2-commit": http_two_commit_agent,
+    "HTTP floor 2-commit": http_floor_two_commit_agent,
     "minimal psycopg 2-commit": minimal_two_commit_agent,
     STRIPED: striped_agent,
     LEDGER_STRIPED: ledgerdash_striped_agent,

@@ -237,3 +237,132 @@ def test_the_minimal_peer_refuses_to_dispatch_after_the_policy_changed(conn: psy
     assert Attempt.objects.get(pk=attempt["id"]).state == State.INTENT_RECORDED
     assert AttemptEvent.objects.filter(attempt_id=attempt["id"]).count() == 1
     assert audit.verify_tenant(tenant).ok
+
+
+# --- the HTTP floor (bench/http_floor.py) ---------------------------------------------
+
+
+def _floor_request(
+    method: str, path: str, body: Any = None, *, token: str, agent: str = "billing-worker-3"
+) -> tuple[str, dict[str, Any]]:
+    """One request to the HTTP floor's WSGI application, as gunicorn hands it over."""
+    import io
+
+    from bench import http_floor
+
+    data = b"" if body is None else json.dumps(body).encode()
+    environ = {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "CONTENT_LENGTH": str(len(data)),
+        "wsgi.input": io.BytesIO(data),
+        "HTTP_AUTHORIZATION": f"Bearer {token}",
+        "HTTP_LEDGERDASH_AGENT": agent,
+    }
+    answered: list[str] = []
+    chunks = http_floor.application(environ, lambda status, headers: answered.append(status))
+    return answered[0], json.loads(b"".join(chunks))
+
+
+@pytest.fixture
+def http_floor(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from bench import http_floor as floor
+
+    monkeypatch.setenv("DATABASE_URL", database_url())
+    floor._tokens.clear()
+    floor._copies.clear()
+    yield
+    peer = getattr(floor._local, "peer", None)
+    if peer is not None:
+        peer.conn.close()
+        del floor._local.peer
+
+
+@pytest.mark.parametrize("claim", [False, True], ids=["three requests", "two-commit path"])
+def test_the_http_floor_writes_what_the_ingest_api_writes(http_floor: None, claim: bool) -> None:
+    from bench.http_floor import TOKEN_PREFIX, WRITE
+    from ledgerdash.ledger.models import TokenScope
+    from ledgerdash.ledger.tokens import TOKEN_PREFIX as LEDGER_TOKEN_PREFIX
+    from ledgerdash.sandbox import http_adapter_config
+    from tests.api_support import Api, issue_token
+
+    assert (LEDGER_TOKEN_PREFIX, TokenScope.WRITE.value) == (TOKEN_PREFIX, WRITE)
+    tool = TOOL_CLAIMED if claim else TOOL
+    if claim:
+        Tool.objects.create(
+            name=TOOL_CLAIMED, config=http_adapter_config("http://127.0.0.1:9"), idempotent=True, claim_with_intent=True
+        )
+    tenant = _tenant("http-floor")
+    token = issue_token(tenant)
+    body = {"task_id": "task-1", "tool_name": tool, "args": tool_args(7), **({"claim": True} if claim else {})}
+    answers = {}
+    api = Api(token)
+    agent = {"Ledgerdash-Agent": "billing-worker-3"}
+    recorded = api.post("/attempts", {**body, "idempotency_key": "k-ledger"}, headers=agent).json()
+    if not claim:
+        assert api.post(f"/attempts/{recorded['id']}/dispatch", {"fence": 0}, headers=agent).status_code == 200
+    confirm = {
+        "outcome": "confirmed",
+        "fence": 1,
+        "provider_request_id": "req-ledger",
+        "result_ref": "",
+        "result": None,
+    }
+    answers["ledger"] = api.post(f"/attempts/{recorded['id']}/outcome", confirm, headers=agent).json()
+
+    status, floor = _floor_request("POST", "/api/v1/attempts", {**body, "idempotency_key": "k-floor"}, token=token)
+    assert status.startswith("201"), floor
+    assert floor["state"] == ("DISPATCHED" if claim else "INTENT_RECORDED")
+    if not claim:
+        status, _ = _floor_request("POST", f"/api/v1/attempts/{floor['id']}/dispatch", {"fence": 0}, token=token)
+        assert status.startswith("200")
+    confirm["provider_request_id"] = "req-floor"
+    status, answers["floor"] = _floor_request("POST", f"/api/v1/attempts/{floor['id']}/outcome", confirm, token=token)
+    assert status.startswith("200"), answers["floor"]
+
+    assert _attempt_row(floor["id"]) == _attempt_row(recorded["id"])
+    assert _event_rows(floor["id"], "k-floor", "req-floor") == _event_rows(recorded["id"], "k-ledger", "req-ledger")
+    # The floor answers every field the client's Attempt reads, as the API does.
+    from ledgerdash_client import Attempt as ClientAttempt
+
+    fields = set(ClientAttempt.__dataclass_fields__) - {"data", "args", "events", "owner"}
+    assert fields <= set(answers["floor"])
+    same = {"state", "fence", "dispatch_fence", "result_source", "parent_id", "result", "tool_name", "args_hash"}
+    assert {k: answers["floor"][k] for k in same} == {k: answers["ledger"][k] for k in same}
+    result = audit.verify_tenant(tenant)
+    assert result.ok, result.describe()
+
+
+def test_the_http_floor_checks_the_token_and_the_tenant_and_writes_nothing_it_refuses(http_floor: None) -> None:
+    from ledgerdash.ledger.tokens import token_revoke
+    from tests.api_support import READ, issue_token
+
+    mine, theirs = _tenant("http-floor-a"), _tenant("http-floor-b")
+    token, other = issue_token(mine), issue_token(theirs)
+    body = {"task_id": "t", "tool_name": TOOL, "idempotency_key": "k", "args": tool_args(1)}
+    before = AttemptEvent.objects.count()
+    forged = token[:-4] + ("0000" if not token.endswith("0000") else "1111")
+    assert _floor_request("POST", "/api/v1/attempts", body, token=forged)[0].startswith("401")
+    assert _floor_request("POST", "/api/v1/attempts", body, token=issue_token(mine, READ))[0].startswith("403")
+    assert AttemptEvent.objects.count() == before + 1  # the read-only token's own creation
+
+    status, attempt = _floor_request("POST", "/api/v1/attempts", body, token=token)
+    assert status.startswith("201")
+    # Another tenant's token finds no such attempt (not even in the worker's copy).
+    status, _ = _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/dispatch", {"fence": 0}, token=other)
+    assert status.startswith("404")
+    assert Attempt.objects.get(pk=attempt["id"]).state == State.INTENT_RECORDED
+    # A repeated key and a stale fence write nothing.
+    assert _floor_request("POST", "/api/v1/attempts", body, token=token)[0].startswith("409")
+    status, _ = _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/dispatch", {"fence": 3}, token=token)
+    assert status.startswith("409")
+    # A revoked token is refused once the worker's check of it is older than the ledger's cache allows.
+    from ledgerdash.ledger.models import ApiToken
+
+    token_revoke(token=ApiToken.objects.get(prefix=token[4:].partition("_")[0]), actor=Actor.system("test"))
+    from bench import http_floor as floor
+
+    floor._tokens.clear()  # as if LEDGER_TOKEN_CACHE_SECONDS had passed
+    status, _ = _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/dispatch", {"fence": 0}, token=token)
+    assert status.startswith("403")
+    assert Attempt.objects.get(pk=attempt["id"]).state == State.INTENT_RECORDED
