@@ -27,6 +27,7 @@ TARGET_OF = {
     "one_statement": "in process",
     "id_blocks": "in process",
     "remembered_authority": "in process",
+    "compiled_read": "HTTP",
 }
 ALL_ON = "all on"
 SETTINGS = (ALL_ON, *TARGET_OF)

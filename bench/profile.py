@@ -280,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile")
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--interval", type=float, default=0.0002, help="pyinstrument's sampling interval")
+    parser.add_argument(
+        "--profile",
+        choices=("in-process", "api"),
+        default="in-process",
+        help="whose calls pyinstrument profiles: the agent's in process, or the same through the API's requests",
+    )
     args = parser.parse_args(argv)
     from bench.__main__ import DEFAULT_URL
     from bench.peers import ledgerdash_agent, minimal_agent
@@ -338,9 +344,10 @@ def main(argv: list[str] | None = None) -> int:
 
         profiler = Profiler(interval=args.interval)
         began = time.perf_counter()
+        profiled = api if args.profile == "api" else call
         with profiler:
             for i in range(args.calls):
-                call(100 + i, False)
+                profiled(60_000_000 + i, False)
         elapsed = time.perf_counter() - began
         say(f"\n{args.calls} calls in {elapsed:.2f}s: {elapsed / args.calls * 1000:.2f} ms per call")
         say(profiler.output_text(unicode=False, color=False, show_all=False))

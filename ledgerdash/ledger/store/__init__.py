@@ -15,6 +15,8 @@ plain way): the answer is the same either way, only the round trips differ.
                             time), not a round trip per intent
 ``remembered_authority``    the tenant's authority this process read last, guarded in the
                             write (:mod:`.memory`), not a read per intent and dispatch
+``compiled_read``           an attempt read by a statement built once per process
+                            (:mod:`.reads`), not an ORM query compiled per read
 ==========================  ==================================================================
 
 ``python -m bench --only fastpaths`` measures each: the same calls with it
@@ -35,7 +37,7 @@ from django.db.models import F
 from ledgerdash.ledger.authority import Authority
 from ledgerdash.ledger.events import EventDraft
 from ledgerdash.ledger.models import Attempt, ChainHead
-from ledgerdash.ledger.store import memory, statements
+from ledgerdash.ledger.store import memory, reads, statements
 from ledgerdash.ledger.store.chains import append_events, event_record
 from ledgerdash.ledger.store.statements import Guard, on_its_own, outside_any_transaction
 from ledgerdash.ledger.store.switches import FAST_PATHS, enabled
@@ -69,6 +71,8 @@ def one_statement() -> bool:
 
 def read_attempt(attempt_id: int, tenant_id: int | None) -> Attempt | None:
     """The attempt (of ``tenant_id``, when given), unlocked; None when there is none."""
+    if enabled("compiled_read"):
+        return reads.read_attempt(attempt_id, tenant_id)
     found = Attempt.objects.filter(pk=attempt_id)
     return (found.filter(tenant_id=tenant_id) if tenant_id is not None else found).first()
 

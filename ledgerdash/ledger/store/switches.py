@@ -17,6 +17,7 @@ FAST_PATHS: dict[str, str] = {
     "one_statement": "a change and its events in one statement, not a transaction of several round trips",
     "id_blocks": "attempt ids reserved 32 at a time, not a round trip per intent",
     "remembered_authority": "the authority read last, guarded in the write, not a read per intent and dispatch",
+    "compiled_read": "an attempt read by a statement built once per process, not a query compiled per read",
 }
 
 
