@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, Databases, Target, say, setup_django
+from bench.common import ROOT, Databases, Target, median, say, setup_django
 
 BENCHMARKS = ("recording", "fastpaths", "queue", "reconciler", "export", "notify")
 #: Run only when named (--only): the growth benchmark loads 50 million events (an hour here).
@@ -83,7 +83,7 @@ def machine_speed(benchmarks: dict[str, Any], cores: int) -> list[str]:
         lines.append(f"COPY of the events to CSV: {copy['rows_per_s']:,.0f} rows/s")
     without = benchmarks.get("notify", {}).get("ms_without")
     if without:
-        lines.append(f"a tool call in process without notification rules: {sorted(without)[len(without) // 2]:.2f} ms")
+        lines.append(f"a tool call in process without notification rules: {median(without):.2f} ms")
     return lines
 
 

@@ -420,8 +420,9 @@ def run(ctx: Any) -> dict[str, Any]:
     ]
     two_vs_three = result["two_commits_vs_floor_p50"]
     result["notes"].append(
-        "the '/ floor' columns state each peer against the minimal peer on its own path (the 2-commit rows"
-        f" against '{FLOOR_TWO}')"
+        "the '/ floor' columns state the ledger over HTTP against the HTTP floor and every other peer (the HTTP"
+        " floor too: what HTTP itself costs) against the minimal peer, each on its own path (the 2-commit rows"
+        f" against '{HTTP_FLOOR_TWO}' and '{FLOOR_TWO}')"
         + (
             f"; the 2-commit path's p50 at 1 agent is {two_vs_three:.2f}x the 3-commit minimal peer's"
             if math.isfinite(two_vs_three)
