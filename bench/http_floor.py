@@ -33,16 +33,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http
 import json
 import os
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bench.peers import TOOL, TOOL_CLAIMED, MinimalPeer
+from ledgerdash_client.errorcodes import BY_CODE
 
 #: As ledgerdash.ledger.tokens and TokenScope.WRITE say (the floor imports nothing of Django).
 TOKEN_PREFIX = "ldk_"  # noqa: S105 - the public marker every token starts with
@@ -50,8 +52,11 @@ WRITE = "attempts:write"
 #: What a worker keeps: checked tokens for this long (the ledger's default), at most this many attempts.
 TOKEN_SECONDS = float(os.environ.get("LEDGER_TOKEN_CACHE_SECONDS", "5"))
 COPIES_MAX = 100_000
+#: As the ledger: a body over this is refused; a token's last use is written at most once a minute.
+MAX_BODY = int(os.environ.get("LEDGER_API_MAX_BODY_BYTES", str(512 * 1024)))
+TOUCH_EVERY = timedelta(minutes=1)
 
-_PATH = re.compile(r"^/api/v1/attempts(?:/(\d+)/(dispatch|outcome))?/?$")
+_PATH = re.compile(r"^/api/v1/attempts(?:/(\d{1,18})/(dispatch|outcome))?/?$")
 _local = threading.local()
 _tokens: dict[str, tuple[float, dict[str, Any]]] = {}
 _copies: dict[int, dict[str, Any]] = {}
@@ -60,9 +65,13 @@ StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
 class Refused(Exception):
-    def __init__(self, status: str, code: str, message: str) -> None:
+    """An error answer with one of the ledger's codes, at the status the ledger answers it with."""
+
+    def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
-        self.status, self.code = status, code
+        self.code = code
+        status = BY_CODE[code].status
+        self.status = f"{status} {http.HTTPStatus(status).phrase}"
 
 
 def _peer() -> MinimalPeer:
@@ -83,33 +92,47 @@ def _peer() -> MinimalPeer:
 
 
 def _authenticate(conn: Any, header: str) -> dict[str, Any]:
-    """The token's tenant and prefix, as the ledger checks a bearer token."""
+    """The token's id, tenant and prefix, as the ledger checks a bearer token."""
     scheme, _, raw = header.partition(" ")
     raw = raw.strip()
-    if scheme.lower() != "bearer" or not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
-        raise Refused("401 Unauthorized", "invalid_token", "no valid bearer token")
+    if scheme.lower() != "bearer" or not raw:
+        raise Refused("missing_token", "no bearer token was sent")
+    if not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
+        raise Refused("invalid_token", "no valid bearer token")
     digest = hashlib.sha256(raw.encode()).hexdigest()
     kept = _tokens.get(digest)
     now = datetime.now(UTC)
     if kept is None or time.monotonic() - kept[0] >= TOKEN_SECONDS:
         prefix = raw[len(TOKEN_PREFIX) :].partition("_")[0]
         row = conn.execute(
-            "SELECT k.tenant_id, k.secret_hash, k.scopes, k.revoked_at, k.expires_at, t.is_active, k.id"
-            " FROM ledger_apitoken k JOIN ledger_tenant t ON t.id = k.tenant_id WHERE k.prefix = %s",
+            "SELECT k.tenant_id, k.secret_hash, k.scopes, k.revoked_at, k.expires_at, t.is_active, k.id,"
+            " k.last_used_at FROM ledger_apitoken k JOIN ledger_tenant t ON t.id = k.tenant_id WHERE k.prefix = %s",
             [prefix],
         ).fetchone()
         if row is None or not hmac.compare_digest(row[1], digest):
-            raise Refused("401 Unauthorized", "invalid_token", "no valid bearer token")
-        tenant_id, _, scopes, revoked_at, expires_at, active, token_id = row
-        if revoked_at is not None or not active or WRITE not in scopes.split():
-            raise Refused("403 Forbidden", "forbidden", f"token {prefix} may not write")
-        kept = (time.monotonic(), {"id": token_id, "tenant": tenant_id, "prefix": prefix, "expires_at": expires_at})
+            raise Refused("invalid_token", "no valid bearer token")
+        tenant_id, _, scopes, revoked_at, expires_at, active, token_id, last_used_at = row
+        if revoked_at is not None:
+            raise Refused("token_revoked", f"token {prefix} was revoked")
+        if WRITE not in scopes.split():
+            raise Refused("insufficient_scope", f"token {prefix} lacks {WRITE}")
+        if not active:
+            raise Refused("tenant_inactive", "the tenant is not active")
+        token = {"id": token_id, "tenant": tenant_id, "prefix": prefix, "expires_at": expires_at, "used": last_used_at}
+        kept = (time.monotonic(), token)
         if len(_tokens) >= 1024:
             _tokens.clear()
         _tokens[digest] = kept
     token = kept[1]
     if token["expires_at"] is not None and token["expires_at"] <= now:
-        raise Refused("401 Unauthorized", "token_expired", f"token {token['prefix']} expired")
+        raise Refused("token_expired", f"token {token['prefix']} expired")
+    if token["used"] is None or token["used"] <= now - TOUCH_EVERY:
+        conn.execute(
+            "UPDATE ledger_apitoken SET last_used_at = %s WHERE id = %s"
+            " AND (last_used_at IS NULL OR last_used_at <= %s)",
+            [now, token["id"], now - TOUCH_EVERY],
+        )
+        token["used"] = now
     return token
 
 
@@ -124,7 +147,7 @@ def _attempt(peer: MinimalPeer, attempt_id: int, tenant_id: int) -> dict[str, An
         [attempt_id, tenant_id],
     ).fetchone()
     if row is None:
-        raise Refused("404 Not Found", "not_found", f"no attempt {attempt_id}")
+        raise Refused("attempt_not_found", f"no attempt {attempt_id}")
     version, key, tool, task, args_hash = row
     return {
         "id": attempt_id, "tenant_id": tenant_id, "policy_version": version, "key": key, "tool": tool,
@@ -151,12 +174,25 @@ def _shown(attempt: dict[str, Any], state: str, fence: int, request_id: str = ""
     }
 
 
+def _refused_intent(peer: MinimalPeer, tenant_id: int, key: str) -> Refused:
+    """Why an intent's statement wrote nothing (asked only then): the key is
+    recorded already (the floor does not answer a repeat with its attempt, as
+    the ledger does), or the tenant's authority does not allow the tool."""
+    found = peer.conn.execute(
+        "SELECT FROM ledger_attempt WHERE tenant_id = %s AND idempotency_key = %s AND parent_id IS NULL",
+        [tenant_id, key],
+    ).fetchone()
+    if found is not None:
+        return Refused("idempotency_key_reused", f"the key {key!r} is recorded already")
+    return Refused("tool_not_allowed", "the tenant's policy does not allow the tool with these scopes")
+
+
 def _handle(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[str, dict[str, Any]]:
     if method == "GET" and path == "/healthz":
         return "200 OK", {"status": "ok"}
     matched = _PATH.match(path)
     if matched is None or method != "POST":
-        raise Refused("404 Not Found", "not_found", f"{method} {path}")
+        raise Refused("not_found", f"{method} {path}")
     peer = _peer()
     token = _authenticate(peer.conn, headers.get("authorization", ""))
     label = "".join(c for c in headers.get("ledgerdash-agent", "") if c.isprintable()).strip()[:100]
@@ -164,23 +200,27 @@ def _handle(method: str, path: str, headers: dict[str, str], body: bytes) -> tup
     try:
         data = json.loads(body or b"{}")
     except ValueError:
-        raise Refused("400 Bad Request", "invalid_json", "the body is not JSON") from None
+        raise Refused("malformed_json", "the body is not JSON") from None
     if not isinstance(data, dict):
-        raise Refused("400 Bad Request", "invalid_json", "the body is not a JSON object")
+        raise Refused("malformed_json", "the body is not a JSON object")
     attempt_id, step = matched[1], matched[2]
     try:
         if attempt_id is None:
             claim = data.get("claim") is True
             if data["tool_name"] != (TOOL_CLAIMED if claim else TOOL):
-                raise Refused("400 Bad Request", "unknown_tool", "the floor records the benchmark's tool only")
-            attempt = peer.record_intent(
-                tenant_id=token["tenant"],
-                task_id=str(data["task_id"]),
-                key=str(data["idempotency_key"]),
-                args=data["args"],
-                claim=claim,
-                api_token=token["id"],
-            )
+                raise Refused("tool_not_allowed", "the floor records the benchmark's tool only")
+            key = str(data["idempotency_key"])
+            try:
+                attempt = peer.record_intent(
+                    tenant_id=token["tenant"],
+                    task_id=str(data["task_id"]),
+                    key=key,
+                    args=data["args"],
+                    claim=claim,
+                    api_token=token["id"],
+                )
+            except RuntimeError:
+                raise _refused_intent(peer, token["tenant"], key) from None
             if len(_copies) >= COPIES_MAX:
                 _copies.clear()
             _copies[attempt["id"]] = attempt
@@ -188,32 +228,60 @@ def _handle(method: str, path: str, headers: dict[str, str], body: bytes) -> tup
         attempt = _attempt(peer, int(attempt_id), token["tenant"])
         if step == "dispatch":
             if data.get("fence", 0) != 0:
-                raise Refused("409 Conflict", "stale_fence", "the dispatch is claimed at fence 0")
-            peer.dispatch(attempt)
+                raise Refused("stale_fence", "the dispatch is claimed at fence 0")
+            try:
+                peer.dispatch(attempt)
+            except RuntimeError as exc:  # lost the claim, or the authority changed: nothing was written
+                raise Refused("claim_lost", str(exc)) from None
             return "200 OK", _shown(attempt, "DISPATCHED", 1)
         if data.get("outcome") != "confirmed" or data.get("fence") != 1:
-            raise Refused("409 Conflict", "stale_fence", "the floor confirms a dispatch at fence 1 only")
+            raise Refused("stale_fence", "the floor confirms a dispatch at fence 1 only")
         request_id = str(data.get("provider_request_id") or "")
-        peer.confirm(attempt, request_id=request_id)
+        if not request_id:
+            raise Refused("missing_evidence", "confirmed without a provider request id")
+        if data.get("result_ref") or data.get("result") is not None:
+            raise Refused("invalid_field", "the floor records a confirmation's provider request id only")
+        try:
+            peer.confirm(attempt, request_id=request_id)
+        except RuntimeError as exc:
+            raise Refused("stale_fence", str(exc)) from None
         _copies.pop(attempt["id"], None)
         return "200 OK", _shown(attempt, "OUTCOME_CONFIRMED", 2, request_id)
     except KeyError as exc:
-        raise Refused("400 Bad Request", "invalid_args", f"missing {exc}") from None
-    except RuntimeError as exc:  # the statement wrote nothing: lost the claim, stale authority, repeated key
-        raise Refused("409 Conflict", "conflict", str(exc)) from None
+        raise Refused("validation_error", f"missing {exc}") from None
+
+
+def _answer(environ: dict[str, Any]) -> tuple[str, dict[str, Any], list[tuple[str, str]]]:
+    import psycopg
+
+    try:
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            raise Refused("invalid_content_length", "Content-Length is not a number") from None
+        if length > MAX_BODY:
+            raise Refused("body_too_large", f"the body is over {MAX_BODY} bytes")
+        body = environ["wsgi.input"].read(length) if length > 0 else b""
+        headers = {
+            "authorization": environ.get("HTTP_AUTHORIZATION", ""),
+            "ledgerdash-agent": environ.get("HTTP_LEDGERDASH_AGENT", ""),
+        }
+        status, answer = _handle(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), headers, body)
+        return status, answer, []
+    except Refused as exc:
+        extra = [("WWW-Authenticate", 'Bearer realm="ledgerdash"')] if exc.status.startswith("401") else []
+        return exc.status, {"code": exc.code, "message": str(exc)}, extra
+    except psycopg.OperationalError as exc:  # the database is away: this thread connects afresh next time
+        peer = getattr(_local, "peer", None)
+        if peer is not None:
+            peer.conn.close()
+        refused = Refused("ledger_unavailable", str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+        return refused.status, {"code": refused.code, "message": str(refused)}, [("Retry-After", "1")]
 
 
 def application(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-    length = int(environ.get("CONTENT_LENGTH") or 0)
-    body = environ["wsgi.input"].read(length) if length else b""
-    headers = {
-        "authorization": environ.get("HTTP_AUTHORIZATION", ""),
-        "ledgerdash-agent": environ.get("HTTP_LEDGERDASH_AGENT", ""),
-    }
-    try:
-        status, answer = _handle(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), headers, body)
-    except Refused as exc:
-        status, answer = exc.status, {"code": exc.code, "message": str(exc)}
+    status, answer, headers = _answer(environ)
     payload = json.dumps(answer).encode()
-    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))])
+    headers += [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
+    start_response(status, headers)
     return [payload]

@@ -186,13 +186,15 @@ def http_floor_two_commit_agent(cfg: dict[str, Any], index: int) -> Agent:
 # before the dispatch is claimed, and the head stays locked only while the
 # server executes and commits, never across a round trip.
 
-#: The tenant is active and its current policy (checked to be the version
-#: the agent recorded under) allows the tool with these scopes.
+#: The tenant is active and keeps one chain, and its current policy (checked
+#: to be the version the agent recorded under) allows the tool with these
+#: scopes without anyone's approval (the floor does not judge approval
+#: conditions: it refuses a tool that has one, where the ledger would ask).
 _AUTHORITY = """
     SELECT FROM ledger_tenant t JOIN ledger_policy p ON p.tenant_id = t.id
-    WHERE t.id = %(tenant)s AND t.is_active AND p.version = %(version)s
+    WHERE t.id = %(tenant)s AND t.is_active AND t.chain_stripes = 1 AND p.version = %(version)s
       AND p.version = (SELECT max(version) FROM ledger_policy WHERE tenant_id = t.id)
-      AND (p.tools -> %(tool)s) @> %(scopes)s::jsonb
+      AND (p.tools -> %(tool)s) @> %(scopes)s::jsonb AND NOT p.approvals ? %(tool)s
 """
 
 

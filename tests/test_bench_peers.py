@@ -334,6 +334,8 @@ def test_the_http_floor_writes_what_the_ingest_api_writes(http_floor: None, clai
 
 
 def test_the_http_floor_checks_the_token_and_the_tenant_and_writes_nothing_it_refuses(http_floor: None) -> None:
+    from bench import http_floor as floor
+    from ledgerdash.ledger.models import ApiToken
     from ledgerdash.ledger.tokens import token_revoke
     from tests.api_support import READ, issue_token
 
@@ -342,27 +344,50 @@ def test_the_http_floor_checks_the_token_and_the_tenant_and_writes_nothing_it_re
     body = {"task_id": "t", "tool_name": TOOL, "idempotency_key": "k", "args": tool_args(1)}
     before = AttemptEvent.objects.count()
     forged = token[:-4] + ("0000" if not token.endswith("0000") else "1111")
-    assert _floor_request("POST", "/api/v1/attempts", body, token=forged)[0].startswith("401")
-    assert _floor_request("POST", "/api/v1/attempts", body, token=issue_token(mine, READ))[0].startswith("403")
+    assert _floor_request("POST", "/api/v1/attempts", body, token=forged)[1]["code"] == "invalid_token"
+    status, answer = _floor_request("POST", "/api/v1/attempts", body, token=issue_token(mine, READ))
+    assert (status[:3], answer["code"]) == ("403", "insufficient_scope")
     assert AttemptEvent.objects.count() == before + 1  # the read-only token's own creation
 
     status, attempt = _floor_request("POST", "/api/v1/attempts", body, token=token)
     assert status.startswith("201")
+    # The token's last use is written, as the ledger writes it (at most once a minute).
+    assert ApiToken.objects.get(prefix=token[4:].partition("_")[0]).last_used_at is not None
     # Another tenant's token finds no such attempt (not even in the worker's copy).
-    status, _ = _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/dispatch", {"fence": 0}, token=other)
-    assert status.startswith("404")
+    status, answer = _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/dispatch", {"fence": 0}, token=other)
+    assert (status[:3], answer["code"]) == ("404", "attempt_not_found")
     assert Attempt.objects.get(pk=attempt["id"]).state == State.INTENT_RECORDED
     # A repeated key and a stale fence write nothing.
-    assert _floor_request("POST", "/api/v1/attempts", body, token=token)[0].startswith("409")
-    status, _ = _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/dispatch", {"fence": 3}, token=token)
-    assert status.startswith("409")
+    assert _floor_request("POST", "/api/v1/attempts", body, token=token)[1]["code"] == "idempotency_key_reused"
+    status, answer = _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/dispatch", {"fence": 3}, token=other)
+    assert status.startswith("404")
+    status, answer = _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/dispatch", {"fence": 3}, token=token)
+    assert (status[:3], answer["code"]) == ("409", "stale_fence")
+    # A confirmation needs its receipt.
+    assert (
+        _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/dispatch", {"fence": 0}, token=token)[0][:3] == "200"
+    )
+    confirm = {"outcome": "confirmed", "fence": 1, "provider_request_id": ""}
+    status, answer = _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/outcome", confirm, token=token)
+    assert (status[:3], answer["code"]) == ("422", "missing_evidence")
+    assert Attempt.objects.get(pk=attempt["id"]).state == State.DISPATCHED
+
     # A revoked token is refused once the worker's check of it is older than the ledger's cache allows.
-    from ledgerdash.ledger.models import ApiToken
-
     token_revoke(token=ApiToken.objects.get(prefix=token[4:].partition("_")[0]), actor=Actor.system("test"))
-    from bench import http_floor as floor
-
     floor._tokens.clear()  # as if LEDGER_TOKEN_CACHE_SECONDS had passed
-    status, _ = _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/dispatch", {"fence": 0}, token=token)
-    assert status.startswith("403")
-    assert Attempt.objects.get(pk=attempt["id"]).state == State.INTENT_RECORDED
+    confirm["provider_request_id"] = "req-1"
+    status, answer = _floor_request("POST", f"/api/v1/attempts/{attempt['id']}/outcome", confirm, token=token)
+    assert (status[:3], answer["code"]) == ("401", "token_revoked")
+    assert Attempt.objects.get(pk=attempt["id"]).state == State.DISPATCHED
+
+
+def test_the_http_floor_refuses_a_tool_that_needs_an_approval(http_floor: None) -> None:
+    """The floor does not judge approval conditions: where the ledger would ask a person, it writes nothing."""
+    from tests.api_support import issue_token
+
+    tenant = Tenant.objects.create(slug="http-floor-approvals", name="approvals")
+    policy_publish(tenant=tenant, tools={TOOL: SCOPES}, approvals={TOOL: ""}, actor=Actor.system("test"))
+    body = {"task_id": "t", "tool_name": TOOL, "idempotency_key": "k", "args": tool_args(1)}
+    status, answer = _floor_request("POST", "/api/v1/attempts", body, token=issue_token(tenant))
+    assert (status[:3], answer["code"]) == ("403", "tool_not_allowed")
+    assert not Attempt.objects.filter(tenant=tenant).exists()
