@@ -53,7 +53,8 @@ def _read_plan(vendor: str, of_tenant: bool) -> tuple[str, tuple[int, ...]]:
     quote = connection.ops.quote_name
     fields = Attempt._meta.concrete_fields
     columns = ", ".join(quote(f.column) for f in fields)
-    where = f"{quote('id')} = %s" + (f" AND {quote('tenant_id')} = %s" if of_tenant else "")
+    tenant = Attempt._meta.get_field("tenant").column
+    where = f"{quote(Attempt._meta.pk.column)} = %s" + (f" AND {quote(tenant)} = %s" if of_tenant else "")
     sql = f"SELECT {columns} FROM {quote(Attempt._meta.db_table)} WHERE {where}"  # noqa: S608
     table = Attempt._meta.db_table
     return sql, tuple(i for i, f in enumerate(fields) if _converters(f.get_col(table), connection))
