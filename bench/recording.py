@@ -480,6 +480,20 @@ def no_op_requests(base_url: str, count: int) -> list[float]:
     return took
 
 
+def _http_target(get: Callable[[str, str, str], float], path: str, label: str) -> tuple[Target, tuple[str, str]]:
+    """The HTTP path (``path``: "" or " 2-commit") against the HTTP floor, and
+    the two peers it states: its p50 at 1 agent, or at ``label`` "8" the
+    floor's calls/s over the ledger's in one tenant; 1.3x at most either way."""
+    ours, floor = f"ledgerdash HTTP{path}", f"{HTTP_FLOOR}{path}"
+    if label == "1":
+        name, value = "p50 at 1 agent vs the HTTP floor", ratio(get(ours, "1", "p50_ms"), get(floor, "1", "p50_ms"))
+    else:
+        name = f"the HTTP floor's calls/s at {label} agents (one tenant) over the ledger's"
+        value = ratio(get(floor, label, "calls_per_s"), get(ours, label, "calls_per_s"))
+    target = Target("recording", f"HTTP{path}: {name}", value, 1.3, "<=", "x", detail=_http_detail(get, path, label))
+    return target, (ours, floor)
+
+
 def _http_detail(get: Callable[[str, str, str], float], path: str, label: str) -> str:
     """Where the HTTP path's time goes at ``label`` agents: the floor over the
     in-process floor (what HTTP itself costs), the ledger over HTTP against in process."""
@@ -617,39 +631,7 @@ def _summarize(
             ),
             ("ledgerdash", "DBOS"),
         ),
-        *(
-            (
-                Target(
-                    "recording",
-                    f"HTTP{path}: p50 at 1 agent vs the HTTP floor",
-                    ratio(get(f"ledgerdash HTTP{path}", "1", "p50_ms"), get(f"{HTTP_FLOOR}{path}", "1", "p50_ms")),
-                    1.3,
-                    "<=",
-                    "x",
-                    detail=_http_detail(get, path, "1"),
-                ),
-                (f"ledgerdash HTTP{path}", f"{HTTP_FLOOR}{path}"),
-            )
-            for path in ("", " 2-commit")
-        ),
-        *(
-            (
-                Target(
-                    "recording",
-                    f"HTTP{path}: the HTTP floor's calls/s at 8 agents (one tenant) over the ledger's",
-                    ratio(
-                        get(f"{HTTP_FLOOR}{path}", "8", "calls_per_s"),
-                        get(f"ledgerdash HTTP{path}", "8", "calls_per_s"),
-                    ),
-                    1.3,
-                    "<=",
-                    "x",
-                    detail=_http_detail(get, path, "8"),
-                ),
-                (f"ledgerdash HTTP{path}", f"{HTTP_FLOOR}{path}"),
-            )
-            for path in ("", " 2-commit")
-        ),
+        *(_http_target(get, path, label) for label in ("1", "8") for path in ("", " 2-commit")),
         (
             Target(
                 "recording",
