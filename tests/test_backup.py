@@ -200,17 +200,26 @@ def test_postgres_backup_wipe_restore_verify(
     assert manage("restore_ledger", "--replace", str(backup), url=target).returncode == 0
 
 
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_a_restore_that_fails_halfway_leaves_the_database_as_it_was(
+def _backed_up_and_restored(
     tenant_a: Tenant, tenant_b: Tenant, tmp_path: Path, scratch_databases: Any
-) -> None:
+) -> tuple[Path, str, int]:
+    """Two tenants' ledger backed up and restored into a scratch database:
+    the backup, the database's URL, and how many events it holds."""
     fill(tenant_a, tenant_b)
     events = AttemptEvent.objects.count()
     backup = tmp_path / "ledger.dump"
     call_command("backup_ledger", "--out", str(backup))
     target = scratch_databases()
     assert manage("restore_ledger", str(backup), url=target).returncode == 0
+    return backup, str(target), events
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_restore_that_fails_halfway_leaves_the_database_as_it_was(
+    tenant_a: Tenant, tenant_b: Tenant, tmp_path: Path, scratch_databases: Any
+) -> None:
+    backup, target, events = _backed_up_and_restored(tenant_a, tenant_b, tmp_path, scratch_databases)
     with psycopg.connect(target) as restored:  # what the backup does not hold, to tell a partial restore
         restored.execute("UPDATE ledger_tenant SET name = 'kept' WHERE slug = %s", [tenant_a.slug])
     # Cut short after the statements that drop the tables: pg_restore fails while reading the data.
@@ -232,12 +241,7 @@ def test_a_restore_that_fails_halfway_leaves_the_database_as_it_was(
 def test_a_restore_whose_statement_fails_says_why_and_changes_nothing(
     tenant_a: Tenant, tenant_b: Tenant, tmp_path: Path, scratch_databases: Any
 ) -> None:
-    fill(tenant_a, tenant_b)
-    events = AttemptEvent.objects.count()
-    backup = tmp_path / "ledger.dump"
-    call_command("backup_ledger", "--out", str(backup))
-    target = scratch_databases()
-    assert manage("restore_ledger", str(backup), url=target).returncode == 0
+    backup, target, events = _backed_up_and_restored(tenant_a, tenant_b, tmp_path, scratch_databases)
     with psycopg.connect(target) as restored:
         # A table the backup knows nothing of, whose key on the tenants stops their clean-up.
         restored.execute("CREATE TABLE blocks_the_drop (tenant_id bigint REFERENCES ledger_tenant (id))")
