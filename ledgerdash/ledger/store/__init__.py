@@ -70,11 +70,13 @@ def one_statement() -> bool:
 
 
 def read_attempt(attempt_id: int, tenant_id: int | None) -> Attempt | None:
-    """The attempt (of ``tenant_id``, when given), unlocked; None when there is none."""
+    """The attempt (of ``tenant_id``, when given), unlocked; None when there is none.
+
+    Read by its id alone, the tenant compared after (why: :mod:`.reads`)."""
     if enabled("compiled_read"):
         return reads.read_attempt(attempt_id, tenant_id)
-    found = Attempt.objects.filter(pk=attempt_id)
-    return (found.filter(tenant_id=tenant_id) if tenant_id is not None else found).first()
+    found = Attempt.objects.filter(pk=attempt_id).first()
+    return None if found is None or (tenant_id is not None and found.tenant_id != tenant_id) else found
 
 
 # --- writes ----------------------------------------------------------------------------------------

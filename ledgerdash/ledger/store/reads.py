@@ -3,7 +3,14 @@ made an instance straight from its row: the ORM compiles a query of the
 model's columns anew on every call, and a raw query set resolves them
 against the row's description on every call, each costing more than the
 read itself, once in every API request about an attempt (the dispatch and
-the outcome read the attempt they act on)."""
+the outcome read the attempt they act on).
+
+The statement names the id alone; the tenant is compared once the row is
+read. With the tenant in the WHERE clause too, the planner may take the
+index that leads with the tenant over the primary key whenever its
+statistics say a tenant has few attempts (a table not analyzed since it
+grew, a tenant that just began): the read then walks the tenant's entries,
+0.3 to 0.5 ms where the primary key answers in 0.01."""
 
 from __future__ import annotations
 
@@ -22,11 +29,11 @@ def read_attempt(attempt_id: int, tenant_id: int | None) -> Attempt | None:
 
 def _read(attempt_id: int, tenant_id: int | None) -> Attempt | None:
     connection = transaction.get_connection()
-    sql, converted = _read_plan(connection.vendor, tenant_id is not None)
+    sql, converted = _read_plan(connection.vendor)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [attempt_id] if tenant_id is None else [attempt_id, tenant_id])
+        cursor.execute(sql, [attempt_id])
         row = cursor.fetchone()
-    if row is None:
+    if row is None or (tenant_id is not None and row[_TENANT] != tenant_id):
         return None
     values = list(row)
     fields = Attempt._meta.concrete_fields
@@ -38,6 +45,7 @@ def _read(attempt_id: int, tenant_id: int | None) -> Attempt | None:
 
 
 _ATTNAMES = tuple(f.attname for f in Attempt._meta.concrete_fields)
+_TENANT = _ATTNAMES.index("tenant_id")
 
 
 def _converters(column: Any, connection: Any) -> list[Any]:
@@ -46,15 +54,13 @@ def _converters(column: Any, connection: Any) -> list[Any]:
 
 
 @functools.cache
-def _read_plan(vendor: str, of_tenant: bool) -> tuple[str, tuple[int, ...]]:
+def _read_plan(vendor: str) -> tuple[str, tuple[int, ...]]:
     """The statement :func:`read_attempt` reads with (columns and table from
     the model), and which of its columns have converters on this backend."""
     connection = transaction.get_connection()
     quote = connection.ops.quote_name
     fields = Attempt._meta.concrete_fields
     columns = ", ".join(quote(f.column) for f in fields)
-    tenant = Attempt._meta.get_field("tenant").column
-    where = f"{quote(Attempt._meta.pk.column)} = %s" + (f" AND {quote(tenant)} = %s" if of_tenant else "")
-    sql = f"SELECT {columns} FROM {quote(Attempt._meta.db_table)} WHERE {where}"  # noqa: S608
+    sql = f"SELECT {columns} FROM {quote(Attempt._meta.db_table)} WHERE {quote(Attempt._meta.pk.column)} = %s"  # noqa: S608
     table = Attempt._meta.db_table
     return sql, tuple(i for i, f in enumerate(fields) if _converters(f.get_col(table), connection))
