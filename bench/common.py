@@ -154,6 +154,19 @@ class Databases:
                 facts[setting] = str(row[0]) if row else "?"
             return facts
 
+    def analyze(self) -> None:
+        """ANALYZE each of this run's databases that exists now: statistics as
+        autovacuum keeps them in a running deployment. Tables that grew since
+        their last analysis (a run writes thousands of rows a minute, faster
+        than autovacuum looks) can lead the planner to an index that walks a
+        tenant's rows where the primary key answers: every peer runs with the
+        statistics a deployment would have, not with what a young table left."""
+        for name in self.created:
+            if name == self.template:
+                continue
+            with psycopg.connect(self.url_of(name), autocommit=True) as conn:
+                conn.execute("ANALYZE")
+
     def connections(self) -> int:
         """Connections the server holds to this run's databases now."""
         with self.admin() as conn:

@@ -103,6 +103,7 @@ def run(ctx: Any) -> dict[str, Any]:
                 pools[setting, path] = pool
         for round_no in range(rounds):
             order = SETTINGS[round_no % len(SETTINGS) :] + SETTINGS[: round_no % len(SETTINGS)]
+            ctx.dbs.analyze()
             for setting in order:
                 for path in ("in process", "HTTP"):
                     pool = pools[setting, path]

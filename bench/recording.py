@@ -388,6 +388,7 @@ def run(ctx: Any) -> dict[str, Any]:
                 pool = pools[peer] = pools[peer] if peer not in STARTED_PER_TURN else started(peer)
                 if pool.error:
                     continue
+                ctx.dbs.analyze()
                 pool.warm(rewarm)
                 for label, agents, spread in LEVELS:
                     if label in RUNS_AT[peer]:
