@@ -327,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         floor = minimal_agent(cfg, 0)
         for i in range(50):
             floor.call(i, False)
+        dbs.analyze()  # the statistics a running deployment keeps (bench/common.py)
         say("\none agent's calls beside the minimal peer's, alternating:")
         compare_with_floor(call, floor.call)
         floor.release()
