@@ -155,12 +155,14 @@ class Databases:
             return facts
 
     def analyze(self) -> None:
-        """ANALYZE each of this run's databases that exists now: statistics as
-        autovacuum keeps them in a running deployment. Tables that grew since
-        their last analysis (a run writes thousands of rows a minute, faster
-        than autovacuum looks) can lead the planner to an index that walks a
-        tenant's rows where the primary key answers: every peer runs with the
-        statistics a deployment would have, not with what a young table left."""
+        """ANALYZE each database this run created but its template (a
+        connection to the template would hold up the next ``CREATE DATABASE …
+        TEMPLATE``): statistics as autovacuum keeps them in a running
+        deployment. Tables that grew since their last analysis (a run writes
+        thousands of rows a minute, faster than autovacuum looks) can lead the
+        planner to an index that walks a tenant's rows where the primary key
+        answers: every peer runs with the statistics a deployment would have,
+        not with what a young table left."""
         for name in self.created:
             if name == self.template:
                 continue

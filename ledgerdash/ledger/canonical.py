@@ -6,14 +6,16 @@ round-trip form. JCS is a published standard, so an agent written in any
 language (or a provider) can compute the same hash from the same arguments.
 
 Two encoders make the same bytes. Most values the ledger hashes (every
-event's content, nearly all arguments) hold no fractions: for those the
-standard library's C encoder, with sorted keys, no whitespace and UTF-8
-left unescaped, writes exactly RFC 8785, at about a third of the cost of
-the ``rfc8785`` package's pure-Python walk (four hashes a tool call).
-Everything else (a fraction, whose shortest form ECMAScript writes
+event's content, nearly all arguments: four hashes a tool call) hold no
+fractions: for those the standard library's C encoder, with sorted keys,
+no whitespace and UTF-8 left unescaped, writes exactly RFC 8785, in half
+the time the ``rfc8785`` package's pure-Python walk takes (70 against 142
+us a tool call, measured in the calls of ``python -m bench.profile``).
+Everything else (a fraction, whose shortest form ECMAScript may write
 differently from Python; integers beyond 2**53 - 1, which JCS refuses;
 keys beyond the Basic Multilingual Plane, which JCS orders by UTF-16 code
-units; any other type) goes to the ``rfc8785`` package.
+units; subclasses of containers; any other type) goes to the ``rfc8785``
+package.
 ``tests/test_canonical.py`` holds the two equal on generated values.
 """
 
@@ -51,20 +53,24 @@ def _plain(value: Any) -> Any:
     """``value`` as the standard library's encoder writes it exactly as RFC 8785
     does (itself, or a copy with integral floats made integers), or ``_NOT_PLAIN``.
 
-    Subclasses count as their base (a ``StrEnum`` is its text, an ``IntEnum``
-    its number): both encoders write the value's own data. JCS writes an
-    integral float as an integer (``60.0`` as ``60``); up to 2**53 that
-    integer is the float's exact value, which ``int()`` gives."""
-    if value is None or isinstance(value, (str, bool)):
+    JCS writes an integral float as an integer (``60.0`` as ``60``); up to
+    2**53 that integer is the float's exact value, which ``int()`` gives. A
+    subclass of ``str`` (a ``StrEnum``) is written as its text by both; one
+    of ``int`` or ``float`` as what ``int()`` or ``float()`` make of it, as
+    the ``rfc8785`` package writes it. A subclass of ``dict``, ``list`` or a
+    key's ``str`` may read its items its own way (Django's ``QueryDict``
+    does): those go to the package, which copies them as plain ones."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
         return value
-    if isinstance(value, int):
+    if kind is int:
         return value if -_SAFE_INT <= value <= _SAFE_INT else _NOT_PLAIN
-    if isinstance(value, float):
+    if kind is float:
         return int(value) if value.is_integer() and -_SAFE_INT <= value <= _SAFE_INT else _NOT_PLAIN
-    if isinstance(value, dict):
+    if kind is dict:
         copy = None
         for key, item in value.items():
-            if not isinstance(key, str) or not (key.isascii() or max(key) < _BEYOND_BMP):
+            if type(key) is not str or not (key.isascii() or max(key) < _BEYOND_BMP):
                 return _NOT_PLAIN
             plain = _plain(item)
             if plain is not item:
@@ -74,11 +80,17 @@ def _plain(value: Any) -> Any:
                     copy = dict(value)
                 copy[key] = plain
         return value if copy is None else copy
-    if isinstance(value, (list, tuple)):
+    if kind is list or kind is tuple:
         items = [_plain(item) for item in value]
         if any(plain is _NOT_PLAIN for plain in items):
             return _NOT_PLAIN
         return value if all(map(operator.is_, items, value)) else items
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return _plain(int(value))
+    if isinstance(value, float):
+        return _plain(float(value))
     return _NOT_PLAIN
 
 
@@ -89,9 +101,11 @@ def canonical_bytes(value: Any) -> bytes:
         try:
             return _stdlib_encode(plain).encode()
         except UnicodeEncodeError:
-            pass  # a lone surrogate: refused below, as the rfc8785 package refuses it
+            pass  # a lone surrogate: refused below
     try:
         return rfc8785.dumps(value)
+    except UnicodeEncodeError:  # a lone surrogate in a key (the package sorts keys by their UTF-16)
+        raise InvalidArgs(f"{InvalidArgs.NOT_JSON}: {InvalidArgs.NOT_UNICODE}") from None
     except rfc8785.FloatDomainError:
         raise InvalidArgs(InvalidArgs.NOT_FINITE) from None
     except rfc8785.IntegerDomainError:

@@ -58,6 +58,7 @@ class InvalidArgs(InvalidInput):
     INT_RANGE = "tool arguments contain an integer outside ±2**53, which JSON cannot carry exactly"
     TOO_DEEP = "tool arguments are nested deeper than {max_depth} levels"
     NUL = "tool arguments contain a NUL character (U+0000), which the ledger does not store"
+    NOT_UNICODE = "text that is not Unicode (a lone surrogate)"
     TOO_LARGE = "tool arguments are {size} bytes as canonical JSON; the limit is {limit}"
 
 

@@ -9,8 +9,10 @@ The statement names the id alone; the tenant is compared once the row is
 read. With the tenant in the WHERE clause too, the planner may take the
 index that leads with the tenant over the primary key whenever its
 statistics say a tenant has few attempts (a table not analyzed since it
-grew, a tenant that just began): the read then walks the tenant's entries,
-0.3 to 0.5 ms where the primary key answers in 0.01."""
+grew, a tenant that just began): the read then walks the tenant's entries.
+Measured from the client on an attempts table autovacuum had not reached
+yet (a tenant of 2,700 attempts), 0.47 ms a read against 0.15 by the
+primary key."""
 
 from __future__ import annotations
 
