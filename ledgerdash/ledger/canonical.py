@@ -15,8 +15,8 @@ Everything else (a fraction, whose shortest form ECMAScript may write
 differently from Python; integers beyond 2**53 - 1, which JCS refuses;
 keys beyond the Basic Multilingual Plane, which JCS orders by UTF-16 code
 units; subclasses of containers; any other type) goes to the ``rfc8785``
-package.
-``tests/test_canonical.py`` holds the two equal on generated values.
+package. ``tests/test_canonical.py`` holds the two equal on generated
+values.
 """
 
 from __future__ import annotations
