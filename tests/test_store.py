@@ -133,7 +133,9 @@ def test_the_compiled_read_makes_the_attempt_the_orm_makes(of_tenant: bool, sett
     api.dispatch(created["id"])
     api.outcome(created["id"], "confirmed", 1, provider_request_id="req-1", result={"id": "ch_1", "paid": True})
     tenant_id = tenant_a.pk if of_tenant else None
-    compiled = reads.read_attempt(created["id"], tenant_id)
+    compiled = store.read_attempt(created["id"], tenant_id)
+    assert compiled is not None
+    assert compiled == reads.read_attempt(created["id"])
     settings.LEDGER_FAST_PATHS_OFF = frozenset({"compiled_read"})
     plain = store.read_attempt(created["id"], tenant_id)
     assert compiled is not None
@@ -146,9 +148,11 @@ def test_the_compiled_read_makes_the_attempt_the_orm_makes(of_tenant: bool, sett
     assert compiled._state.adding is False
     assert compiled._state.db == plain._state.db
     # Another tenant's attempt, and none at all, read as none, either way.
-    for read in (reads.read_attempt, store.read_attempt):
-        assert read(created["id"], tenant_a.pk + 10_000) is None
-        assert read(created["id"] + 10_000, tenant_id) is None
+    assert reads.read_attempt(created["id"] + 10_000) is None
+    for off in (frozenset({"compiled_read"}), frozenset()):
+        settings.LEDGER_FAST_PATHS_OFF = off
+        assert store.read_attempt(created["id"], tenant_a.pk + 10_000) is None
+        assert store.read_attempt(created["id"] + 10_000, tenant_id) is None
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "orm"])

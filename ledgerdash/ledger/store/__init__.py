@@ -74,8 +74,9 @@ def read_attempt(attempt_id: int, tenant_id: int | None) -> Attempt | None:
 
     Read by its id alone, the tenant compared after (why: :mod:`.reads`)."""
     if enabled("compiled_read"):
-        return reads.read_attempt(attempt_id, tenant_id)
-    found = Attempt.objects.filter(pk=attempt_id).first()
+        found = reads.read_attempt(attempt_id)
+    else:
+        found = Attempt.objects.filter(pk=attempt_id).first()
     return None if found is None or (tenant_id is not None and found.tenant_id != tenant_id) else found
 
 

@@ -5,7 +5,7 @@ against the row's description on every call, each costing more than the
 read itself, once in every API request about an attempt (the dispatch and
 the outcome read the attempt they act on).
 
-The statement names the id alone; the tenant is compared once the row is
+The statement names the id alone; the store compares the tenant once the row is
 read. With the tenant in the WHERE clause too, the planner may take the
 index that leads with the tenant over the primary key whenever its
 statistics say a tenant has few attempts (a table not analyzed since it
@@ -24,18 +24,15 @@ from django.db import transaction
 from ledgerdash.ledger.models import Attempt
 
 
-def read_attempt(attempt_id: int, tenant_id: int | None) -> Attempt | None:
-    """The attempt (of ``tenant_id``, when given), as a query set would make it; None when there is none."""
-    return _read(attempt_id, tenant_id)
-
-
-def _read(attempt_id: int, tenant_id: int | None) -> Attempt | None:
+def read_attempt(attempt_id: int) -> Attempt | None:
+    """The attempt, as a query set would make it; None when there is none
+    (whose tenant it is, the caller compares: :func:`ledgerdash.ledger.store.read_attempt`)."""
     connection = transaction.get_connection()
     sql, converted = _read_plan(connection.vendor)
     with connection.cursor() as cursor:
         cursor.execute(sql, [attempt_id])
         row = cursor.fetchone()
-    if row is None or (tenant_id is not None and row[_TENANT] != tenant_id):
+    if row is None:
         return None
     values = list(row)
     fields = Attempt._meta.concrete_fields
@@ -47,7 +44,6 @@ def _read(attempt_id: int, tenant_id: int | None) -> Attempt | None:
 
 
 _ATTNAMES = tuple(f.attname for f in Attempt._meta.concrete_fields)
-_TENANT = _ATTNAMES.index("tenant_id")
 
 
 def _converters(column: Any, connection: Any) -> list[Any]:
