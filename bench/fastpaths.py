@@ -28,6 +28,7 @@ TARGET_OF = {
     "id_blocks": "in process",
     "remembered_authority": "in process",
     "compiled_read": "HTTP",
+    "quiet_health_check": "HTTP",
 }
 ALL_ON = "all on"
 SETTINGS = (ALL_ON, *TARGET_OF)

@@ -174,13 +174,15 @@ def test_pages_and_the_api_answer_503_while_the_database_is_away_then_recover(ap
 def test_terminated_sessions_are_replaced_without_an_error(app: App) -> None:
     eventually_ok(app, "/queues/unknown/")
     with admin_connect() as admin:
+        # each waits until its session is gone, as a request that comes a moment later finds it
         killed = admin.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            "SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity WHERE application_name = %s",
             [app.sessions],
         ).fetchone()
     assert killed is not None
     assert killed[0] >= 1  # the worker kept its connection between requests
-    # The worker's kept connection is dead; the health check (a SELECT 1) finds it and connects afresh.
+    # The worker's kept connection is dead: the server closed its socket, which the health check sees
+    # (ledgerdash/ops/postgresql), and the request connects afresh.
     status, _, page = app.browser.get("/queues/unknown/")
     assert status == 200, page[:400]
     assert app.client.find("invoice-1") == []
