@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,8 +13,11 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.utils.cache import add_never_cache_headers
+from django.utils.http import http_date
 from django.utils.module_loading import import_string
 
+#: What ``add_never_cache_headers`` writes in a response that says nothing of caching.
+NEVER_CACHE = "max-age=0, no-cache, no-store, must-revalidate, private"
 #: Where the ingest API is served (ledgerdash/urls.py); everything under it answers JSON.
 API_ROOT = "/api/v1/"
 
@@ -26,7 +30,11 @@ class NoStoreMiddleware:
     left in a shared machine's disk cache, or in a proxy, outlives the
     session that was allowed to see it. Static files are answered by
     whitenoise before this runs and stay cacheable. A response that already
-    says how to cache it keeps ``no-store`` added to what it says.
+    says how to cache it keeps ``no-store`` added to what it says
+    (Django's ``add_never_cache_headers``, which parses and merges); one
+    that says nothing, nearly every answer, gets the two headers that
+    function would write, as they are (a tenth of the time: 30 us of an API
+    request's Python went to the merge).
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
@@ -34,7 +42,12 @@ class NoStoreMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         response = self.get_response(request)
-        add_never_cache_headers(response)  # Cache-Control: max-age=0, no-cache, no-store, must-revalidate, private
+        headers = response.headers
+        if "Cache-Control" in headers or "Expires" in headers:
+            add_never_cache_headers(response)
+        else:
+            headers["Expires"] = http_date(time.time())
+            headers["Cache-Control"] = NEVER_CACHE
         return response
 
 

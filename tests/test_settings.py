@@ -161,6 +161,25 @@ def test_pages_answers_and_exports_are_never_stored_by_caches(client: Any, opera
     assert "no-store" not in static.get("Cache-Control", "")
 
 
+@pytest.mark.parametrize("said", [{}, {"Cache-Control": "max-age=60, public"}, {"Expires": "0"}])
+def test_no_store_writes_what_djangos_never_cache_writes(said: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The middleware's own way for an answer that says nothing of caching, and Django's merge for
+    one that does, give the headers ``add_never_cache_headers`` gives (at one frozen moment)."""
+    import time
+
+    from django.http import HttpResponse
+    from django.utils.cache import add_never_cache_headers
+
+    from ledgerdash.middleware import NoStoreMiddleware
+
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)
+    expected = HttpResponse(headers=said)
+    add_never_cache_headers(expected)
+    answered = NoStoreMiddleware(lambda request: HttpResponse(headers=said))(None)  # type: ignore[arg-type]
+    assert dict(answered.headers) == dict(expected.headers)
+    assert "no-store" in answered["Cache-Control"]
+
+
 def test_postgres_connections_get_the_statement_and_lock_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
     from ledgerdash import settings
 
