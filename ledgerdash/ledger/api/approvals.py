@@ -97,7 +97,7 @@ def list_approvals(request: HttpRequest, limit: int = Query(50, ge=1, le=200)) -
         "stale_fence (it moved since the list), illegal_transition (nothing to approve). 403 role_required."
     ),
 )
-def approve(request: HttpRequest, payload: ApproveIn, attempt_id: int = AttemptId) -> Attempt:
+def approve(request: HttpRequest, payload: ApproveIn, attempt_id: int = AttemptId) -> AttemptOut:
     attempt, actor = _decision(request, attempt_id)
     decided = moves.retry_approve(
         attempt=attempt,
@@ -120,6 +120,6 @@ def approve(request: HttpRequest, payload: ApproveIn, attempt_id: int = AttemptI
         "(approval_rejected). 409 stale_fence, illegal_transition. 403 role_required."
     ),
 )
-def reject(request: HttpRequest, payload: RejectIn, attempt_id: int = AttemptId) -> Attempt:
+def reject(request: HttpRequest, payload: RejectIn, attempt_id: int = AttemptId) -> AttemptOut:
     attempt, actor = _decision(request, attempt_id)
     return _whole(moves.retry_reject(attempt=attempt, actor=actor, comment=payload.comment, fence=payload.fence))

@@ -1,14 +1,14 @@
 """The attempt endpoints: each parses, calls one function of
-:mod:`ledgerdash.ledger.recording` and returns the attempt, which the
-response schemas (:mod:`ledgerdash.ledger.api_schemas`) render.
+:mod:`ledgerdash.ledger.recording` and returns the attempt's answer in its
+response schema (:mod:`ledgerdash.ledger.api_schemas`).
 
-Each returns the attempt *whole* (:func:`_whole`): what its schema shows
-from other tables (the owner, the events) is read in the view. django-ninja
-renders the answer after the view, through pydantic, and pydantic turns a
-database error raised by a lazy read into a validation error: the answer
-would be a 500 where a failing database must answer 503
-``ledger_unavailable`` with ``Retry-After``. The schemas' resolvers read
-only what is loaded (``tests/test_answers_under_trouble.py``).
+Each answer is made whole in the view (:func:`_whole`): what its schema
+shows from other tables (the owner, the events) is read there and the
+schema is filled there, inside the API's error handling. A database error
+from a read made later, while django-ninja renders the answer, would reach
+pydantic, which turns it into a validation error: a 500 where a failing
+database must answer 503 ``ledger_unavailable`` with ``Retry-After``
+(``tests/test_answers_under_trouble.py``).
 """
 
 from __future__ import annotations
@@ -65,8 +65,10 @@ def _attempt_for(request: HttpRequest, attempt_id: int) -> Attempt:
     return moves.get_attempt(attempt_id, tenant_id=token_of(request).tenant_id)
 
 
-def _whole(attempt: Attempt, *, events: bool = False) -> Attempt:
-    """``attempt`` with what its answer shows from other tables read now, inside the API's error handling."""
+def _whole(attempt: Attempt, *, events: bool = False) -> AttemptOut:
+    """The answer about ``attempt``, made in the view, inside the API's error handling: what it shows
+    from other tables is read now. django-ninja renders an instance of the response's own schema as it
+    is, without reading it again."""
     lookups: list[str | Prefetch[str]] = []
     if attempt.owner_id is not None and not Attempt.owner.is_cached(attempt):
         lookups.append("owner")
@@ -74,7 +76,7 @@ def _whole(attempt: Attempt, *, events: bool = False) -> Attempt:
         lookups.append(Prefetch("events", queryset=AttemptEvent.objects.order_by("seq")))
     if lookups:
         prefetch_related_objects([attempt], *lookups)
-    return attempt
+    return (AttemptDetailOut if events else AttemptOut).model_validate(attempt)
 
 
 def _only_params(request: HttpRequest, allowed: frozenset[str] = frozenset()) -> None:
@@ -103,7 +105,7 @@ def _only_params(request: HttpRequest, allowed: frozenset[str] = frozenset()) ->
         "again after Retry-After (once approved it answers 200, once rejected 409 approval_rejected)."
     ),
 )
-def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentIn) -> Status[Attempt]:
+def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentIn) -> Status[AttemptOut]:
     _only_params(request)
     recorded = recording.record_intent(
         tenant=token_of(request).tenant,
@@ -138,7 +140,7 @@ def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentI
         "attempt_superseded, illegal_transition (e.g. already confirmed)."
     ),
 )
-def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: DispatchIn | None = None) -> Attempt:
+def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: DispatchIn | None = None) -> AttemptOut:
     _only_params(request)
     actor = actor_of(request)
 
@@ -163,7 +165,7 @@ def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: D
     summary="Record the provider's request id as soon as it is known",
     description="Safe to repeat with the same id. Another id than the one recorded: 409 request_id_conflict.",
 )
-def record_request_id(request: HttpRequest, payload: RequestIdIn, attempt_id: int = AttemptId) -> Attempt:
+def record_request_id(request: HttpRequest, payload: RequestIdIn, attempt_id: int = AttemptId) -> AttemptOut:
     _only_params(request)
     attempt = _attempt_for(request, attempt_id)
     return _whole(
@@ -198,7 +200,7 @@ def _storable_result(value: Any) -> Any:
 )
 def report_outcome(
     request: HttpRequest, response: HttpResponse, payload: OutcomeIn, attempt_id: int = AttemptId
-) -> Attempt:
+) -> AttemptOut:
     _only_params(request)
     fields: dict[str, Any] = {"reason": getattr(payload, "reason", "")}
     if isinstance(payload, ConfirmedIn):
@@ -237,7 +239,7 @@ def report_outcome(
         "the attempt was dispatched again since."
     ),
 )
-def heartbeat(request: HttpRequest, payload: HeartbeatIn, attempt_id: int = AttemptId) -> Attempt:
+def heartbeat(request: HttpRequest, payload: HeartbeatIn, attempt_id: int = AttemptId) -> AttemptOut:
     _only_params(request)
     attempt = _attempt_for(request, attempt_id)
     return _whole(recording.heartbeat(attempt, fence=payload.fence, actor=actor_of(request)))
@@ -256,7 +258,7 @@ def heartbeat(request: HttpRequest, payload: HeartbeatIn, attempt_id: int = Atte
         "the attempt was dispatched (use the outcome report instead), stale_fence when it moved since."
     ),
 )
-def abandon_intent(request: HttpRequest, payload: AbandonIn, attempt_id: int = AttemptId) -> Attempt:
+def abandon_intent(request: HttpRequest, payload: AbandonIn, attempt_id: int = AttemptId) -> AttemptOut:
     _only_params(request)
     attempt = _attempt_for(request, attempt_id)
     return _whole(recording.abandon(attempt, reason=payload.reason, fence=payload.fence, actor=actor_of(request)))
@@ -293,7 +295,7 @@ def get_attempt(
         le=MAX_BIGINT,
         description="The fence the caller last saw (default: the attempt's fence when the request arrives).",
     ),
-) -> Attempt:
+) -> AttemptOut:
     _only_params(request, GET_PARAMS)
     attempt = _attempt_for(request, attempt_id)
     if wait > 0:
