@@ -26,7 +26,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ledgerdash.ops.logs import gunicorn_config
+from ledgerdash.ops.logs import GunicornLogger, gunicorn_config
 
 bind = os.environ.get("LEDGERDASH_BIND", "127.0.0.1:8000")
 # Sync workers by default: each serves one request at a time, and the kernel
@@ -64,6 +64,7 @@ preload_app = True
 accesslog = os.environ.get("GUNICORN_ACCESS_LOG") or None
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
+logger_class = GunicornLogger
 logconfig_dict = gunicorn_config(os.environ.get("LOG_FORMAT", "plain").strip().lower(), loglevel, access=accesslog)
 # gunicorn's control socket (for gunicornc) is off: nothing here uses it, and
 # its default path is in the user's home, where two instances collide and a
