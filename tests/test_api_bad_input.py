@@ -51,6 +51,10 @@ CASES = [
     Case("utf8-bom", 400, "malformed_json", raw=b"\xef\xbb\xbf" + json.dumps(intent()).encode()),
     Case("invalid-utf8", 400, "invalid_utf8", raw=b'{"task_id": "\xff\xfe"}'),
     Case("lone-surrogate", 400, "invalid_unicode", raw=_intent_raw('{"to": "\\ud800"}')),
+    Case("lone-surrogate-upper-hex-in-a-key", 400, "invalid_unicode", raw=_intent_raw('{"\\uDFFF": 1}')),
+    Case(
+        "lone-surrogate-in-the-task", 400, "invalid_unicode", raw=json.dumps(intent()).replace('": "', '": "\\udc00', 1)
+    ),
     Case("nan", 400, "malformed_json", raw=_intent_raw('{"amount": NaN}')),
     Case("infinity", 400, "malformed_json", raw=_intent_raw('{"amount": Infinity}')),
     Case("minus-infinity", 400, "malformed_json", raw=_intent_raw('{"amount": -Infinity}')),

@@ -45,12 +45,14 @@ def parse_json(body: bytes) -> Any:
         raise ApiError("malformed_json", "the body is nested too deeply to parse") from None
     except ValueError as exc:  # JSONDecodeError, or an integer with too many digits
         raise ApiError("malformed_json", f"the body is not JSON: {exc}"[:300]) from None
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise ApiError(
-            "invalid_unicode", "the body has a lone surrogate escape (like \\ud800), which is not text"
-        ) from None
+    # A lone surrogate can only come from an escape: the text was decoded as strict UTF-8, which has none.
+    if "\\u" in text:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(
+                "invalid_unicode", "the body has a lone surrogate escape (like \\ud800), which is not text"
+            ) from None
     return value
 
 
