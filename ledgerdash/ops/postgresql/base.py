@@ -28,7 +28,7 @@ that request's first statement instead, which answers 503 with
 the connection is then closed and the next request connects afresh.
 
 It is one of the fast paths (``quiet_health_check`` in
-:data:`ledgerdash.ledger.store.switches.FAST_PATHS`): ``LEDGER_FAST_PATHS_OFF``
+:data:`ledgerdash.ledger.store.FAST_PATHS`): ``LEDGER_FAST_PATHS_OFF``
 switches it off, and the fast-path benchmark measures what it gains.
 """
 
@@ -52,7 +52,7 @@ def quiet(fileno: int) -> bool:
 class DatabaseWrapper(base.DatabaseWrapper):
     def is_usable(self) -> bool:
         # Imported here: the backend is loaded before the apps may be, and the store's package reads models.
-        from ledgerdash.ledger.store.switches import enabled
+        from ledgerdash.ledger.store import enabled
 
         conn = self.connection
         if conn is None or conn.closed or conn.pgconn.status != pq.ConnStatus.OK:
