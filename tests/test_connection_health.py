@@ -55,6 +55,7 @@ def test_a_quiet_idle_connection_is_usable_without_asking_the_server(cursors_ope
     assert cursors_opened == []
 
 
+@pytest.mark.own_session  # behind a transaction pooler the server's session is the pooler's
 def test_a_session_the_server_ended_is_found_dead_and_replaced(cursors_opened: list[int]) -> None:
     pid = _backend_pid()
     with admin_connect() as admin:
@@ -68,6 +69,7 @@ def test_a_session_the_server_ended_is_found_dead_and_replaced(cursors_opened: l
     assert _backend_pid() != pid  # the next statement connected afresh
 
 
+@pytest.mark.own_session  # behind a transaction pooler the server's session is the pooler's
 def test_a_socket_with_something_to_read_is_asked_with_select_1(cursors_opened: list[int]) -> None:
     with connection.cursor() as cursor:
         cursor.execute("LISTEN ledgerdash_health_check_test")
