@@ -1,7 +1,8 @@
 """The kept connection's health check (ledgerdash/ops/postgresql): no round
-trip while the connection is quiet; Django's ``SELECT 1`` whenever the server
-has said something, a transaction is open or an error happened; a session the
-server ended is found dead and replaced."""
+trip while the connection is quiet and was found usable a moment ago;
+Django's ``SELECT 1`` whenever the server has said something, a transaction
+is open, an error happened or the connection was quiet for longer; a session
+the server ended is found dead and replaced. Time is the test's clock."""
 
 from __future__ import annotations
 
@@ -12,10 +13,27 @@ from typing import Any
 import pytest
 from django.db import connection, connections, transaction
 
-from ledgerdash.ops.postgresql.base import DatabaseWrapper
+from ledgerdash.ops.postgresql import base
+from ledgerdash.ops.postgresql.base import QUIET_SECONDS, DatabaseWrapper
 from tests.database_roles import admin_connect
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """The health check's clock, moved only by the test."""
+    clock = Clock()
+    monkeypatch.setattr(base, "monotonic", clock)
+    return clock
 
 
 @pytest.fixture
@@ -48,11 +66,32 @@ def test_the_projects_backend_serves_postgresql() -> None:
     assert connection.vendor == "postgresql"
 
 
-def test_a_quiet_idle_connection_is_usable_without_asking_the_server(cursors_opened: list[int]) -> None:
+def test_a_quiet_idle_connection_is_usable_without_asking_the_server(cursors_opened: list[int], clock: Clock) -> None:
     _backend_pid()
+    connection.usable_at = clock.now
     cursors_opened.clear()
+    clock.now += QUIET_SECONDS - 0.01
+    assert connection.is_usable() is True
+    clock.now += QUIET_SECONDS - 0.01  # each time it is found usable counts from then
     assert connection.is_usable() is True
     assert cursors_opened == []
+
+
+def test_a_connection_quiet_for_longer_is_asked_with_select_1(cursors_opened: list[int], clock: Clock) -> None:
+    _backend_pid()
+    connection.usable_at = clock.now
+    cursors_opened.clear()
+    clock.now += QUIET_SECONDS
+    assert connection.is_usable() is True
+    assert cursors_opened == [1]
+    assert connection.is_usable() is True  # found usable just now: quiet again
+    assert cursors_opened == [1]
+
+
+def test_a_new_connection_counts_as_found_usable_when_it_connects(clock: Clock) -> None:
+    connection.close()
+    connection.ensure_connection()
+    assert connection.usable_at == clock.now
 
 
 @pytest.mark.own_session  # behind a transaction pooler the server's session is the pooler's

@@ -17,9 +17,10 @@ plain way): the answer is the same either way, only the round trips differ.
                             write (:mod:`.memory`), not a read per intent and dispatch
 ``compiled_read``           an attempt read by a statement built once per process
                             (:mod:`.reads`), not an ORM query compiled per read
-``quiet_health_check``      a kept connection with nothing to read on its socket used again
-                            as it is, not asked ``SELECT 1`` first (the connection's own
-                            place: the database backend, :mod:`ledgerdash.ops.postgresql.base`)
+``quiet_health_check``      a kept connection found usable a moment ago, with nothing to
+                            read on its socket, used as it is, not asked ``SELECT 1`` first
+                            (in the connection's own place, the database backend:
+                            :mod:`ledgerdash.ops.postgresql.base`)
 ==========================  ==================================================================
 
 ``python -m bench --only fastpaths`` measures each: the same calls with it
