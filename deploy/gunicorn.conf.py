@@ -64,6 +64,8 @@ preload_app = True
 accesslog = os.environ.get("GUNICORN_ACCESS_LOG") or None
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
+# gunicorn's own, less the access-log line nobody keeps; its statsd logger (--statsd-host) is not
+# offered: the app's metrics are Prometheus' (/metrics).
 logger_class = GunicornLogger
 logconfig_dict = gunicorn_config(os.environ.get("LOG_FORMAT", "plain").strip().lower(), loglevel, access=accesslog)
 # gunicorn's control socket (for gunicornc) is off: nothing here uses it, and

@@ -3,12 +3,24 @@ built and written only when an access log is kept (``GUNICORN_ACCESS_LOG``)."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from gunicorn.config import Config
 
 from ledgerdash.ops.logs import GunicornLogger, gunicorn_config
+
+
+@pytest.fixture(autouse=True)
+def logging_as_it_was() -> Iterator[None]:
+    """gunicorn's logger applies its ``logconfig_dict`` to the process's logging: put the root back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def _logger(access: str | None) -> GunicornLogger:
