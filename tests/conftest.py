@@ -32,6 +32,7 @@ from ledgerdash.ledger import recording, tokens
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.store import copies as store_copies
 from ledgerdash.ledger.store import statements as store_statements
 from tests.database_roles import django_db_setup  # noqa: F401 - PostgreSQL as the runtime role
 from tests.live import output_tail
@@ -188,8 +189,10 @@ def _nothing_remembered_of_earlier_tests() -> None:
     remembered (what a process keeps of its database: ``statements``), so
     what it counts or sees does not depend on the tests its worker ran
     before (how many ids of a block they used; a tenant id they made with
-    another number of chains, rolled back since)."""
+    another number of chains, rolled back since; a copy of an attempt they
+    wrote)."""
     store_statements.forget_database()
+    store_copies.forget()
 
 
 @pytest.fixture

@@ -106,11 +106,14 @@ def _sql_of_a_call(tenant: Tenant, api: Api, key: str) -> list[str]:
 # The health check sends no statement of the call's (tests/test_connection_health.py switches it off).
 @pytest.mark.parametrize("name", [name for name in store.FAST_PATHS if name != "quiet_health_check"])
 def test_each_fast_path_switched_off_takes_the_plain_way(name: str, settings: Any, tenant_a: Tenant) -> None:
+    # The compiled read is the read of an attempt this process kept no copy of.
+    also_off = {"remembered_attempt"} if name == "compiled_read" else set()
+    settings.LEDGER_FAST_PATHS_OFF = frozenset(also_off)
     api = Api(issue_token(tenant_a))
     _sql_of_a_call(tenant_a, api, "k-warm-1")
     _sql_of_a_call(tenant_a, api, "k-warm-2")  # the id block, the authority and the token are known now
     fast = _sql_of_a_call(tenant_a, api, "k-fast")
-    settings.LEDGER_FAST_PATHS_OFF = frozenset({name})
+    settings.LEDGER_FAST_PATHS_OFF = frozenset({name, *also_off})
     store.forget()
     _sql_of_a_call(tenant_a, api, "k-warm-3")
     plain = _sql_of_a_call(tenant_a, api, "k-plain")

@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Path, Query, Router
 from ninja.responses import Status
 
-from ledgerdash.ledger import moves, recording
+from ledgerdash.ledger import moves, recording, store
 from ledgerdash.ledger.api.auth import READ, WRITE, BearerToken, actor_of, token_of
 from ledgerdash.ledger.api.errors import ApiError
 from ledgerdash.ledger.api_schemas import (
@@ -124,6 +124,7 @@ def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentI
     recording.refuse_while_approval_pending(recorded.attempt)
     if not recorded.created:
         response[REPLAYED_HEADER] = "true"
+    store.remember(recorded.attempt)  # for its dispatch, or its outcome when claimed with the intent
     return Status(201 if recorded.created else 200, _whole(recorded.attempt))
 
 
@@ -154,7 +155,7 @@ def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: D
             )
         return recording.mark_dispatched(attempt, actor=actor)
 
-    return _whole(claim(_attempt_for(request, attempt_id)))
+    return _whole(moves.on_attempt(attempt_id, tenant_id=token_of(request).tenant_id, act=claim))
 
 
 @router.post(
@@ -218,7 +219,7 @@ def report_outcome(
         ]
         return reports[0].attempt
 
-    attempt = report(_attempt_for(request, attempt_id))
+    attempt = moves.on_attempt(attempt_id, tenant_id=token_of(request).tenant_id, act=report)
     if reports[0].replayed:
         response[REPLAYED_HEADER] = "true"
     if reports[0].late:

@@ -34,6 +34,7 @@ from ledgerdash.ledger.moves.base import (
     LEGAL_MOVES,
     backoff,
     get_attempt,
+    on_attempt,
     refuse_open_transaction,
 )
 from ledgerdash.ledger.moves.create import (
@@ -117,6 +118,7 @@ __all__ = [
     "incident_resolve",
     "intent_abandon",
     "linked_provider_key",
+    "on_attempt",
     "refuse_open_transaction",
     "retry_approve",
     "retry_reject",

@@ -8,6 +8,7 @@ else writes ``Attempt.state``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -112,6 +113,21 @@ def get_attempt(attempt_id: int, *, tenant_id: int | None = None, lock: bool = F
     if found is None:
         raise AttemptNotFound(AttemptNotFound.MESSAGE.format(attempt_id=attempt_id))
     return found
+
+
+def on_attempt(attempt_id: int, *, tenant_id: int, act: Callable[[Attempt], Attempt]) -> Attempt:
+    """``act`` (a move) on the attempt ``attempt_id`` of ``tenant_id``, for a
+    caller that names it by id: from the copy this process kept when it last
+    wrote it, if that move is one change the row's version still allows
+    (:func:`ledgerdash.ledger.store.from_copy`), else from the attempt read
+    now (:class:`AttemptNotFound`: another tenant's looks like none at all).
+    ``act`` may run twice; only the run whose answer is returned wrote
+    anything. The attempt it returns is kept for the next move on it."""
+    done = store.from_copy(attempt_id, tenant_id, act)
+    if done is None:
+        done = act(get_attempt(attempt_id, tenant_id=tenant_id))
+    store.remember(done)
+    return done
 
 
 def check_move(attempt: Attempt, to_state: str, actor: Actor) -> None:

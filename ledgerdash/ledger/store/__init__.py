@@ -17,6 +17,9 @@ plain way): the answer is the same either way, only the round trips differ.
                             write (:mod:`.memory`), not a read per intent and dispatch
 ``compiled_read``           an attempt read by a statement built once per process
                             (:mod:`.reads`), not an ORM query compiled per read
+``remembered_attempt``      the attempt this process wrote last, its next move guarded in
+                            the write by the row's version (:mod:`.copies`), not a read
+                            per dispatch and outcome over the API
 ``quiet_health_check``      a kept connection found usable a moment ago, with nothing to
                             read on its socket, used as it is, not asked ``SELECT 1`` first
                             (in the connection's own place, the database backend:
@@ -41,7 +44,7 @@ from django.db.models import F
 from ledgerdash.ledger.authority import Authority
 from ledgerdash.ledger.events import EventDraft
 from ledgerdash.ledger.models import Attempt, ChainHead
-from ledgerdash.ledger.store import memory, reads, statements
+from ledgerdash.ledger.store import copies, memory, reads, statements
 from ledgerdash.ledger.store.chains import append_events, event_record
 from ledgerdash.ledger.store.statements import Guard, on_its_own, outside_any_transaction
 from ledgerdash.ledger.store.switches import FAST_PATHS, enabled
@@ -54,11 +57,13 @@ __all__ = [
     "enabled",
     "event_record",
     "forget",
+    "from_copy",
     "insert_root",
     "on_its_own",
     "one_statement",
     "outside_any_transaction",
     "read_attempt",
+    "remember",
     "under_authority",
 ]
 
@@ -82,6 +87,24 @@ def read_attempt(attempt_id: int, tenant_id: int | None) -> Attempt | None:
     else:
         found = Attempt.objects.filter(pk=attempt_id).first()
     return None if found is None or (tenant_id is not None and found.tenant_id != tenant_id) else found
+
+
+def from_copy(attempt_id: int, tenant_id: int, act: Callable[[Attempt], Attempt]) -> Attempt | None:
+    """``act`` made on the copy of the attempt this process kept when it last
+    wrote it, if it kept one, its change guarded by the row's version
+    (:mod:`.copies`); None when there is none, or the move from it would
+    have done anything but that one change: nothing was written, and the
+    caller makes the move from the attempt read now."""
+    if not (enabled("remembered_attempt") and one_statement()):
+        return None
+    return copies.from_copy(attempt_id, tenant_id, act)
+
+
+def remember(attempt: Attempt) -> None:
+    """Keep ``attempt``, as its last write left it, for the next move on it
+    by id (:func:`from_copy`); kept only when that write was one statement."""
+    if enabled("remembered_attempt"):
+        copies.remember(attempt)
 
 
 # --- writes ----------------------------------------------------------------------------------------
@@ -110,6 +133,7 @@ def change(
             # The tenant's first event: the path below creates its chain head.
     if guard is not None:
         return False
+    attempt.__dict__.pop(copies.VERSION, None)  # the row's version is known after a one-statement write only
     with transaction.atomic():
         changed = Attempt.objects.filter(pk=attempt.pk, state=attempt.state, fence=attempt.fence).update(
             fence=F("fence") + 1, **values
@@ -183,3 +207,4 @@ def forget() -> None:
     that outlives its database being replaced (a test's fresh copy)."""
     statements.forget_database()
     memory.forget()
+    copies.forget()

@@ -23,6 +23,7 @@ from django.db.models import NOT_PROVIDED, Field
 from ledgerdash.ledger import chain
 from ledgerdash.ledger.events import EventDraft, Linked, event_row
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainHead, Tenant
+from ledgerdash.ledger.store.copies import VERSION, sending, speculating
 from ledgerdash.ledger.store.switches import enabled
 
 #: The parts of the append statement (see :func:`_append_sql`). Table names
@@ -60,7 +61,7 @@ INSERT INTO {event} (
     fence, reason, details, created_at, content_hash, prev_hash, hash
 )
 {rows}
-RETURNING id, seq, prev_hash, hash
+RETURNING id, seq, prev_hash, hash, {version}
 """
 
 
@@ -72,7 +73,7 @@ def _append_sql(change: str = "", count: int = 1, chains: int = 1) -> str:
     event to the one before, move the head past the last, insert the events.
 
     With ``change`` (a data-modifying statement that RETURNS the attempt's
-    ``id, tenant_id``), that change first, and the events, of that attempt,
+    ``id, tenant_id, xmin``), that change first, and the events, of that attempt,
     only if it changed a row. If it did and the tenant has no chain head,
     the events' seq is NULL and the whole statement fails: never a change
     without its events."""
@@ -97,7 +98,9 @@ def _append_sql(change: str = "", count: int = 1, chains: int = 1) -> str:
         for n in range(1, count + 1)
     )
     changed = [f"changed AS (\n{change}\n)"] if change else []
-    return "WITH " + ", ".join(changed + ctes) + _INSERT_EVENTS.format(event=event, rows=rows)
+    # The attempt's version after the change (its xmin; the events' own cannot be read from a partitioned table).
+    version = "(SELECT xmin::text FROM changed)" if change else "NULL::text"
+    return "WITH " + ", ".join(changed + ctes) + _INSERT_EVENTS.format(event=event, rows=rows, version=version)
 
 
 def _append_params(rows: list[Any], connection: Any, *, change: bool = True) -> list[Any]:
@@ -156,9 +159,10 @@ def chains_of(tenant_id: int) -> int:
     return int(row[0])
 
 
-def _execute_append[R: (AttemptEvent, Linked)](sql: str, params: list[Any], rows: list[R]) -> list[R] | None:
-    """Run an append statement: the event rows as written (in chain order),
-    or None if it wrote nothing."""
+def _execute_append[R: (AttemptEvent, Linked)](sql: str, params: list[Any], rows: list[R]) -> str | None:
+    """Run an append statement and fill ``rows`` in as written (in chain
+    order): the version of the attempt it changed (its ``xmin``; "" when it
+    changed none), or None if it wrote nothing."""
     connection = transaction.get_connection()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -166,12 +170,12 @@ def _execute_append[R: (AttemptEvent, Linked)](sql: str, params: list[Any], rows
     if not returned:
         return None
     assert len(returned) == len(rows)
-    for row, (pk, seq, prev_hash, this_hash) in zip(rows, returned, strict=True):
+    for row, (pk, seq, prev_hash, this_hash, _) in zip(rows, returned, strict=True):
         row.pk, row.seq, row.prev_hash, row.hash = pk, seq, prev_hash, this_hash
         if isinstance(row, AttemptEvent):
             row._state.adding = False
             row._state.db = connection.alias
-    return rows
+    return returned[0][4] or ""
 
 
 def append_one(event: EventDraft, now: datetime) -> AttemptEvent | None:
@@ -180,7 +184,7 @@ def append_one(event: EventDraft, now: datetime) -> AttemptEvent | None:
     rows = [event_row(event, now)]
     sql = _append_sql(chains=chains_of(event.tenant_id))
     written = _execute_append(sql, _append_params(rows, transaction.get_connection(), change=False), rows)
-    return written[0] if written else None
+    return rows[0] if written is not None else None
 
 
 def outside_any_transaction() -> bool:
@@ -288,22 +292,41 @@ def cas_with_event(
 ) -> bool:
     """Compare-and-set ``attempt`` on (id, state, fence), bump its fence, write
     ``values`` and append ``event``, in one statement. False if the row had
-    moved on, or ``guard`` did not hold (nothing was written)."""
+    moved on, or ``guard`` did not hold (nothing was written).
+
+    A move made from this process's copy of the attempt (:mod:`.copies`)
+    also compares the row's version: the row must still be the copy, every
+    column of it. The version the write leaves is kept on ``attempt``."""
     connection = transaction.get_connection()
     columns = [_column(name) for name in values]
     sets = ", ".join(f"{column.sql} = %s" for column in columns)
     guard_sql, guard_params = guard or ("", [])
+    chains = chains_of(attempt.tenant_id)
+    speculation = speculating()
+    if speculation is not None and speculation.attempt_id == attempt.pk:
+        guard_sql = f"xmin = %s::text::xid{' AND ' + guard_sql if guard else ''}"
+        guard_params = [speculation.version, *guard_params]
     # Table and column names come from the model; every value is a parameter.
     table = Attempt._meta.db_table
     change = (
         f"UPDATE {table} SET fence = fence + 1, {sets} WHERE id = %s AND state = %s AND fence = %s"  # noqa: S608
-        f"{' AND ' + guard_sql if guard else ''} RETURNING id, tenant_id"
+        f"{' AND ' + guard_sql if guard_sql else ''} RETURNING id, tenant_id, xmin"
     )
     rows = [Linked(event, now)]
     params = [column.db_value(value, connection) for column, value in zip(columns, values.values(), strict=True)]
     params += [attempt.pk, attempt.state, attempt.fence, *guard_params]
-    sql = _append_sql(change, chains=chains_of(attempt.tenant_id))
-    return _execute_append(sql, params + _append_params(rows, connection), rows) is not None
+    sql = _append_sql(change, chains=chains)
+    params += _append_params(rows, connection)
+    if speculation is not None and speculation.attempt_id == attempt.pk:
+        with sending(speculation):
+            version = _execute_append(sql, params, rows)
+        speculation.made = version is not None
+    else:
+        version = _execute_append(sql, params, rows)
+    if version is None:
+        return False
+    setattr(attempt, VERSION, version)
+    return True
 
 
 #: How many attempt ids a process takes from the sequence at once.
@@ -384,12 +407,13 @@ def insert_with_events(
         event.attempt_id = attempt.pk
     rows = [Linked(event, now) for event in events]
     sql = _insert_sql(tuple(names), guard_sql, len(rows), chains_of(attempt.tenant_id))
-    written = _execute_append(sql, values + guard_params + _append_params(rows, connection), rows)
-    if written is None:
+    version = _execute_append(sql, values + guard_params + _append_params(rows, connection), rows)
+    if version is None:
         attempt.pk = None
         return False
     attempt._state.adding = False
     attempt._state.db = connection.alias
+    setattr(attempt, VERSION, version)
     return True
 
 
@@ -407,6 +431,6 @@ def _insert_sql(names: tuple[str, ...], guard_sql: str, count: int, chains: int)
     # Table and column names come from the model; every value is a parameter.
     change = (
         f"INSERT INTO {Attempt._meta.db_table} ({columns}) {values} "
-        "ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING RETURNING id, tenant_id"
+        "ON CONFLICT (tenant_id, idempotency_key) WHERE parent_id IS NULL DO NOTHING RETURNING id, tenant_id, xmin"
     )
     return _append_sql(change, count, chains)

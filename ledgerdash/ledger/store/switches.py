@@ -19,6 +19,8 @@ FAST_PATHS: dict[str, str] = {
     "id_blocks": "attempt ids reserved 32 at a time, not a round trip per intent",
     "remembered_authority": "the authority read last, guarded in the write, not a read per intent and dispatch",
     "compiled_read": "an attempt read by a statement built once per process, not a query compiled per read",
+    "remembered_attempt": "the attempt this process wrote last, guarded in the write by the row's version, not a "
+    "read per dispatch and outcome over the API",
     "quiet_health_check": "a kept connection found usable a moment ago, with nothing to read, used again without a "
     "SELECT 1 round trip",
 }
