@@ -49,8 +49,47 @@ def test_the_dispatch_and_the_outcome_send_their_change_only(api: Api) -> None:
     assert claimed.status_code == done.status_code == 200, (claimed.content, done.content)
     assert done.json()["state"] == S.OUTCOME_CONFIRMED
     for captured in (dispatch, outcome):
-        (change,) = [sql for sql in _sql(captured) if "ledger_attempt" in sql]  # the token's aside
+        (change,) = _on_attempts(captured)  # the token's statements aside
         assert "xmin = " in change
+
+
+def _on_attempts(captured: CaptureQueriesContext) -> list[str]:
+    return [sql for sql in _sql(captured) if "ledger_attempt" in sql]
+
+
+def test_an_intent_is_abandoned_from_the_copy(api: Api) -> None:
+    created = api.record("k-abandon")
+    with CaptureQueriesContext(connection) as captured:
+        abandoned = api.post(f"/attempts/{created['id']}/abandon", {"reason": "re-ran", "fence": 0})
+    assert abandoned.status_code == 200, abandoned.content
+    assert abandoned.json()["state"] == S.FAILED
+    (change,) = _on_attempts(captured)
+    assert "xmin = " in change
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        pytest.param(lambda api, pk, fence: api.post(f"/attempts/{pk}/heartbeat", {"fence": fence}), id="heartbeat"),
+        pytest.param(
+            lambda api, pk, fence: api.post(f"/attempts/{pk}/request-id", {"provider_request_id": "r", "fence": fence}),
+            id="request id",
+        ),
+    ],
+)
+def test_a_write_that_leaves_no_version_drops_the_copy(api: Api, step: Callable[..., Any]) -> None:
+    """A heartbeat or a request id is written by the ORM, which reads back no
+    version: the outcome after it reads the row rather than send a change the
+    version would refuse."""
+    created = api.record("k-drop")
+    fence = api.dispatch(created["id"]).json()["fence"]
+    assert step(api, created["id"], fence).status_code == 200
+    with CaptureQueriesContext(connection) as captured:
+        done = api.outcome(created["id"], "confirmed", fence, provider_request_id="r")
+    assert done.status_code == 200, done.content
+    read, change = _on_attempts(captured)
+    assert READ in read
+    assert "xmin = " not in change
 
 
 def test_a_request_id_another_process_recorded_is_not_overwritten(api: Api) -> None:

@@ -14,6 +14,7 @@ database must answer 503 ``ledger_unavailable`` with ``Retry-After``
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet, prefetch_related_objects
@@ -63,6 +64,14 @@ router = Router()
 def _attempt_for(request: HttpRequest, attempt_id: int) -> Attempt:
     """The caller's tenant's attempt, or 404: another tenant's looks like none at all."""
     return moves.get_attempt(attempt_id, tenant_id=token_of(request).tenant_id)
+
+
+def _acting_on(request: HttpRequest, attempt_id: int, act: Callable[[Attempt], Attempt]) -> Attempt:
+    """``act`` on the caller's tenant's attempt (404 for another tenant's), from
+    the copy this worker kept when it last wrote it where that saves the read
+    (:func:`ledgerdash.ledger.moves.on_attempt`; ``act`` may run twice, and
+    only the run whose answer is returned wrote anything)."""
+    return moves.on_attempt(attempt_id, tenant_id=token_of(request).tenant_id, act=act)
 
 
 def _whole(attempt: Attempt, *, events: bool = False) -> AttemptOut:
@@ -155,7 +164,7 @@ def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: D
             )
         return recording.mark_dispatched(attempt, actor=actor)
 
-    return _whole(moves.on_attempt(attempt_id, tenant_id=token_of(request).tenant_id, act=claim))
+    return _whole(_acting_on(request, attempt_id, claim))
 
 
 @router.post(
@@ -168,10 +177,12 @@ def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: D
 )
 def record_request_id(request: HttpRequest, payload: RequestIdIn, attempt_id: int = AttemptId) -> AttemptOut:
     _only_params(request)
-    attempt = _attempt_for(request, attempt_id)
-    return _whole(
-        recording.record_request_id(attempt, payload.provider_request_id, fence=payload.fence, actor=actor_of(request))
-    )
+    actor = actor_of(request)
+
+    def record(attempt: Attempt) -> Attempt:
+        return recording.record_request_id(attempt, payload.provider_request_id, fence=payload.fence, actor=actor)
+
+    return _whole(_acting_on(request, attempt_id, record))
 
 
 def _storable_result(value: Any) -> Any:
@@ -219,7 +230,7 @@ def report_outcome(
         ]
         return reports[0].attempt
 
-    attempt = moves.on_attempt(attempt_id, tenant_id=token_of(request).tenant_id, act=report)
+    attempt = _acting_on(request, attempt_id, report)
     if reports[0].replayed:
         response[REPLAYED_HEADER] = "true"
     if reports[0].late:
@@ -242,8 +253,12 @@ def report_outcome(
 )
 def heartbeat(request: HttpRequest, payload: HeartbeatIn, attempt_id: int = AttemptId) -> AttemptOut:
     _only_params(request)
-    attempt = _attempt_for(request, attempt_id)
-    return _whole(recording.heartbeat(attempt, fence=payload.fence, actor=actor_of(request)))
+    actor = actor_of(request)
+
+    def beat(attempt: Attempt) -> Attempt:
+        return recording.heartbeat(attempt, fence=payload.fence, actor=actor)
+
+    return _whole(_acting_on(request, attempt_id, beat))
 
 
 @router.post(
@@ -261,8 +276,12 @@ def heartbeat(request: HttpRequest, payload: HeartbeatIn, attempt_id: int = Atte
 )
 def abandon_intent(request: HttpRequest, payload: AbandonIn, attempt_id: int = AttemptId) -> AttemptOut:
     _only_params(request)
-    attempt = _attempt_for(request, attempt_id)
-    return _whole(recording.abandon(attempt, reason=payload.reason, fence=payload.fence, actor=actor_of(request)))
+    actor = actor_of(request)
+
+    def abandon(attempt: Attempt) -> Attempt:
+        return recording.abandon(attempt, reason=payload.reason, fence=payload.fence, actor=actor)
+
+    return _whole(_acting_on(request, attempt_id, abandon))
 
 
 @router.get(
