@@ -163,6 +163,22 @@ def test_a_copy_is_kept_for_a_while_only(api: Api, monkeypatch: pytest.MonkeyPat
     assert any(READ in sql for sql in _sql(captured))
 
 
+def test_an_attempt_with_large_arguments_is_not_kept(api: Api) -> None:
+    created = api.record("k-large", args={"body": "x" * (copies.KEPT_ARGS_BYTES + 1)})
+    with CaptureQueriesContext(connection) as captured:
+        assert api.dispatch(created["id"]).status_code == 200
+    assert any(READ in sql for sql in _sql(captured))
+
+
+def test_a_process_keeps_so_many_copies_only(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(copies, "KEPT", 2)
+    first, second, third = (api.record(f"k-kept-{n}") for n in range(3))
+    for created, kept in ((third, True), (second, True), (first, False)):  # the oldest went first
+        with CaptureQueriesContext(connection) as captured:
+            assert api.dispatch(created["id"]).status_code == 200
+        assert any(READ in sql for sql in _sql(captured)) is not kept, created["idempotency_key"]
+
+
 def _failing(statement: str, error: Exception) -> Callable[..., Any]:
     sent: list[str] = []
 

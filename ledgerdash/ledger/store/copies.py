@@ -1,8 +1,8 @@
 """The attempts this process wrote last, kept for the agent's next step on them.
 
 Over the API an agent names the attempt it dispatches, or reports on, by its
-id, and each of those requests used to read the attempt first: one round
-trip of the four a tool call made. The process that recorded the intent, or
+id, and each of those requests used to read the attempt first: two round
+trips of the five a tool call made. The process that recorded the intent, or
 the claim, has the attempt as its write left the row; it keeps a copy, with
 the row's version (PostgreSQL's ``xmin``, which every write of the row, by
 any path and any process, replaces), and the next move on that attempt
@@ -24,17 +24,22 @@ starts from the copy:
 
 A change sent whose answer never came (the connection broke while it ran) is
 not made again: it may have been written, and the caller's error says so.
+A write that reads back no version (the ORM's: a heartbeat, a request id)
+drops the copy, so the next move reads rather than send a change the
+version would refuse.
 
 Copies are kept per process (a worker's threads share them, each move
-working on a copy of its own), at most :data:`KEPT` of them for at most
-:data:`KEEP_SECONDS`: an agent's next step comes within seconds, and a
-version is a transaction id, which comes round again only after four
-billion transactions. Only on PostgreSQL, where changes are one statement.
+working on a copy of its own), at most :data:`KEPT` of them, none with
+arguments over :data:`KEPT_ARGS_BYTES`, for at most :data:`KEEP_SECONDS`:
+an agent's next step comes within seconds, and a version is a transaction
+id, which comes round again only after four billion transactions. Only on
+PostgreSQL, where changes are one statement.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,8 +54,11 @@ from ledgerdash.ledger.models import TERMINAL_STATES, Attempt
 #: The attribute a one-statement write leaves on the instance it wrote: the row's version after it.
 VERSION = "_ledger_row_version"
 #: How many attempts a process keeps, and for how long (seconds, on :func:`monotonic`).
-KEPT = 4096
+KEPT = 1024
 KEEP_SECONDS = 300.0
+#: An attempt whose arguments take more than this as JSON is not kept (its next move reads it):
+#: with the count, it bounds what a process keeps to some 20 MB.
+KEPT_ARGS_BYTES = 16 * 1024
 #: What a test case's transaction wraps each change in: neither reads nor writes a row.
 _SAVEPOINTS = ("SAVEPOINT ", "RELEASE SAVEPOINT ", "ROLLBACK TO SAVEPOINT ")
 
@@ -88,10 +96,12 @@ def _key(attempt_id: int) -> tuple[str, int]:
 
 def remember(attempt: Attempt) -> None:
     """Keep ``attempt`` as its last one-statement write left it, for the next
-    move on it; an attempt that is final, or whose last write was not one
-    statement, is dropped instead."""
+    move on it; an attempt that is final, whose arguments are large, or whose
+    last write was not one statement, is dropped instead."""
     version = attempt.__dict__.pop(VERSION, None)
     key = _key(attempt.pk)
+    if version is not None and len(json.dumps(attempt.args)) > KEPT_ARGS_BYTES:
+        version = None
     with _lock:
         if version is None or attempt.state in TERMINAL_STATES:
             _kept.pop(key, None)
