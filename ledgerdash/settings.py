@@ -52,9 +52,10 @@ INSTALLED_APPS = [
 
 #: The ingest API's requests take their own chain (ledgerdash.middleware.ApiRequests):
 #: logged and timed, a database that is away answered with a 503, the security
-#: headers, never cached. No session, CSRF check or sign-in: a bearer token
+#: headers, never cached, its length stated. No session, CSRF check or sign-in: a bearer token
 #: authenticates each request.
 API_MIDDLEWARE = [
+    "ledgerdash.middleware.ContentLengthMiddleware",
     "ledgerdash.ops.requests.RequestLogMiddleware",
     "ledgerdash.ops.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
