@@ -10,13 +10,14 @@ from ledgerdash.middleware import API_ROOT
 from ledgerdash.ops import health, metrics
 
 urlpatterns = [
+    # First: every agent's request is resolved here, and patterns are tried in order.
+    path(API_ROOT.removeprefix("/"), api.urls()),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics, name="metrics"),
     path("login/", auth_views.LoginView.as_view(extra_context={"sso": settings.OIDC_ENABLED}), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    path(API_ROOT.removeprefix("/"), api.urls()),
     path("", include("reviews.urls")),
 ]
 

@@ -30,7 +30,7 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def request_id(request: HttpRequest) -> str:
-    given = request.headers.get("X-Request-ID", "")
+    given = request.META.get("HTTP_X_REQUEST_ID", "")  # not request.headers: it maps every header first
     return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
 
 
@@ -63,10 +63,12 @@ class RequestLogMiddleware:
             seconds
         )
         response["X-Request-ID"] = rid
-        kwargs = match.kwargs if match is not None else {}
-        attempt = kwargs.get("pk") if "attempts/" in route else kwargs.get("attempt_id")
         problem = getattr(request, _PROBLEM, None)
         level = logging.WARNING if problem else logging.DEBUG if request.path in QUIET_PATHS else logging.INFO
+        if not log.isEnabledFor(level):
+            return response  # the line's fields are not gathered for a level nobody keeps
+        kwargs = match.kwargs if match is not None else {}
+        attempt = kwargs.get("pk") if "attempts/" in route else kwargs.get("attempt_id")
         log.log(
             level,
             "%s %s %s %.1fms%s",
