@@ -66,6 +66,15 @@ def _attempt_for(request: HttpRequest, attempt_id: int) -> Attempt:
     return moves.get_attempt(attempt_id, tenant_id=token_of(request).tenant_id)
 
 
+def _answered(attempt: Attempt) -> AttemptOut:
+    """The answer after a write: made whole (:func:`_whole`), then the attempt
+    is handed to the worker's copies for the agent's next request on it (or
+    its copy dropped, when the write read back no row version)."""
+    answer = _whole(attempt)
+    store.remember(attempt)
+    return answer
+
+
 def _acting_on(request: HttpRequest, attempt_id: int, act: Callable[[Attempt], Attempt]) -> Attempt:
     """``act`` on the caller's tenant's attempt (404 for another tenant's), from
     the copy this worker kept when it last wrote it where that saves the read
@@ -89,6 +98,8 @@ def _whole(attempt: Attempt, *, events: bool = False) -> AttemptOut:
 
 
 def _only_params(request: HttpRequest, allowed: frozenset[str] = frozenset()) -> None:
+    if not request.META.get("QUERY_STRING"):
+        return  # nothing sent: the query dict is not built for it
     unknown = sorted(set(request.GET) - allowed)
     if unknown:
         raise ApiError(
@@ -133,8 +144,7 @@ def record_intent(request: HttpRequest, response: HttpResponse, payload: IntentI
     recording.refuse_while_approval_pending(recorded.attempt)
     if not recorded.created:
         response[REPLAYED_HEADER] = "true"
-    store.remember(recorded.attempt)  # for its dispatch, or its outcome when claimed with the intent
-    return Status(201 if recorded.created else 200, _whole(recorded.attempt))
+    return Status(201 if recorded.created else 200, _answered(recorded.attempt))
 
 
 @router.post(
@@ -164,7 +174,7 @@ def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: D
             )
         return recording.mark_dispatched(attempt, actor=actor)
 
-    return _whole(_acting_on(request, attempt_id, claim))
+    return _answered(_acting_on(request, attempt_id, claim))
 
 
 @router.post(
@@ -182,7 +192,7 @@ def record_request_id(request: HttpRequest, payload: RequestIdIn, attempt_id: in
     def record(attempt: Attempt) -> Attempt:
         return recording.record_request_id(attempt, payload.provider_request_id, fence=payload.fence, actor=actor)
 
-    return _whole(_acting_on(request, attempt_id, record))
+    return _answered(_acting_on(request, attempt_id, record))
 
 
 def _storable_result(value: Any) -> Any:
@@ -235,7 +245,7 @@ def report_outcome(
         response[REPLAYED_HEADER] = "true"
     if reports[0].late:
         response[LATE_HEADER] = "true"
-    return _whole(attempt)
+    return _answered(attempt)
 
 
 @router.post(
@@ -258,7 +268,7 @@ def heartbeat(request: HttpRequest, payload: HeartbeatIn, attempt_id: int = Atte
     def beat(attempt: Attempt) -> Attempt:
         return recording.heartbeat(attempt, fence=payload.fence, actor=actor)
 
-    return _whole(_acting_on(request, attempt_id, beat))
+    return _answered(_acting_on(request, attempt_id, beat))
 
 
 @router.post(
@@ -281,7 +291,7 @@ def abandon_intent(request: HttpRequest, payload: AbandonIn, attempt_id: int = A
     def abandon(attempt: Attempt) -> Attempt:
         return recording.abandon(attempt, reason=payload.reason, fence=payload.fence, actor=actor)
 
-    return _whole(_acting_on(request, attempt_id, abandon))
+    return _answered(_acting_on(request, attempt_id, abandon))
 
 
 @router.get(

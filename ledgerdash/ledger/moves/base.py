@@ -122,11 +122,11 @@ def on_attempt(attempt_id: int, *, tenant_id: int, act: Callable[[Attempt], Atte
     (:func:`ledgerdash.ledger.store.from_copy`), else from the attempt read
     now (:class:`AttemptNotFound`: another tenant's looks like none at all).
     ``act`` may run twice; only the run whose answer is returned wrote
-    anything. The attempt it returns is kept for the next move on it."""
+    anything. The caller keeps the attempt it returns for the next move on
+    it (:func:`ledgerdash.ledger.store.remember`) once it is done with it."""
     done = store.from_copy(attempt_id, tenant_id, act)
     if done is None:
         done = act(get_attempt(attempt_id, tenant_id=tenant_id))
-    store.remember(done)
     return done
 
 

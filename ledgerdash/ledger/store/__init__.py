@@ -102,7 +102,9 @@ def from_copy(attempt_id: int, tenant_id: int, act: Callable[[Attempt], Attempt]
 
 def remember(attempt: Attempt) -> None:
     """Keep ``attempt``, as its last write left it, for the next move on it
-    by id (:func:`from_copy`); kept only when that write was one statement."""
+    by id (:func:`from_copy`); kept only when that write was one statement,
+    else any copy of it is dropped. The instance is handed over: the caller
+    does not use it afterwards."""
     if enabled("remembered_attempt"):
         copies.remember(attempt)
 
