@@ -165,9 +165,13 @@ def test_a_copy_is_kept_for_a_while_only(api: Api, monkeypatch: pytest.MonkeyPat
 
 def test_an_attempt_with_large_arguments_is_not_kept(api: Api) -> None:
     created = api.record("k-large", args={"body": "x" * (copies.KEPT_ARGS_BYTES + 1)})
-    with CaptureQueriesContext(connection) as captured:
-        assert api.dispatch(created["id"]).status_code == 200
-    assert any(READ in sql for sql in _sql(captured))
+    for step in ("dispatch", "outcome"):
+        with CaptureQueriesContext(connection) as captured:
+            if step == "dispatch":
+                fence = api.dispatch(created["id"]).json()["fence"]
+            else:
+                assert api.outcome(created["id"], "unknown", fence, reason="timed out").status_code == 200
+        assert any(READ in sql for sql in _sql(captured)), step
 
 
 def test_a_process_keeps_so_many_copies_only(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -58,6 +58,8 @@ KEEP_SECONDS = 300.0
 #: An attempt whose arguments take more than this as JSON is not kept (its next move reads it):
 #: with the count, it bounds what a process keeps to some 20 MB.
 KEPT_ARGS_BYTES = 16 * 1024
+#: Marks an instance whose arguments were found small enough to keep.
+_SMALL = "_ledger_args_kept"
 #: What a test case's transaction wraps each change in: neither reads nor writes a row.
 _SAVEPOINTS = ("SAVEPOINT ", "RELEASE SAVEPOINT ", "ROLLBACK TO SAVEPOINT ")
 
@@ -101,10 +103,15 @@ def remember(attempt: Attempt) -> None:
     not use it afterwards, and the move that takes it out has it alone."""
     version = attempt.__dict__.pop(VERSION, None)
     key = _key(attempt.pk)
-    if version is not None and len(json.dumps(attempt.args)) > KEPT_ARGS_BYTES:
+    if version is not None and attempt.state in TERMINAL_STATES:
         version = None
+    if version is not None and not attempt.__dict__.get(_SMALL):
+        if len(json.dumps(attempt.args)) > KEPT_ARGS_BYTES:
+            version = None
+        else:
+            attempt.__dict__[_SMALL] = True  # the arguments never change: measured once
     with _lock:
-        if version is None or attempt.state in TERMINAL_STATES:
+        if version is None:
             _kept.pop(key, None)
             return
         if len(_kept) >= KEPT and key not in _kept:
