@@ -150,7 +150,9 @@ def test_another_tenants_token_finds_nothing(api: Api, tenant_b: Tenant) -> None
     refused = other.dispatch(created["id"])
     assert refused.status_code == 404
     assert refused.json()["code"] == "attempt_not_found"
-    assert api.dispatch(created["id"]).status_code == 200
+    with CaptureQueriesContext(connection) as captured:
+        assert api.dispatch(created["id"]).status_code == 200
+    assert not any(READ in sql for sql in _sql(captured))  # the copy stayed for its own tenant
 
 
 def test_a_copy_is_kept_for_a_while_only(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:

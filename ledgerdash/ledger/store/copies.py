@@ -138,11 +138,12 @@ def from_copy(attempt_id: int, tenant_id: int, act: Callable[[Attempt], Attempt]
     it from the row read now."""
     key = _key(attempt_id)
     with _lock:
-        kept = _kept.pop(key, None)
-    if kept is None:
-        return None
+        kept = _kept.get(key)
+        if kept is None or kept[0].tenant_id != tenant_id:
+            return None  # another tenant's request leaves the copy where it is
+        del _kept[key]  # this move has it alone
     attempt, version, since = kept
-    if attempt.tenant_id != tenant_id or monotonic() - since > KEEP_SECONDS:
+    if monotonic() - since > KEEP_SECONDS:
         return None
     speculation = Speculation(attempt_id, version)
     connection = transaction.get_connection()
