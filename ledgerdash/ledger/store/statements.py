@@ -303,7 +303,9 @@ def cas_with_event(
     guard_sql, guard_params = guard or ("", [])
     chains = chains_of(attempt.tenant_id)
     speculation = speculating()
-    if speculation is not None and speculation.attempt_id == attempt.pk:
+    if speculation is not None and speculation.attempt_id != attempt.pk:
+        speculation = None  # another attempt's change: the wrapper refuses it before it leaves
+    if speculation is not None:
         guard_sql = f"xmin = %s::text::xid{' AND ' + guard_sql if guard else ''}"
         guard_params = [speculation.version, *guard_params]
     # Table and column names come from the model; every value is a parameter.
@@ -317,7 +319,7 @@ def cas_with_event(
     params += [attempt.pk, attempt.state, attempt.fence, *guard_params]
     sql = _append_sql(change, chains=chains)
     params += _append_params(rows, connection)
-    if speculation is not None and speculation.attempt_id == attempt.pk:
+    if speculation is not None:
         with sending(speculation):
             version = _execute_append(sql, params, rows)
         speculation.made = version is not None
