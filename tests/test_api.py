@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -10,7 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from ledgerdash.ledger import api as ledger_api
-from ledgerdash.ledger import errors, moves, recording, tokens
+from ledgerdash.ledger import clock, errors, moves, recording, tokens
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import ApiToken, Attempt, AttemptEvent, Incident, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
@@ -49,6 +49,19 @@ def test_recording_an_intent_answers_201_with_the_attempt(api_a: Api, tenant_a: 
     (event,) = AttemptEvent.objects.filter(attempt=attempt)
     assert event.actor_kind == "agent"
     assert "via token" in event.actor_label
+
+
+def test_an_answer_states_the_ledger_times_exactly_and_text_as_utf8(api_a: Api) -> None:
+    at = datetime(2026, 12, 6, 20, 12, 1, 757041, tzinfo=UTC)
+    with clock.frozen_at(at):
+        response = api_a.post("/attempts", intent("résumé:1", args={"to": "zoë@example.com"}))
+    assert response.status_code == 201, response.content
+    assert response["Content-Type"] == "application/json; charset=utf-8"
+    assert "zoë@example.com".encode() in response.content  # as UTF-8, not a \u escape
+    body = response.json()
+    # to the microsecond, as recorded: RFC 3339 in UTC, which the clients parse back to the same instant
+    assert body["created_at"] == "2026-12-06T20:12:01.757041Z"
+    assert datetime.fromisoformat(body["next_check_at"]) == Attempt.objects.get(pk=body["id"]).next_check_at
 
 
 def test_the_agent_header_names_the_agent_in_the_events(api_a: Api) -> None:

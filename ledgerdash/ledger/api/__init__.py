@@ -27,6 +27,7 @@ from ledgerdash.ledger.api import approvals, attempts, openapi
 from ledgerdash.ledger.api.errors import API_CODES, STATUS_BY_CODE, install_handlers
 from ledgerdash.ledger.api.guard import guarded_urls
 from ledgerdash.ledger.api.parsing import StrictJsonParser
+from ledgerdash.ledger.api.rendering import JsonRenderer
 
 __all__ = ["API_CODES", "STATUS_BY_CODE", "api", "urls"]
 
@@ -50,6 +51,7 @@ api = LedgerApi(
     urls_namespace="ledger-api-v1",
     docs_url=None,
     parser=StrictJsonParser(),
+    renderer=JsonRenderer(),
 )
 api.add_router("", attempts.router)
 api.add_router("", approvals.router)
