@@ -28,7 +28,6 @@ TARGET_OF = {
     "id_blocks": "in process",
     "remembered_authority": "in process",
     "compiled_read": "HTTP",
-    "quiet_health_check": "HTTP",
     "remembered_attempt": "HTTP",
 }
 #: A fast path judged where another one is off: the attempt read is built once

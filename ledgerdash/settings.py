@@ -173,10 +173,6 @@ def database_config(url: str) -> dict[str, object]:
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;",
         }
     elif engine == "django.db.backends.postgresql":
-        # Django's backend, whose health check asks the server only when the
-        # connection's socket has something to say or it was quiet for more
-        # than a second (ledgerdash/ops/postgresql).
-        config["ENGINE"] = "ledgerdash.ops.postgresql"
         config["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
         # A connection kept from an earlier request is tested before it is
         # used again: after a server restart or a terminated session, the

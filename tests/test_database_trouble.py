@@ -181,8 +181,8 @@ def test_terminated_sessions_are_replaced_without_an_error(app: App) -> None:
         ).fetchone()
     assert killed is not None
     assert killed[0] >= 1  # the worker kept its connection between requests
-    # The worker's kept connection is dead: the server closed its socket, which the health check sees
-    # (ledgerdash/ops/postgresql), and the request connects afresh.
+    # The worker's kept connection is dead: the health check's SELECT 1 finds it so
+    # (CONN_HEALTH_CHECKS), and the request connects afresh.
     status, _, page = app.browser.get("/queues/unknown/")
     assert status == 200, page[:400]
     assert app.client.find("invoice-1") == []

@@ -192,7 +192,7 @@ def test_postgres_connections_get_the_statement_and_lock_timeouts(monkeypatch: p
     # The URL's own server settings come last, so they win over the project's.
     assert options["options"] == "-c statement_timeout=2500 -c lock_timeout=0 -c search_path=ledger"
     assert config["CONN_HEALTH_CHECKS"] is True
-    assert config["ENGINE"] == "ledgerdash.ops.postgresql"  # Django's, with the quiet health check
+    assert config["ENGINE"] == "django.db.backends.postgresql"
     assert "pool" not in options
 
 

@@ -94,6 +94,13 @@ def test_an_unknown_fast_path_is_refused_by_the_checks(settings: Any, db: None) 
     assert "one_statement" in (error.hint or "")
 
 
+def test_a_fast_path_taken_out_is_named_with_a_warning_not_refused(settings: Any, db: None) -> None:
+    settings.LEDGER_FAST_PATHS_OFF = frozenset({"quiet_health_check"})
+    found = [e for e in run_checks() if e.id.startswith("ledgerdash.") and "FAST_PATHS" in e.msg]
+    assert [e.id for e in found] == ["ledgerdash.W012"]
+    assert "taken out" in found[0].msg
+
+
 def _sql_of_a_call(tenant: Tenant, api: Api, key: str) -> list[str]:
     """The statements of one tool call over the API (record, claim), warm."""
     with CaptureQueriesContext(connection) as captured:
@@ -103,8 +110,7 @@ def _sql_of_a_call(tenant: Tenant, api: Api, key: str) -> list[str]:
 
 
 @pytest.mark.postgres
-# The health check sends no statement of the call's (tests/test_connection_health.py switches it off).
-@pytest.mark.parametrize("name", [name for name in store.FAST_PATHS if name != "quiet_health_check"])
+@pytest.mark.parametrize("name", list(store.FAST_PATHS))
 def test_each_fast_path_switched_off_takes_the_plain_way(name: str, settings: Any, tenant_a: Tenant) -> None:
     # The compiled read is the read of an attempt this process kept no copy of.
     also_off = {"remembered_attempt"} if name == "compiled_read" else set()

@@ -20,10 +20,6 @@ plain way): the answer is the same either way, only the round trips differ.
 ``remembered_attempt``      the attempt this process wrote last, its next move guarded in
                             the write by the row's version (:mod:`.copies`), not a read
                             per dispatch and outcome over the API
-``quiet_health_check``      a kept connection found usable a moment ago, with nothing to
-                            read on its socket, used as it is, not asked ``SELECT 1`` first
-                            (in the connection's own place, the database backend:
-                            :mod:`ledgerdash.ops.postgresql.base`)
 ==========================  ==================================================================
 
 ``python -m bench --only fastpaths`` measures each: the same calls with it
