@@ -22,7 +22,7 @@ class JsonRenderer(BaseRenderer):
     RFC 3339, as the database holds them), where Django's encoder cut them
     to milliseconds; text is UTF-8 as it is, not ``\\u`` escapes. A value
     pydantic does not know (a lazy translation) goes through Django's
-    encoder, as before."""
+    encoder."""
 
     media_type = JSON_TYPE
     charset = "utf-8"
