@@ -6,7 +6,6 @@ endpoints raise ledger errors (or :class:`ApiError`) and never build one.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from datetime import datetime
@@ -21,6 +20,7 @@ from ninja import NinjaAPI
 from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
+from ledgerdash.ledger.api.rendering import JSON_TYPE, encode
 from ledgerdash.ledger.errors import (
     ApprovalRefused,
     AttemptBlocked,
@@ -39,8 +39,6 @@ from ledgerdash.ops.requests import note_problem
 from ledgerdash_client import errorcodes
 
 log = logging.getLogger("ledgerdash.api")
-
-JSON_TYPE = "application/json"
 
 #: HTTP status of each ledger error code, from the table of codes.
 STATUS_BY_CODE: dict[str, int] = {row.code: row.status for row in errorcodes.TABLE if row.origin == "ledger"}
@@ -73,9 +71,7 @@ def error_response(
         # the wait in the body too: a client that reads only the body (or loses headers) still has it
         extra.setdefault("retry_after", int(headers["Retry-After"]))
     body = {"code": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}
-    response = HttpResponse(
-        json.dumps(body, ensure_ascii=False), status=status, content_type=f"{JSON_TYPE}; charset=utf-8"
-    )
+    response = HttpResponse(encode(body), status=status, content_type=f"{JSON_TYPE}; charset=utf-8")
     if status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="ledgerdash"' + (
             "" if code == "missing_token" else ', error="invalid_token"'

@@ -13,7 +13,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, re_path
 from ninja import NinjaAPI
 
-from ledgerdash.ledger.api.errors import JSON_TYPE, body_too_large, error_response, no_endpoint
+from ledgerdash.ledger.api.errors import body_too_large, error_response, no_endpoint
+from ledgerdash.ledger.api.rendering import JSON_TYPE
 
 
 def refuse_body(request: HttpRequest) -> HttpResponse | None:

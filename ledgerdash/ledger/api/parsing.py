@@ -9,7 +9,8 @@ from typing import Any
 from django.http import HttpRequest
 from ninja.parser import Parser
 
-from ledgerdash.ledger.api.errors import JSON_TYPE, ApiError
+from ledgerdash.ledger.api.errors import ApiError
+from ledgerdash.ledger.api.rendering import JSON_TYPE
 
 
 def _no_constants(name: str) -> Any:

@@ -1,4 +1,5 @@
-"""Answers as JSON, encoded by pydantic's serializer."""
+"""Answers as JSON, encoded by pydantic's serializer: the answers django-ninja
+renders and the error answers the API builds itself (:mod:`.errors`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ from django.http import HttpRequest
 from ninja.renderers import BaseRenderer
 from pydantic_core import to_json
 
-from ledgerdash.ledger.api.errors import JSON_TYPE
+JSON_TYPE = "application/json"
 
 _django = DjangoJSONEncoder()
+
+
+def encode(value: Any) -> bytes:
+    """``value`` as UTF-8 JSON; a value pydantic does not know goes through Django's encoder."""
+    return to_json(value, fallback=_django.default)
 
 
 class JsonRenderer(BaseRenderer):
@@ -28,4 +34,4 @@ class JsonRenderer(BaseRenderer):
     charset = "utf-8"
 
     def render(self, request: HttpRequest, data: Any, *, response_status: int) -> bytes:
-        return to_json(data, fallback=_django.default)
+        return encode(data)
