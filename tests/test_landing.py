@@ -267,3 +267,58 @@ def test_a_not_found_answered_after_the_provider_may_have_forgotten_the_key_is_n
     assert standing.proof is None
     assert standing.risk is not None
     assert "past retention" in standing.risk
+
+
+def test_an_unknown_after_the_dispatchers_own_refusal_settled_it_puts_the_attempt_back_before_a_person(
+    tenant_a: Tenant, slow_email: Tool, operator_a: Any
+) -> None:
+    """The dispatcher's word settled the attempt as not happened; its later
+    "cannot tell" (its SDK sent the request again) withdraws that word."""
+    Tool.objects.filter(pk=slow_email.pk).update(max_dispatches=1)
+    t0 = timezone.now()
+    with at(t0):
+        first = recording.mark_dispatched(record(tenant_a, "mail:5"), actor=AGENT)
+    # Paused past its lease: nothing found once it could no longer land, no sends left: a person decides.
+    for seconds in (9.5, 16):
+        with at(t0 + timedelta(seconds=seconds)):
+            Reconciler(label="r").run_pass()
+    assert Attempt.objects.get(pk=first.pk).state == S.MANUAL_REVIEW
+    # It wakes: the provider had refused its request before acting. That settles it...
+    with at(t0 + timedelta(seconds=20)):
+        refused = recording.report_outcome(first, outcome="failed_retryable", reason="429", actor=AGENT)
+    assert (refused.attempt.state, refused.attempt.failed_because) == (S.FAILED, "provider")
+    # ...until its SDK sends the request again and it reports that it cannot tell.
+    with at(t0 + timedelta(seconds=25)):
+        report = recording.report_outcome(first, outcome="unknown", reason="timed out", actor=AGENT)
+    assert report.late
+    reopened = Attempt.objects.get(pk=first.pk)
+    assert reopened.state == S.MANUAL_REVIEW
+    assert reopened.owner_id is not None
+    assert reopened.lands_by == t0 + timedelta(seconds=25 + 6)
+    incident = Incident.objects.get(attempt_id=first.pk)
+    assert incident.kind == Incident.Kind.CONTRADICTION
+    assert "may have acted at the provider after all" in incident.summary
+    assert incident.details["people"]["owner_id"] == reopened.owner_id
+    kinds = list(reopened.events.order_by("seq").values_list("kind", "to_state"))
+    assert kinds[-3:] == [("transition", S.MANUAL_REVIEW), ("late_report", ""), ("incident", "")]
+    # No longer settled, it is a person's again: looked up, verified, or retried with a reason.
+    assert rules.moves_for(operator_a, reopened).recheck
+
+
+def test_a_receipt_after_the_dispatchers_own_refusal_settled_it_puts_the_attempt_back_with_the_receipt(
+    tenant_a: Tenant, slow_email: Tool
+) -> None:
+    t0 = timezone.now()
+    with at(t0):
+        first = recording.mark_dispatched(record(tenant_a, "mail:6"), actor=AGENT)
+    fence = first.fence
+    with at(t0 + timedelta(seconds=1)):
+        recording.report_outcome(first, outcome="failed", reason="declined", fence=fence, actor=AGENT)
+    with at(t0 + timedelta(seconds=30)):
+        report = recording.report_outcome(
+            first, outcome="confirmed", provider_request_id="msg-after-all", fence=fence, actor=AGENT
+        )
+    assert report.late
+    reopened = Attempt.objects.get(pk=first.pk)
+    assert (reopened.state, reopened.provider_request_id) == (S.MANUAL_REVIEW, "msg-after-all")
+    assert Incident.objects.get(attempt_id=first.pk).kind == Incident.Kind.CONTRADICTION

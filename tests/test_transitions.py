@@ -56,6 +56,8 @@ EXPECTED_MOVES = {
     (S.MANUAL_REVIEW, S.RECONCILED): {"user"},
     (S.MANUAL_REVIEW, S.INTENT_RECORDED): {"user"},
     (S.MANUAL_REVIEW, S.UNKNOWN): {"user"},
+    # back before a person: its dispatcher withdraws the word it failed on
+    (S.FAILED, S.MANUAL_REVIEW): {"agent"},
 }
 
 
@@ -63,9 +65,10 @@ def test_legal_moves_are_the_designed_table() -> None:
     assert {k: set(v) for k, v in LEGAL_MOVES.items()} == EXPECTED_MOVES
 
 
-def test_terminal_states_have_no_way_out() -> None:
-    for from_state, _ in LEGAL_MOVES:
-        assert from_state not in (S.OUTCOME_CONFIRMED, S.FAILED, S.RECONCILED)
+def test_terminal_states_have_no_way_out_but_a_withdrawn_refusal() -> None:
+    ways_out = {move for move in LEGAL_MOVES if move[0] in (S.OUTCOME_CONFIRMED, S.FAILED, S.RECONCILED)}
+    assert ways_out == {(S.FAILED, S.MANUAL_REVIEW)}
+    assert LEGAL_MOVES[(S.FAILED, S.MANUAL_REVIEW)] == {"agent"}
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,18 @@ def test_every_move_is_allowed_exactly_when_the_table_says(
     op = OPS[op_name]
     attempt = attempt_in(state, tenant_a, requester=users["operator"], approver=users["approver"])
     before_events = AttemptEvent.objects.count()
-    if op.dispatcher_report and state in SETTLED_FOR_REPORTS and attempt.dispatch_fence is not None:
+    if op.dispatcher_report and state == S.FAILED and op.to == S.OUTCOME_CONFIRMED:
+        # It failed on this dispatcher's own word; its receipt withdraws that word: a person decides.
+        op.run(attempt, users)
+        attempt.refresh_from_db()
+        assert attempt.state == S.MANUAL_REVIEW
+        new = list(AttemptEvent.objects.filter(seq__gt=0).order_by("seq"))[before_events:]
+        assert [(e.kind, e.to_state) for e in new] == [
+            ("transition", S.MANUAL_REVIEW),
+            ("late_report", ""),
+            ("incident", ""),
+        ]
+    elif op.dispatcher_report and state in SETTLED_FOR_REPORTS and attempt.dispatch_fence is not None:
         snapshot = ledger_snapshot()
         op.run(attempt, users)
         assert ledger_snapshot()[2] == snapshot[2]  # no state, fence or owner moved

@@ -77,6 +77,10 @@ LEGAL_MOVES: dict[tuple[str, str], frozenset[str]] = {
     (S.MANUAL_REVIEW, S.RECONCILED): frozenset({U}),
     (S.MANUAL_REVIEW, S.INTENT_RECORDED): frozenset({U}),
     (S.MANUAL_REVIEW, S.UNKNOWN): frozenset({U}),
+    # the one way out of a settled state: it failed on its dispatcher's word
+    # that the provider refused it, and the same dispatcher now says it may
+    # have happened (moves.evidence.rested_on_its_word)
+    (S.FAILED, S.MANUAL_REVIEW): frozenset({A}),
 }
 
 

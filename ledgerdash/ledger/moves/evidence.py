@@ -138,11 +138,52 @@ def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evide
         if incident is not None:
             events.append(incident_opened(incident, actor, now))
         lands_by = _lands_by_after_late_report(current, evidence, now, earlier=earlier)
+        if incident is not None and rested_on_its_word(current, fence):
+            return _back_before_a_person(current, actor=actor, evidence=evidence, lands_by=lands_by, events=events)
         if lands_by != current.lands_by:
             Attempt.objects.filter(pk=current.pk).update(lands_by=lands_by)
             current.lands_by = lands_by
         append_events(events, now=now)
     return current
+
+
+def rested_on_its_word(attempt: Attempt, fence: int) -> bool:
+    """Whether ``attempt`` was settled as not happened on the word of the
+    dispatcher that holds ``fence``: failed on the provider's refusal, as
+    reported for its last dispatch (only that dispatch's holder reports
+    with its fence)."""
+    return (
+        attempt.state == S.FAILED and attempt.failed_because == FailedBecause.PROVIDER and attempt.dispatch_fence == fence
+    )
+
+
+def _back_before_a_person(
+    attempt: Attempt, *, actor: Actor, evidence: Evidence, lands_by: datetime | None, events: list[EventDraft]
+) -> Attempt:
+    """FAILED -> MANUAL_REVIEW: the ledger settled ``attempt`` as not
+    happened on its dispatcher's word, and the same dispatcher now says it
+    may have happened (it cannot tell, or it holds a receipt). The
+    settlement no longer rests on anything, so a person decides, with the
+    late report and the incident beside it."""
+    updates: dict[str, Any] = {"lands_by": lands_by, "failed_because": ""}
+    if evidence.provider_request_id and not attempt.provider_request_id:
+        updates["provider_request_id"] = evidence.provider_request_id
+    said = (
+        f"a receipt ({evidence.provider_request_id or evidence.result_ref})"
+        if evidence.outcome in (Outcome.CONFIRMED, "request_id")
+        else "that it cannot tell whether its request landed"
+    )
+    return move(
+        attempt,
+        to_state=S.MANUAL_REVIEW,
+        actor=actor,
+        fence=None,
+        reason=f"no longer settled: it failed on its dispatcher's word that the provider refused it, and the same "
+        f"dispatcher now reports {said}; a person decides",
+        updates=updates,
+        details={"late_report": evidence.as_details(), "dispatch_fence": attempt.dispatch_fence},
+        extra_events=events,
+    )
 
 
 def _lands_by_after_late_report(
@@ -167,16 +208,18 @@ def _incident_for_late_report(attempt: Attempt, evidence: Evidence, *, earlier: 
 
     A receipt (or a request id) says the effect happened; "unknown" says
     the dispatcher was still at work after the ledger had settled the
-    attempt as not happened, so it may have sent it after all. Either
-    contradicts a settlement as failed or superseded (the provider's refusal
-    of a later dispatch, ``earlier``, says nothing of this one's), and is a
+    attempt as not happened, so it may have sent it after all (a refusal
+    of this very dispatch included: its SDK may have sent it again).
+    Either contradicts a settlement as failed or superseded, and is a
     possible duplicate when a retry of the same side effect went out too.
+    The incident names the attempt's people (its owner, who asked for it,
+    who approved it) and the retry's.
     """
     acted = evidence.outcome in (Outcome.CONFIRMED, "request_id")
     may_have_acted = evidence.outcome == Outcome.UNKNOWN
-    settled_as_not_happened = attempt.state == S.RECONCILED or (
-        attempt.state == S.FAILED and (attempt.failed_because != FailedBecause.PROVIDER or earlier)
-    )
+    # The provider's refusal of the dispatch this report is about settled
+    # it as failed too: the dispatcher's "cannot tell" withdraws that word.
+    settled_as_not_happened = attempt.state in (S.RECONCILED, S.FAILED)
     summary = ""
     kind = Incident.Kind.CONTRADICTION
     retry: Attempt | None = None
@@ -229,6 +272,8 @@ def _incident_for_late_report(attempt: Attempt, evidence: Evidence, *, earlier: 
         summary=summary,
         details={
             "report": evidence.as_details(),
+            "people": people_of(attempt),
+            "retry_people": people_of(retry) if retry is not None else None,
             "attempt_state": attempt.state,
             "attempt_request_id": attempt.provider_request_id,
             "retry_id": retry.pk if retry else None,
@@ -237,6 +282,16 @@ def _incident_for_late_report(attempt: Attempt, evidence: Evidence, *, earlier: 
         },
         opened_at=now,
     )
+
+
+def people_of(attempt: Attempt) -> dict[str, int | None]:
+    """Who answers for ``attempt``: its owner, who asked for it (a retry),
+    who approved it; an incident names them."""
+    return {
+        "owner_id": attempt.owner_id,
+        "requested_by_id": attempt.requested_by_id,
+        "approved_by_id": attempt.approved_by_id,
+    }
 
 
 def incident_opened(incident: Incident, actor: Actor, now: datetime) -> EventDraft:
