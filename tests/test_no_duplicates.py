@@ -128,7 +128,9 @@ def test_only_the_current_dispatcher_may_beat(tenant_a: Tenant) -> None:
     dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
     (claimed,) = moves.attempts_claim_due(limit=1, now=dispatched.next_check_at)
     unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
-    moves.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
+    assert unknown.lands_by is not None
+    with clock.frozen_at(unknown.lands_by + timedelta(seconds=1)):  # sent again once the first could not land
+        moves.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
     with pytest.raises(StaleFence, match="dispatched again since"):
         recording.heartbeat(dispatched, actor=AGENT)
 

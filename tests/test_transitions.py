@@ -320,7 +320,9 @@ def test_the_fence_refuses_a_stale_worker(tenant_a: Any) -> None:
     assert [a.pk for a in claimed] == [attempt.pk]
     moves.attempt_expire_lease(attempt=claimed[0], actor=RECONCILER, fence=claimed[0].fence)
     reclaimed = moves.attempts_claim_due(limit=10, now=claimed[0].next_check_at)
-    retried = moves.attempt_dispatch(attempt=reclaimed[0], actor=RECONCILER, fence=reclaimed[0].fence)
+    assert reclaimed[0].lands_by is not None
+    with clock.frozen_at(reclaimed[0].lands_by + timedelta(seconds=1)):  # once the first can no longer land
+        retried = moves.attempt_dispatch(attempt=reclaimed[0], actor=RECONCILER, fence=reclaimed[0].fence)
     # The original worker comes back with its old fence: its report is evidence, never a move.
     report = recording.report_outcome(
         attempt, outcome="confirmed", provider_request_id="late", fence=stale_fence, actor=AGENT
@@ -365,7 +367,9 @@ def test_a_late_report_after_a_re_dispatch_is_evidence_about_the_earlier_dispatc
     dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
     (claimed,) = moves.attempts_claim_due(limit=1, now=dispatched.next_check_at)
     unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
-    resent = moves.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
+    assert unknown.lands_by is not None
+    with clock.frozen_at(unknown.lands_by + timedelta(seconds=1)):  # once the first can no longer land
+        resent = moves.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
     report = recording.report_outcome(dispatched, outcome="confirmed", provider_request_id="req-late", actor=AGENT)
     assert report.late
     assert (report.attempt.state, report.attempt.fence) == (S.DISPATCHED, resent.fence)

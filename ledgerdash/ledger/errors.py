@@ -308,9 +308,30 @@ class RetryPending(AttemptBlocked):
     MESSAGE = "attempt {attempt_id} failed retryably; it may be dispatched again after {due}"
 
 
+class SideEffectInFlight(RetryPending):
+    """A request of the same side effect may still land at the provider, or
+    another attempt at it may yet be sent: this one may not leave now.
+    ``due``: when the ledger can tell (None: once that attempt settles)."""
+
+    code = "side_effect_in_flight"
+    MESSAGE = "attempt {attempt_id} may not be sent yet: {why}; call again {after}"
+
+    def __init__(self, message: str, attempt: Attempt, *, due: datetime | None) -> None:
+        super().__init__(message, attempt)
+        self.due = due
+
+
 class AttemptFailed(AttemptBlocked):
     code = "attempt_failed"
     MESSAGE = "attempt {attempt_id} failed: {reason}"
+
+
+class AlreadyHappened(AttemptFailed):
+    """Another attempt at the same side effect acted, so this one was not
+    sent, and never will be: what it would have done was done."""
+
+    code = "already_happened"
+    MESSAGE = "attempt {attempt_id} was not sent: {why}"
 
 
 class ApprovalRejected(AttemptFailed):

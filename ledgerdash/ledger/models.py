@@ -51,6 +51,9 @@ class FailedBecause(models.TextChoices):
     ABANDONED = "abandoned", "abandoned before it was sent"
     REJECTED = "rejected", "a linked retry rejected before it was sent"
     PERSON = "person", "marked failed by a person"
+    #: A retry (or a resend) the ledger did not send because another attempt
+    #: at the same side effect had acted: what it would have done was done.
+    ALREADY_HAPPENED = "already_happened", "not sent: another attempt at the same side effect had acted"
 
 
 class ResultSource(models.TextChoices):
@@ -305,6 +308,14 @@ class Attempt(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     approved_at = models.DateTimeField(null=True, blank=True)
+    #: What the approval was given under: the policy version then, and the
+    #: condition by which that version held this call for an approver ("":
+    #: every call of the tool; None: that version did not hold it, e.g. a
+    #: linked retry). At dispatch, a current policy that holds the call by
+    #: any other rule holds it again (``authority.held_again``).
+    approved_policy_version = models.PositiveIntegerField(null=True, blank=True)
+    # None and "" say different things here ("not held" and "every call held").
+    approved_hold = models.CharField(max_length=1000, null=True, blank=True)  # noqa: DJ001
     #: Why this call waits for an approver before its first dispatch (its
     #: policy requires approval for the tool, and the condition held); empty
     #: when it needs none.
@@ -723,7 +734,11 @@ class Incident(models.Model):
     was sent too: the side effect may have happened twice. ``contradiction``:
     the provider's or the dispatcher's word contradicts how the attempt was
     settled (it acted after it was failed or superseded, with no retry sent;
-    or a second, different receipt). An incident waits on people (open, with
+    a refusal, or "cannot tell", after the ledger settled it on that
+    dispatcher's word; or a second, different receipt). ``not_sent``: a
+    retry an approver let through was not sent, because by the time it
+    would have left the ledger knew another attempt at the same side effect
+    had acted (``retry``: that retry). An incident waits on people (open, with
     an owner) until someone resolves it, saying what they did; every step is
     an event in the tenant's chain on the incident's attempt.
     """
@@ -731,6 +746,7 @@ class Incident(models.Model):
     class Kind(models.TextChoices):
         DUPLICATE = "duplicate", "duplicate effect"
         CONTRADICTION = "contradiction", "the facts contradict the ledger"
+        NOT_SENT = "not_sent", "a retry not sent: its side effect had happened"
 
     class Status(models.TextChoices):
         OPEN = "open", "open"
@@ -760,7 +776,9 @@ class Incident(models.Model):
     class Meta:
         ordering = ["-opened_at", "-id"]
         constraints = [
-            models.CheckConstraint(condition=Q(kind__in=["duplicate", "contradiction"]), name="ledger_incident_kind"),
+            models.CheckConstraint(
+                condition=Q(kind__in=["duplicate", "contradiction", "not_sent"]), name="ledger_incident_kind"
+            ),
             models.CheckConstraint(condition=Q(status__in=["open", "resolved"]), name="ledger_incident_status"),
         ]
         indexes = [models.Index(fields=["tenant", "status", "-opened_at"], name="ledger_incident_queue")]

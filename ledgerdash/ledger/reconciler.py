@@ -66,11 +66,13 @@ from django.db import DatabaseError, connection
 from ledgerdash.ledger import clock, landing, moves
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import (
+    AlreadyHappened,
     AuthorizationChanged,
     MissingEvidence,
     NothingHappened,
     PermanentFailure,
     RequestIdConflict,
+    SideEffectInFlight,
     StaleFence,
 )
 from ledgerdash.ledger.events import Actor
@@ -498,6 +500,15 @@ class Reconciler:
     def _dispatch(self, attempt: Attempt, tool: ToolProfile, why: str, details: dict[str, Any] | None = None) -> str:
         try:
             attempt = moves.attempt_dispatch(attempt=attempt, actor=self.actor, fence=attempt.fence, reason=why)
+        except AlreadyHappened as exc:
+            # Not sent: another attempt at the side effect acted; settled, with an incident for its people.
+            self._log(exc.attempt if isinstance(exc.attempt, Attempt) else attempt, "not sent: it happened")
+            return "not_sent"
+        except SideEffectInFlight as exc:
+            # A request of the side effect may still land (or another attempt may yet be sent): ask again then.
+            self._release(attempt, (exc.due or clock.now() + moves.claim_lease()) + timedelta(milliseconds=1))
+            log.info("attempt %s not sent yet: %s", attempt.pk, exc)
+            return "released"
         except AuthorizationChanged as exc:
             # Not sent: the ledger put it under review beside a linked attempt.
             self._log(

@@ -50,6 +50,7 @@ from ledgerdash.ledger import clock, moves, rules, store
 from ledgerdash.ledger.authority import Authority, approval_needed, authorize
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import (
+    AlreadyHappened,
     ApprovalRejected,
     AttemptBlocked,
     AttemptFailed,
@@ -471,6 +472,8 @@ def refuse_unless_dispatchable(attempt: Attempt) -> None:
         if attempt.next_check_at is None or attempt.next_check_at <= clock.now():
             return
         raise RetryPending(RetryPending.MESSAGE.format(attempt_id=attempt.pk, due=attempt.next_check_at), attempt)
+    if state == State.FAILED and attempt.failed_because == FailedBecause.ALREADY_HAPPENED:
+        raise AlreadyHappened(AlreadyHappened.MESSAGE.format(attempt_id=attempt.pk, why=attempt.last_note), attempt)
     if state == State.FAILED:
         raise AttemptFailed(
             AttemptFailed.MESSAGE.format(attempt_id=attempt.pk, reason=attempt.last_note or "failed"), attempt

@@ -1,3 +1,4 @@
+# Over 600 lines because: it answers every "may this happen now, and why not?" for moves, pages and the API.
 """The ledger's answers to "may this happen now, and why not?".
 
 Moves, the dashboard and the API ask these questions; none of them
@@ -24,10 +25,12 @@ from ledgerdash.ledger.errors import (
     RoleRequired,
     SelfApproval,
 )
+from ledgerdash.ledger.events import EventKind
 from ledgerdash.ledger.models import (
     IN_FLIGHT_STATES,
     OWNED_STATES,
     Attempt,
+    AttemptEvent,
     FailedBecause,
     Incident,
     Role,
@@ -160,6 +163,104 @@ def side_effect_standing(
     if risks:
         return OriginalStanding(risk="; ".join(risks))
     return OriginalStanding(proof="; ".join(proofs))
+
+
+@dataclass(frozen=True)
+class SendVerdict:
+    """Whether a request of an attempt may leave now, given everything the
+    ledger has recorded about its side effect (:func:`send_verdict`).
+
+    ``happened``: another attempt at the same side effect acted (what says
+    so, in words; ``by`` names it): the request must never leave.
+    ``waits``: a request of the side effect may still be on its way, or
+    another attempt at it may yet be sent: not now (``until``: when the
+    ledger can tell, where it knows; None: once that attempt settles)."""
+
+    happened: str = ""
+    by: int | None = None
+    waits: str = ""
+    until: datetime | None = None
+
+    def __bool__(self) -> bool:
+        return not (self.happened or self.waits)
+
+
+SEND = SendVerdict()
+
+#: What a late report says when it says the provider acted.
+ACTED_REPORTS = ("confirmed", "request_id")
+
+
+def acted_by_report(attempt_ids: Sequence[int]) -> dict[int, str]:
+    """The attempts among ``attempt_ids`` a dispatcher's late report said
+    acted (a receipt or a request id, kept as evidence after the attempt
+    had moved on), each with that receipt."""
+    heard: dict[int, str] = {}
+    events = AttemptEvent.objects.filter(attempt_id__in=list(attempt_ids), kind=EventKind.LATE_REPORT).values_list(
+        "attempt_id", "details"
+    )
+    for attempt_id, details in events:
+        report = (details or {}).get("report") or {}
+        if report.get("outcome") in ACTED_REPORTS and attempt_id is not None:
+            heard.setdefault(attempt_id, report.get("provider_request_id") or report.get("result_ref") or "a receipt")
+    return heard
+
+
+def send_verdict(
+    attempt: Attempt, *, chain: Sequence[Attempt] | None = None, now: datetime | None = None
+) -> SendVerdict:
+    """May a request of ``attempt`` leave now? The one question every path
+    that sends asks (the agent's dispatch, the reconciler's resend, a linked
+    retry, the MCP gateway), under the row locks of the side effect's
+    attempts (``chain``: the key's attempts as locked; read when not given).
+
+    Not when another attempt at the same side effect acted (confirmed, a
+    receipt recorded, a dispatcher's late report of one, a lookup that
+    found an effect under its key): whatever an approver let through
+    earlier, facts that arrived since win. Not yet while any request of the
+    side effect (this attempt's earlier ones included) may still land, or
+    another attempt at it may yet be sent.
+
+    A first call's first dispatch asks nothing more: nothing else at its key
+    can have been sent (a linked attempt is approved only once every
+    attempt at the key has settled, and a settled first call is never
+    dispatched again)."""
+    if attempt.parent_id is None and attempt.dispatch_count == 0:
+        return SEND
+    now = now or clock.now()
+    if chain is None:
+        chain = list(
+            Attempt.objects.filter(tenant_id=attempt.tenant_id, idempotency_key=attempt.idempotency_key).order_by("id")
+        )
+    others = [other for other in chain if other.pk != attempt.pk]
+    heard = acted_by_report([other.pk for other in others])
+    for other in others:
+        what = ""
+        if other.state == S.OUTCOME_CONFIRMED:
+            what = f"#{other.pk} is confirmed" + (
+                f" (provider request {other.provider_request_id})" if other.provider_request_id else ""
+            )
+        elif other.provider_request_id:
+            what = f"#{other.pk} has a receipt from the provider (request {other.provider_request_id})"
+        elif other.pk in heard:
+            what = f"#{other.pk}'s dispatcher reported late that the provider acted ({heard[other.pk]})"
+        elif other.last_lookup in ("found", "mismatch"):
+            what = f"the provider's lookup found an effect of #{other.pk} ({other.last_lookup})"
+        if what:
+            return SendVerdict(happened=f"{what}: the side effect happened", by=other.pk)
+    for other in others:
+        if other.state in IN_FLIGHT_STATES:
+            return SendVerdict(waits=f"#{other.pk} (the same side effect) is {other.state} and may yet be sent")
+    landing_until = max(
+        (each.lands_by for each in chain if landing.could_still_land(each, now) and each.lands_by is not None),
+        default=None,
+    )
+    if landing_until is not None:
+        return SendVerdict(
+            waits=f"a request of this side effect may still land at the provider until {when(landing_until)}",
+            until=landing_until,
+        )
+    return SEND
 
 
 def awaiting_approval(attempt: Attempt) -> bool:

@@ -115,8 +115,14 @@ export declare class AttemptInFlight extends AttemptBlocked {
 export declare class RetryPending extends AttemptBlocked {
   static code: "retry_pending";
 }
+export declare class SideEffectInFlight extends RetryPending {
+  static code: "side_effect_in_flight";
+}
 export declare class AttemptFailed extends AttemptBlocked {
   static code: "attempt_failed";
+}
+export declare class AlreadyHappened extends AttemptFailed {
+  static code: "already_happened";
 }
 export declare class ApprovalRejected extends AttemptFailed {
   static code: "approval_rejected";
@@ -187,7 +193,9 @@ export declare const ERRORS: {
   "awaiting_approval": typeof AwaitingApproval;
   "attempt_in_flight": typeof AttemptInFlight;
   "retry_pending": typeof RetryPending;
+  "side_effect_in_flight": typeof SideEffectInFlight;
   "attempt_failed": typeof AttemptFailed;
+  "already_happened": typeof AlreadyHappened;
   "approval_rejected": typeof ApprovalRejected;
   "attempt_superseded": typeof AttemptSuperseded;
   "result_unavailable": typeof ResultUnavailable;

@@ -115,8 +115,14 @@ export class AttemptInFlight extends AttemptBlocked {
 export class RetryPending extends AttemptBlocked {
   static code = "retry_pending";
 }
+export class SideEffectInFlight extends RetryPending {
+  static code = "side_effect_in_flight";
+}
 export class AttemptFailed extends AttemptBlocked {
   static code = "attempt_failed";
+}
+export class AlreadyHappened extends AttemptFailed {
+  static code = "already_happened";
 }
 export class ApprovalRejected extends AttemptFailed {
   static code = "approval_rejected";
@@ -189,7 +195,9 @@ export const ERRORS = {
   "awaiting_approval": AwaitingApproval,
   "attempt_in_flight": AttemptInFlight,
   "retry_pending": RetryPending,
+  "side_effect_in_flight": SideEffectInFlight,
   "attempt_failed": AttemptFailed,
+  "already_happened": AlreadyHappened,
   "approval_rejected": ApprovalRejected,
   "attempt_superseded": AttemptSuperseded,
   "result_unavailable": ResultUnavailable,

@@ -31,6 +31,7 @@ from ledgerdash.ledger.errors import (
     InvalidInput,
     LedgerError,
     RetryPending,
+    SideEffectInFlight,
     TokenError,
 )
 from ledgerdash.ledger.models import ApiToken, Attempt, State
@@ -117,7 +118,12 @@ def _ledger_error(request: HttpRequest, exc: LedgerError) -> HttpResponse:
         extra = {"attempt_id": exc.attempt.pk, "state": exc.attempt.state}
         if isinstance(exc, IdempotencyConflict):
             extra["original_id"] = exc.original_id
-        if isinstance(exc, RetryPending) and exc.attempt.next_check_at is not None:
+        if isinstance(exc, SideEffectInFlight):
+            # until a request of the side effect can no longer land (unknown: about a claim's length)
+            extra["headers"] = {
+                "Retry-After": str(_seconds_until(exc.due) if exc.due else settings.LEDGER_RECONCILER_CLAIM_SECONDS)
+            }
+        elif isinstance(exc, RetryPending) and exc.attempt.next_check_at is not None:
             extra["headers"] = {"Retry-After": str(_seconds_until(exc.attempt.next_check_at))}
         if isinstance(exc, AwaitingApproval):
             seconds = settings.LEDGER_APPROVAL_RETRY_AFTER_SECONDS

@@ -41,6 +41,7 @@ from ledgerdash.ledger.moves.base import (
     validate_ref,
 )
 from ledgerdash.ledger.moves.evidence import OUTCOME_STATE, Evidence, Outcome, Report, late_evidence
+from ledgerdash.ledger.moves.gate import dispatch_unless_known
 from ledgerdash.ledger.moves.reconciler import attempt_escalate_for_retry
 from ledgerdash.ledger.store import Guard, append_events
 
@@ -109,6 +110,9 @@ def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None
                 raise
             return None  # the claim was lost, or the authority changed: a fresh read tells which
 
+    if attempt.parent_id is not None or attempt.dispatch_count > 0:
+        # Something else at its key may have been sent: what the ledger knows of the side effect decides.
+        return dispatch_unless_known(attempt, actor=actor, fence=fence, claim=claim)
     claimed = store.under_authority(attempt.tenant_id, attempt.tool_name, claim)
     assert claimed is not None  # without a guard, the claim is made or refused
     return claimed

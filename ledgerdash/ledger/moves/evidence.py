@@ -20,6 +20,7 @@ from ledgerdash.ledger.models import (
     Incident,
 )
 from ledgerdash.ledger.moves.base import S, get_attempt, move, pick_owner
+from ledgerdash.ledger.rules import SendVerdict
 from ledgerdash.ledger.store import append_events
 
 
@@ -152,9 +153,8 @@ def rested_on_its_word(attempt: Attempt, fence: int) -> bool:
     dispatcher that holds ``fence``: failed on the provider's refusal, as
     reported for its last dispatch (only that dispatch's holder reports
     with its fence)."""
-    return (
-        attempt.state == S.FAILED and attempt.failed_because == FailedBecause.PROVIDER and attempt.dispatch_fence == fence
-    )
+    failed_on_a_refusal = attempt.state == S.FAILED and attempt.failed_because == FailedBecause.PROVIDER
+    return failed_on_a_refusal and attempt.dispatch_fence == fence
 
 
 def _back_before_a_person(
@@ -279,6 +279,31 @@ def _incident_for_late_report(attempt: Attempt, evidence: Evidence, *, earlier: 
             "retry_id": retry.pk if retry else None,
             "retry_state": retry.state if retry else None,
             "retry_request_id": retry.provider_request_id if retry else None,
+        },
+        opened_at=now,
+    )
+
+
+def not_sent_incident(retry: Attempt, verdict: SendVerdict, *, now: datetime) -> Incident:
+    """The incident of ``retry``, an attempt the ledger did not send because
+    another attempt at the same side effect (``verdict.by``) acted: on that
+    attempt, naming the retry and the people who asked for and approved it,
+    so they hear that what they let through was not needed."""
+    assert verdict.by is not None
+    owner_id, _source = pick_owner(retry.tenant_id, now)
+    return Incident.objects.create(
+        tenant_id=retry.tenant_id,
+        attempt_id=verdict.by,
+        retry=retry,
+        kind=Incident.Kind.NOT_SENT,
+        owner_id=owner_id or retry.owner_id,
+        summary=f"#{retry.pk} was not sent: {verdict.happened}. Check that nothing is missing and tell whoever "
+        "waits on it",
+        details={
+            "happened": verdict.happened,
+            "retry_id": retry.pk,
+            "retry_state": retry.state,
+            "retry_people": people_of(retry),
         },
         opened_at=now,
     )

@@ -28,6 +28,7 @@ from ledgerdash.ledger.errors import (
     NothingHappened,
     PermanentFailure,
     RetryPending,
+    SideEffectInFlight,
 )
 from ledgerdash.ledger.events import Actor as LedgerActor
 from ledgerdash.ledger.gateway import checks
@@ -435,12 +436,23 @@ class AgentState:
         if isinstance(exc, AwaitingApproval):
             world.sleep(rng.uniform(30, 900), "waiting for an approver")
             return True
+        if isinstance(exc, SideEffectInFlight):
+            # A request of the side effect may still land: call again once it cannot.
+            wait = (exc.due - world.now).total_seconds() if exc.due is not None else rng.uniform(5, 120)
+            world.sleep(max(0.0, wait) + 0.001, "waiting for the side effect's requests to land")
+            return True
         if isinstance(exc, RetryPending) and exc.attempt is not None and exc.attempt.next_check_at is not None:
             # Call again the moment its back-off is over (racing the reconciler to it).
             world.sleep(max(0.0, (exc.attempt.next_check_at - world.now).total_seconds()) + 0.001, "backing off")
             return True
         if isinstance(exc, AttemptBlocked):
-            if exc.code in ("attempt_failed", "approval_rejected", "attempt_superseded", "result_unavailable"):
+            if exc.code in (
+                "attempt_failed",
+                "approval_rejected",
+                "already_happened",
+                "attempt_superseded",
+                "result_unavailable",
+            ):
                 return False
             world.sleep(rng.uniform(5, 600), f"waiting: {exc.code}")
             return True

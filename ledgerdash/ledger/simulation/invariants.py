@@ -258,7 +258,11 @@ class Checker:
             if attempt.state != S.FAILED:
                 continue
             sent = [r for r in requests if r.attempt_id == attempt.pk]
-            if attempt.failed_because in (FailedBecause.ABANDONED, FailedBecause.REJECTED):
+            if attempt.failed_because in (
+                FailedBecause.ABANDONED,
+                FailedBecause.REJECTED,
+                FailedBecause.ALREADY_HAPPENED,
+            ):
                 if sent or attempt.dispatch_count:
                     found.append(
                         Violation("I3", step, f"#{attempt.pk} failed as never sent, but request {sent[0].n} was sent")

@@ -119,7 +119,12 @@ TABLE: tuple[ErrorCode, ...] = (
       parent="attempt_blocked", retryable=True),
     E("retry_pending", 409, "The attempt failed retryably; it may be dispatched again after Retry-After.",
       client="RetryPending", parent="attempt_blocked", retryable=True),
+    E("side_effect_in_flight", 409, "A request of the same side effect may still land, or another attempt at it "
+      "may yet be sent: not now; call again after Retry-After.", client="SideEffectInFlight", parent="retry_pending",
+      retryable=True),
     E("attempt_failed", 409, "The attempt failed for good.", client="AttemptFailed", parent="attempt_blocked"),
+    E("already_happened", 409, "Not sent, and never will be: another attempt at the same side effect acted. The "
+      "side effect happened; do not call the tool again.", client="AlreadyHappened", parent="attempt_failed"),
     E("approval_rejected", 409, "An approver rejected the call; it will not be sent. `detail` says why.",
       client="ApprovalRejected", parent="attempt_failed"),
     E("attempt_superseded", 409, "A linked attempt superseded this one.", client="AttemptSuperseded",

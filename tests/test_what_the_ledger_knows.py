@@ -1,0 +1,146 @@
+"""What the ledger knows gates every send.
+
+A request of a side effect leaves only if nothing the ledger recorded says
+the side effect happened (another attempt at it confirmed, a receipt, a
+dispatcher's late report of one) or could still happen (a request that may
+still land, another attempt that may yet be sent): asked under the row
+locks of the side effect's attempts by every path that sends. An
+approval weighs the facts when it is given; facts that arrive after it win.
+The scenarios here run through the real moves and reconciler against the
+sandbox provider, a real process that counts what it performed.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from ledgerdash.ledger import clock, moves, recording
+from ledgerdash.ledger.errors import AlreadyHappened, SideEffectInFlight
+from ledgerdash.ledger.events import Actor
+from ledgerdash.ledger.models import Attempt, AttemptEvent, FailedBecause, Incident, State, Tenant, Tool
+from ledgerdash.ledger.reconciler import Reconciler
+from tests.conftest import AGENT, record
+from tests.sandboxes import Sandbox
+
+S = State
+CHARGE = {"card": "tok_visa", "amount_cents": 4200}
+
+
+def at(seconds: float, t0: Any) -> Any:
+    return clock.frozen_at(t0 + timedelta(seconds=seconds))
+
+
+def _original_acted_then_went_to_review(tenant: Tenant, sandbox: Sandbox, key: str) -> tuple[Attempt, int, str, Any]:
+    """A charge (not idempotent) sent within its lease: the provider acts,
+    its dispatcher is paused before it reports, lookups answer 503 until the
+    checks run out, and a person takes it over. Returns the original, its
+    dispatch fence, the provider's id for the effect and the start time."""
+    Tool.objects.filter(name="charge_card").update(max_checks=2, max_request_seconds=2, dispatch_lease_seconds=5)
+    t0 = timezone.now()
+    with at(0, t0):
+        original = recording.mark_dispatched(
+            record(tenant, key, tool_name="charge_card", args=CHARGE, credential_scope="payments:charge"), actor=AGENT
+        )
+    status, body = sandbox.perform("charge_card", original.provider_key, original.args)
+    assert status == 201
+    sandbox.faults("charge_card", non_idempotent=True, lookup_5xx=True)
+    for seconds in (6, 60, 600):
+        with at(seconds, t0):
+            Reconciler(label="r").run_pass()
+    reviewed = Attempt.objects.get(pk=original.pk)
+    assert reviewed.state == S.MANUAL_REVIEW
+    assert "checks exhausted" in reviewed.last_note
+    return original, original.fence, str(body["id"]), t0
+
+
+def test_a_retry_approved_before_a_late_receipt_is_not_sent_once_the_receipt_arrives(
+    tenant_a: Tenant, sandbox_tools: Sandbox, operator_a: Any, approver_a: Any
+) -> None:
+    original, fence, receipt, t0 = _original_acted_then_went_to_review(tenant_a, sandbox_tools, "pay:1")
+    with at(700, t0):
+        retry = moves.retry_request(
+            attempt=Attempt.objects.get(pk=original.pk), actor=Actor.user(operator_a), reason="customer asks"
+        )
+        moves.retry_approve(
+            attempt=retry,
+            actor=Actor.user(approver_a),
+            comment="resend",
+            safe_because="the customer's bank shows no charge",
+        )
+    # The original's dispatcher wakes and reports the receipt it holds.
+    with at(701, t0):
+        report = recording.report_outcome(
+            original, outcome="confirmed", provider_request_id=receipt, fence=fence, actor=AGENT
+        )
+    assert report.late
+    # Recovery would send the approved retry next: what the ledger now knows stops it.
+    with at(702, t0):
+        summary = Reconciler(label="r").run_pass()
+    assert summary.decisions["not_sent"] == 1
+    assert sandbox_tools.count(original.provider_key) == 1
+    held_back = Attempt.objects.get(pk=retry.pk)
+    assert (held_back.state, held_back.failed_because) == (S.FAILED, FailedBecause.ALREADY_HAPPENED)
+    assert held_back.dispatch_count == 0
+    assert f"#{original.pk}'s dispatcher reported late that the provider acted ({receipt})" in held_back.last_note
+    incident = Incident.objects.get(kind=Incident.Kind.NOT_SENT)
+    assert (incident.attempt_id, incident.retry_id) == (original.pk, retry.pk)
+    assert incident.details["retry_people"] == {
+        "owner_id": held_back.owner_id,
+        "requested_by_id": operator_a.pk,
+        "approved_by_id": approver_a.pk,
+    }
+    # Its timeline says so, and the incident is on the original's.
+    last = AttemptEvent.objects.filter(attempt_id=retry.pk).order_by("-seq").first()
+    assert last is not None
+    assert (last.to_state, last.details["acted"]) == (S.FAILED, original.pk)
+    assert AttemptEvent.objects.filter(attempt_id=original.pk, kind="incident").exists()
+    # Recovery run again changes nothing, and an agent calling with the key is told it happened.
+    with at(703, t0):
+        assert Reconciler(label="r").run_pass().changed == 0
+    with pytest.raises(AlreadyHappened):
+        recording.refuse_unless_dispatchable(held_back)
+
+
+def test_an_agent_sending_an_approved_retry_meets_the_same_gate(
+    tenant_a: Tenant, sandbox_tools: Sandbox, operator_a: Any, approver_a: Any
+) -> None:
+    original, fence, receipt, t0 = _original_acted_then_went_to_review(tenant_a, sandbox_tools, "pay:2")
+    with at(700, t0):
+        retry = moves.retry_request(
+            attempt=Attempt.objects.get(pk=original.pk), actor=Actor.user(operator_a), reason="customer asks"
+        )
+        approved = moves.retry_approve(
+            attempt=retry, actor=Actor.user(approver_a), comment="resend", safe_because="bank shows no charge"
+        )
+    with at(701, t0):
+        recording.record_request_id(original, receipt, fence=fence, actor=AGENT)
+    with at(702, t0), pytest.raises(AlreadyHappened) as refused:
+        recording.mark_dispatched(approved, actor=AGENT)
+    assert refused.value.attempt.state == S.FAILED
+    assert sandbox_tools.count(original.provider_key) == 1
+
+
+def test_a_retry_waits_while_a_request_of_its_side_effect_may_still_land(
+    tenant_a: Tenant, sandbox_tools: Sandbox, operator_a: Any, approver_a: Any
+) -> None:
+    """Approved over a risk, then the original's dispatcher says it is still
+    at work ("cannot tell"): its request may land for a while yet."""
+    original, fence, _receipt, t0 = _original_acted_then_went_to_review(tenant_a, sandbox_tools, "pay:3")
+    with at(700, t0):
+        retry = moves.retry_request(
+            attempt=Attempt.objects.get(pk=original.pk), actor=Actor.user(operator_a), reason="customer asks"
+        )
+        approved = moves.retry_approve(
+            attempt=retry, actor=Actor.user(approver_a), comment="resend", safe_because="bank shows no charge"
+        )
+    with at(701, t0):
+        recording.report_outcome(original, outcome="unknown", reason="still waiting", fence=fence, actor=AGENT)
+    with at(702, t0), pytest.raises(SideEffectInFlight) as waits:
+        recording.mark_dispatched(approved, actor=AGENT)
+    assert waits.value.due == t0 + timedelta(seconds=701 + 2)
+    assert Attempt.objects.get(pk=retry.pk).state == S.INTENT_RECORDED
+    assert sandbox_tools.count(original.provider_key) == 1
