@@ -16,14 +16,18 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
-from ledgerdash.ledger import clock, moves, recording
-from ledgerdash.ledger.errors import AlreadyHappened, SideEffectInFlight
+from ledgerdash.ledger import clock, moves, recording, rules
+from ledgerdash.ledger.errors import AlreadyHappened, AwaitingApproval, SideEffectInFlight
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, FailedBecause, Incident, State, Tenant, Tool
+from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.reconciler import Reconciler
-from tests.conftest import AGENT, record
+from ledgerdash.notify import outbox, services
+from ledgerdash.notify.models import Delivery, RuleEvent
+from tests.conftest import AGENT, TOOLS_V1, as_user, record
 from tests.sandboxes import Sandbox
 
 S = State
@@ -103,6 +107,43 @@ def test_a_retry_approved_before_a_late_receipt_is_not_sent_once_the_receipt_arr
         assert Reconciler(label="r").run_pass().changed == 0
     with pytest.raises(AlreadyHappened):
         recording.refuse_unless_dispatchable(held_back)
+    # The approvals page says which approved call was not sent, why, and who decided it.
+    page = as_user(approver_a).get(reverse("reviews:approvals")).content.decode()
+    assert "Approved, then not sent" in page
+    assert f'id="not-sent-{retry.pk}"' in page
+    assert f'approved by <bdi class="u">{approver_a.get_username()}</bdi>' in page
+
+
+def test_the_people_who_asked_for_and_approved_a_retry_not_sent_hear_of_it(
+    tenant_a: Tenant, sandbox_tools: Sandbox, operator_a: Any, approver_a: Any
+) -> None:
+    for person, email in ((operator_a, "ops@example.com"), (approver_a, "approver@example.com")):
+        person.email = email
+        person.save(update_fields=["email"])
+    admin = Actor.system("tests")
+    channel = services.channel_create(
+        tenant=tenant_a, name="mail", kind="email", target="oncall@example.com", actor=admin
+    )
+    services.rule_create(
+        tenant=tenant_a, actor=admin, event=RuleEvent.RETRY_NOT_SENT, channel_id=channel.pk, audience="deciders"
+    )
+    original, fence, receipt, t0 = _original_acted_then_went_to_review(tenant_a, sandbox_tools, "pay:5")
+    with at(700, t0):
+        retry = moves.retry_request(
+            attempt=Attempt.objects.get(pk=original.pk), actor=Actor.user(operator_a), reason="customer asks"
+        )
+        moves.retry_approve(
+            attempt=retry, actor=Actor.user(approver_a), comment="resend", safe_because="bank shows no charge"
+        )
+    with at(701, t0):
+        recording.report_outcome(original, outcome="confirmed", provider_request_id=receipt, fence=fence, actor=AGENT)
+    with at(702, t0):
+        Reconciler(label="r").run_pass()
+    assert outbox.collect_events() >= 1
+    delivery = Delivery.objects.get(event=RuleEvent.RETRY_NOT_SENT)
+    assert delivery.recipients == ["approver@example.com", "ops@example.com"]
+    assert delivery.attempt_id == retry.pk
+    assert f"#{retry.pk} was not sent" in delivery.payload["title"]
 
 
 def test_an_agent_sending_an_approved_retry_meets_the_same_gate(
@@ -144,3 +185,112 @@ def test_a_retry_waits_while_a_request_of_its_side_effect_may_still_land(
     assert waits.value.due == t0 + timedelta(seconds=701 + 2)
     assert Attempt.objects.get(pk=retry.pk).state == S.INTENT_RECORDED
     assert sandbox_tools.count(original.provider_key) == 1
+
+
+# --- an approval is bound to what it approved -------------------------------------------------------
+
+
+PAY = {"charge_card": "amount_cents > `100`"}
+
+
+@pytest.fixture
+def pay(sandbox_tools: Sandbox) -> Any:
+    """An agent's charge_card through the sandbox (not idempotent there): each call it lets out is one charge."""
+
+    @recording.tool("charge_card", key="order:{order}:charge")
+    def charge_card(call: recording.ToolCall, *, order: int, amount_cents: int) -> dict[str, Any]:
+        status, body = sandbox_tools.perform("charge_card", call.key, call.args)
+        assert status == 201, body
+        call.record_request_id(str(body["id"]))
+        return {"charged": amount_cents}
+
+    def run(order: int, amount: int) -> Any:
+        with recording.task(tenant="acme", task_id="checkout", agent="shop-agent"):
+            return charge_card(order=order, amount_cents=amount)
+
+    return run
+
+
+def _publish(tenant: Tenant, approvals: dict[str, str], note: str) -> None:
+    policy_publish(tenant=tenant, tools=TOOLS_V1, approvals=approvals, actor=Actor.system("policy"), note=note)
+
+
+def _held_and_approved(tenant: Tenant, pay: Any, approver: Any, order: int) -> Attempt:
+    _publish(tenant, PAY, "charges over 1.00 wait for an approver")  # v2
+    with pytest.raises(AwaitingApproval) as held:
+        pay(order, 500)
+    return moves.retry_approve(attempt=held.value.attempt, actor=Actor.user(approver), comment="customer confirmed")
+
+
+def test_an_approval_does_not_outlive_a_freeze_published_after_it(
+    tenant_a: Tenant, pay: Any, sandbox_tools: Sandbox, approver_a: Any
+) -> None:
+    approved = _held_and_approved(tenant_a, pay, approver_a, 7)
+    assert (approved.approved_policy_version, approved.approved_hold) == (2, "amount_cents > `100`")
+    _publish(tenant_a, {name: "" for name in TOOLS_V1}, "incident: every call waits")  # v3, a freeze
+    with pytest.raises(AwaitingApproval, match=r"policy v3 requires approval") as again:
+        pay(7, 500)
+    assert sandbox_tools.count("order:7:charge") == 0
+    held = Attempt.objects.get(pk=approved.pk)
+    assert held.state == S.MANUAL_REVIEW
+    assert rules.awaiting_approval(held)
+    assert "policy v3 requires approval for charge_card" in held.approval_required
+    assert "given under v2, which held it when amount_cents > `100`" in held.approval_required
+    assert again.value.attempt.pk == held.pk
+    # A fresh approval under v3 lets it out, once.
+    moves.retry_approve(attempt=held, actor=Actor.user(approver_a), comment="checked during the freeze")
+    assert pay(7, 500) == {"charged": 500}
+    assert pay(7, 500) == {"charged": 500}
+    assert sandbox_tools.count("order:7:charge") == 1
+
+
+def test_an_approval_stands_under_a_policy_no_stricter_for_the_call(
+    tenant_a: Tenant, pay: Any, sandbox_tools: Sandbox, approver_a: Any
+) -> None:
+    _held_and_approved(tenant_a, pay, approver_a, 8)
+    # v3 adds a hold on another tool and keeps this one's rule as it was: nothing about this call changed.
+    _publish(tenant_a, {**PAY, "send_email": ""}, "emails wait too")
+    assert pay(8, 500) == {"charged": 500}
+    assert sandbox_tools.count("order:8:charge") == 1
+
+
+def test_a_lower_threshold_published_after_the_approval_holds_the_call_again(
+    tenant_a: Tenant, pay: Any, sandbox_tools: Sandbox, approver_a: Any
+) -> None:
+    _held_and_approved(tenant_a, pay, approver_a, 9)
+    _publish(tenant_a, {"charge_card": "amount_cents > `50`"}, "charges over 0.50 wait")
+    with pytest.raises(AwaitingApproval, match="when amount_cents > `50`"):
+        pay(9, 500)
+    assert sandbox_tools.count("order:9:charge") == 0
+
+
+def test_an_approved_retry_is_held_again_by_a_freeze_and_can_be_approved_again(
+    tenant_a: Tenant, sandbox_tools: Sandbox, operator_a: Any, approver_a: Any
+) -> None:
+    original, _fence, _receipt, t0 = _original_acted_then_went_to_review(tenant_a, sandbox_tools, "pay:4")
+    # The provider's records say the original never charged (a person's word, with a reason).
+    sandbox_tools.clear()
+    sandbox_tools.faults("charge_card", non_idempotent=True)
+    with at(700, t0):
+        retry = moves.retry_request(
+            attempt=Attempt.objects.get(pk=original.pk), actor=Actor.user(operator_a), reason="customer asks"
+        )
+        moves.retry_approve(
+            attempt=retry, actor=Actor.user(approver_a), comment="resend", safe_because="the bank shows no charge"
+        )
+        _publish(tenant_a, {name: "" for name in TOOLS_V1}, "incident: every call waits")
+    with at(701, t0):
+        summary = Reconciler(label="r").run_pass()
+    assert summary.decisions["held_again"] == 1
+    held = Attempt.objects.get(pk=retry.pk)
+    assert (held.state, held.dispatch_count) == (S.MANUAL_REVIEW, 0)
+    assert rules.awaiting_approval(held)
+    assert sandbox_tools.count(original.provider_key) == 1
+    with at(702, t0):
+        moves.retry_approve(
+            attempt=held,
+            actor=Actor.user(approver_a),
+            comment="still needed during the freeze",
+            safe_because="the bank shows no charge",
+        )
+        assert Attempt.objects.get(pk=retry.pk).state == S.INTENT_RECORDED

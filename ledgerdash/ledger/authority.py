@@ -36,7 +36,9 @@ class Standing:
     What authorizes an attempt is its tenant being active, its tool being
     allowed, its credential scope being within what the tool may use, and,
     for a call no approver has let through, the policy not holding this
-    call for approval. The policy's version number alone is not authority:
+    call for approval; for one an approver let through, the policy not
+    holding it by a rule the approval was not given under (``held_again``:
+    it waits for a fresh approval, see :func:`held_again`). The policy's version number alone is not authority:
     a new version that leaves what it would do with this call as it was (it
     added another tool, say) changes nothing this attempt relies on, so it
     does not count as a change. Every dispatch and approval records the
@@ -45,10 +47,17 @@ class Standing:
 
     changes: tuple[str, ...]
     policy: Policy | None
+    #: Why the current policy holds an approved call again (:func:`held_again`): "" when the approval stands.
+    held_again: str = ""
 
     @property
     def holds(self) -> bool:
-        return not self.changes
+        return not self.changes and not self.held_again
+
+    @property
+    def refusals(self) -> tuple[str, ...]:
+        """Everything that keeps the attempt from being sent as it is, in words."""
+        return self.changes + ((self.held_again,) if self.held_again else ())
 
 
 def standing_of(attempt: Attempt, *, original: Attempt | None = None, approving: bool = False) -> Standing:
@@ -172,6 +181,7 @@ def _compare(
     attempt: Attempt, tenant: Tenant, policy: Policy | None, original: Attempt | None, *, approved: bool
 ) -> Standing:
     changes: list[str] = []
+    again = ""
     if original is not None and original.tenant_id != attempt.tenant_id:
         changes.append(f"tenant differs from the original attempt's (tenant {original.tenant_id})")
     try:
@@ -181,11 +191,13 @@ def _compare(
     except LedgerError as exc:
         changes.append(f"{exc} (attempt recorded under v{attempt.policy_version})")
     else:
-        held = (
-            ""
-            if approved or attempt.approved_at is not None
-            else approval_needed(policy, attempt.tool_name, attempt.args)
-        )
+        if approved:
+            held = ""
+        elif attempt.approved_at is not None:
+            again = held_again(attempt, policy)
+            held = ""
+        else:
+            held = approval_needed(policy, attempt.tool_name, attempt.args)
         if held:
             changes.append(
                 f"{held}, and no approver let this call through (attempt recorded under v{attempt.policy_version})"
@@ -194,7 +206,44 @@ def _compare(
         wider = attempt.scopes - original.scopes
         if wider:
             changes.append(f"scope {scope_string(wider)} is wider than the original attempt's")
-    return Standing(tuple(changes), policy)
+    return Standing(tuple(changes), policy, again)
+
+
+def hold_of(policy: Any, tool_name: str, args: Any) -> str | None:
+    """The rule by which ``policy`` holds a call of ``tool_name`` with ``args``
+    for an approver: the tool's approval condition ("" when it holds every
+    call), or None when it does not hold this call."""
+    if not approval_needed(policy, tool_name, args):
+        return None
+    return str((getattr(policy, "approvals", None) or {}).get(tool_name) or "").strip()
+
+
+def held_again(attempt: Attempt, policy: Any) -> str:
+    """Why ``policy`` (the current one) holds ``attempt`` again although an
+    approver let it through, or "" when the approval stands.
+
+    An approval is bound to what it approved: the policy version it was
+    given under and the rule by which that version held the call
+    (``approved_hold``). The current policy is no stricter for this call
+    when it does not hold it, or holds it by that very rule (the same
+    condition of the tool); holding it by any other rule (every call, as a
+    freeze does; another condition, a lower threshold say; or at all, where
+    the approval's version did not) asks for a fresh approval. Conditions
+    are compared as written, not by what they mean: one that reads
+    differently is another rule."""
+    if attempt.approved_at is None:
+        return ""
+    now = hold_of(policy, attempt.tool_name, attempt.args)
+    if now is None or now == attempt.approved_hold:
+        return ""
+    under = f"v{attempt.approved_policy_version}" if attempt.approved_policy_version else "an earlier version"
+    if attempt.approved_hold is None:
+        then = "which did not hold it"
+    elif attempt.approved_hold == "":
+        then = "which held every call"
+    else:
+        then = f"which held it when {attempt.approved_hold}"
+    return f"{approval_needed(policy, attempt.tool_name, attempt.args)}; its approval was given under {under}, {then}"
 
 
 def approval_needed(policy: Any, tool_name: str, args: Any) -> str:

@@ -68,6 +68,7 @@ from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import (
     AlreadyHappened,
     AuthorizationChanged,
+    AwaitingApproval,
     MissingEvidence,
     NothingHappened,
     PermanentFailure,
@@ -483,7 +484,7 @@ class Reconciler:
                 attempt=attempt,
                 actor=self.actor,
                 fence=attempt.fence,
-                changes=standing.changes,
+                changes=standing.refusals,
                 lookup=details,
                 looked_at=looked_at,
             )
@@ -500,6 +501,10 @@ class Reconciler:
     def _dispatch(self, attempt: Attempt, tool: ToolProfile, why: str, details: dict[str, Any] | None = None) -> str:
         try:
             attempt = moves.attempt_dispatch(attempt=attempt, actor=self.actor, fence=attempt.fence, reason=why)
+        except AwaitingApproval as exc:
+            # Not sent: the current policy holds it by a rule its approval was not given under.
+            self._log(exc.attempt if isinstance(exc.attempt, Attempt) else attempt, "held again for approval")
+            return "held_again"
         except AlreadyHappened as exc:
             # Not sent: another attempt at the side effect acted; settled, with an incident for its people.
             self._log(exc.attempt if isinstance(exc.attempt, Attempt) else attempt, "not sent: it happened")

@@ -16,7 +16,7 @@ from typing import Any
 from django.db.models import Q
 
 from ledgerdash.ledger import clock, landing, tenancy
-from ledgerdash.ledger.authority import standing_of
+from ledgerdash.ledger.authority import hold_of, standing_of
 from ledgerdash.ledger.errors import (
     IllegalTransition,
     IncidentError,
@@ -135,7 +135,11 @@ def side_effect_standing(
     too, and one that may yet be sent blocks the approval like the original.
     """
     now = now or clock.now()
-    standing = original_standing(original, now=now)
+    if original.state == S.RECONCILED and superseded_by(original, retry):
+        # Approved once and held again since: its original is weighed by the facts, as it was then.
+        standing = _by_the_facts(original, now, f"the original #{original.pk}")
+    else:
+        standing = original_standing(original, now=now)
     if standing.blocked:
         return standing
     risks = [standing.risk] if standing.risk else []
@@ -263,6 +267,13 @@ def send_verdict(
     return SEND
 
 
+def superseded_by(original: Attempt, retry: Attempt) -> bool:
+    """Whether ``original`` was superseded by the approval of ``retry`` itself."""
+    return AttemptEvent.objects.filter(
+        attempt_id=original.pk, kind=EventKind.TRANSITION, to_state=S.RECONCILED, details__retry_id=retry.pk
+    ).exists()
+
+
 def awaiting_approval(attempt: Attempt) -> bool:
     """Never sent and waiting on an approver: a linked attempt under review,
     or a first call its policy requires approval for. Only an approver lets
@@ -322,6 +333,9 @@ class ApprovalCheck:
     policy_version_now: int | None
     #: The approver asked for it themselves (four eyes refuses it).
     own: bool = False
+    #: The rule by which the current policy holds the call ("": every call;
+    #: None: it does not): what an approval given now is bound to.
+    hold_now: str | None = None
 
     def refusals(self, *, safe_because: str = "") -> list[str]:
         """Why the approval would be refused, given the approver's reason
@@ -358,6 +372,7 @@ def approval_check(retry: Attempt, original: Attempt | None, approver: Person) -
         side_effect_standing(retry, original) if original is not None else None,
         standing_now.policy.version if standing_now.policy else None,
         own=decide.because == Because.FOUR_EYES,
+        hold_now=hold_of(standing_now.policy, retry.tool_name, retry.args) if standing_now.policy else None,
     )
 
 

@@ -16,6 +16,7 @@ from ledgerdash.ledger import clock, landing, store
 from ledgerdash.ledger.authority import Authority, authority_of, standing_under
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
+    AwaitingApproval,
     ClaimLost,
     IllegalTransition,
     MissingEvidence,
@@ -77,7 +78,9 @@ def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None
         if not standing.holds:
             if guard is not None:
                 return None  # refused on what this process remembered: the authority read now decides
-            _refuse_changed_authority(attempt, actor=actor, fence=fence, changes=standing.changes)
+            if standing.held_again and not standing.changes and attempt.dispatch_count == 0:
+                _hold_again(attempt, actor=actor, fence=fence, why=standing.held_again)
+            _refuse_changed_authority(attempt, actor=actor, fence=fence, changes=standing.refusals)
         try:
             return move(
                 attempt,
@@ -116,6 +119,36 @@ def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None
     claimed = store.under_authority(attempt.tenant_id, attempt.tool_name, claim)
     assert claimed is not None  # without a guard, the claim is made or refused
     return claimed
+
+
+def _hold_again(attempt: Attempt, *, actor: Actor, fence: int | None, why: str) -> None:
+    """INTENT_RECORDED -> MANUAL_REVIEW, awaiting a fresh approval: an
+    approver let this call through, but the current policy holds it by a
+    rule the approval was not given under (``why``). Nothing was sent; the
+    approval is undone (its event stays in the chain), and the approvals
+    queue shows the reason. Raises :class:`AwaitingApproval`."""
+    held = move(
+        attempt,
+        to_state=S.MANUAL_REVIEW,
+        actor=actor,
+        fence=fence,
+        reason=f"held again for approval: {why}",
+        updates={
+            "approved_at": None,
+            "approved_by_id": None,
+            "approved_policy_version": None,
+            "approved_hold": None,
+            "approval_required": clean_text(why)[:1000],
+            "next_check_at": None,
+        },
+        details={
+            "held_again": why,
+            "approved_by_id": attempt.approved_by_id,
+            "approved_policy_version": attempt.approved_policy_version,
+            "approved_hold": attempt.approved_hold,
+        },
+    )
+    raise AwaitingApproval(AwaitingApproval.MESSAGE.format(attempt_id=held.pk, why=held.approval_required), held)
 
 
 def _refuse_changed_authority(attempt: Attempt, *, actor: Actor, fence: int | None, changes: Sequence[str]) -> None:

@@ -49,7 +49,7 @@ from ledgerdash.ledger.moves.base import (
     validate_ref,
 )
 from ledgerdash.ledger.moves.create import create_retry_under
-from ledgerdash.ledger.rules import Because, approval_check, may_own, moves_for
+from ledgerdash.ledger.rules import ApprovalCheck, Because, approval_check, may_own, moves_for
 from ledgerdash.ledger.store import append_events
 
 
@@ -313,7 +313,7 @@ def retry_approve(
             )
         elif original is None:
             check_move(retry, S.INTENT_RECORDED, actor)
-            return _approve_first_call(retry, actor=actor, comment=comment, policy_version_now=check.policy_version_now)
+            return _approve_first_call(retry, actor=actor, comment=comment, check=check)
         else:
             now = clock.now()
             details = {
@@ -324,6 +324,7 @@ def retry_approve(
                 "original_standing": {"proof": standing.proof, "risk": standing.risk} if standing else None,
                 "policy_version": retry.policy_version,
                 "policy_version_now": check.policy_version_now,
+                "approved_hold": check.hold_now,
             }
             if safe_because.strip():
                 details["safe_because"] = safe_because.strip()
@@ -344,7 +345,13 @@ def retry_approve(
                 actor=actor,
                 fence=None,
                 reason=f"retry approved by {actor.label}: {comment}",
-                updates={"approved_by_id": actor.user_id, "approved_at": now, "next_check_at": now},
+                updates={
+                    "approved_by_id": actor.user_id,
+                    "approved_at": now,
+                    "approved_policy_version": check.policy_version_now,
+                    "approved_hold": check.hold_now,
+                    "next_check_at": now,
+                },
                 details=details,
                 now=now,
             )
@@ -352,7 +359,7 @@ def retry_approve(
     raise refusal
 
 
-def _approve_first_call(retry: Attempt, *, actor: Actor, comment: str, policy_version_now: int | None) -> Attempt:
+def _approve_first_call(retry: Attempt, *, actor: Actor, comment: str, check: ApprovalCheck) -> Attempt:
     """A first call its policy held for approval may go out now:
     MANUAL_REVIEW -> INTENT_RECORDED. Its agent's next call for the same key
     and arguments dispatches it; an agent that does not come back within the
@@ -367,13 +374,16 @@ def _approve_first_call(retry: Attempt, *, actor: Actor, comment: str, policy_ve
         updates={
             "approved_by_id": actor.user_id,
             "approved_at": now,
+            "approved_policy_version": check.policy_version_now,
+            "approved_hold": check.hold_now,
             "next_check_at": now + timedelta(seconds=settings.LEDGER_INTENT_LEASE_SECONDS),
         },
         details={
             "comment": comment,
             "approval_required": retry.approval_required,
             "policy_version": retry.policy_version,
-            "policy_version_now": policy_version_now,
+            "policy_version_now": check.policy_version_now,
+            "approved_hold": check.hold_now,
         },
         now=now,
     )
