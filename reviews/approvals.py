@@ -70,6 +70,7 @@ def approvals(request: HtmxHttpRequest) -> HttpResponse:
         "title": "Awaiting your approval" if for_me else "Awaiting approval",
         "for_me": for_me,
         "tools": queries.known_tools(tenant_ids),
+        "not_sent": queries.not_sent_retries(tenant_ids),
         "counts": queries.queue_counts(request.user, tenant_ids=tenant_ids),
         "paused": refresh_paused(request),
     }

@@ -96,6 +96,19 @@ def incidents_for(user: Person) -> QuerySet[Incident]:
     )
 
 
+def not_sent_retries(tenant_ids: Iterable[int], *, limit: int = 20) -> list[Incident]:
+    """The newest open ``not_sent`` incidents of these tenants: approved calls
+    the ledger did not send because their side effect had happened
+    meanwhile, each with its retry and the people who decided it."""
+    return list(
+        Incident.objects.filter(
+            tenant_id__in=list(tenant_ids), kind=Incident.Kind.NOT_SENT, status=Incident.Status.OPEN
+        )
+        .select_related("tenant", "retry", "retry__requested_by", "retry__approved_by")
+        .order_by("-opened_at", "-id")[:limit]
+    )
+
+
 def known_tools(tenant_ids: Iterable[int]) -> list[str]:
     """Tool names any policy version of these tenants ever allowed (filter suggestions)."""
     names: set[str] = set()

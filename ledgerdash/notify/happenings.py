@@ -84,6 +84,23 @@ def matches(rule: Rule, event: AttemptEvent) -> Happening | None:
             event.seq,
             {"incident_id": event.details.get("incident_id"), "retry_id": event.details.get("retry_id")},
         )
+    if (
+        rule.event == RuleEvent.RETRY_NOT_SENT
+        and event.kind == EventKind.INCIDENT
+        and event.details.get("action") == "opened"
+        and event.details.get("kind") == "not_sent"
+    ):
+        # The retry's happening, so its people hear it (the incident sits on the attempt that acted).
+        retry = Attempt.objects.filter(pk=event.details.get("retry_id")).select_related("owner").first()
+        return Happening(
+            key,
+            f"Approved call #{event.details.get('retry_id')} was not sent: its side effect had happened",
+            event.reason,
+            event.created_at,
+            retry or attempt,
+            event.seq,
+            {"incident_id": event.details.get("incident_id"), "acted_id": event.attempt_id},
+        )
     return None
 
 

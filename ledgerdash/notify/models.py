@@ -30,13 +30,14 @@ class ChannelKind(models.TextChoices):
 
 
 class RuleEvent(models.TextChoices):
-    """What a rule listens for. The first three follow the tenant's event
-    log; the last three are conditions the notify worker looks at each loop."""
+    """What a rule listens for. All but the last three follow the tenant's
+    event log; those are conditions the notify worker looks at each loop."""
 
     ENTERED_MANUAL_REVIEW = "entered_manual_review", "an attempt entered manual review"
     # The name is older than first calls held for approval; it covers both.
     RETRY_AWAITING_APPROVAL = "retry_awaiting_approval", "a linked retry or a held call awaits approval"
     DUPLICATE_INCIDENT = "duplicate_incident", "a duplicate incident was raised"
+    RETRY_NOT_SENT = "retry_not_sent", "an approved call was not sent: its side effect had happened"
     SLA_OVERDUE = "sla_overdue", "an attempt is UNKNOWN or in manual review longer than its SLA"
     AUDIT_BREAK = "audit_break", "verify_audit found a break in the event chain"
     RECONCILER_STALLED = "reconciler_stalled", "the reconciler has not completed a pass for a while"
@@ -52,6 +53,7 @@ class Audience(models.TextChoices):
     CHANNEL = "channel", "the channel's address"
     OWNER = "owner", "the attempt's owner (else the channel's address)"
     APPROVERS = "approvers", "the tenant's approvers and admins"
+    DECIDERS = "deciders", "who asked for the attempt and who approved it (else the channel's address)"
 
 
 class Channel(models.Model):

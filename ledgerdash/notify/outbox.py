@@ -195,6 +195,11 @@ def recipients_for(rule: Rule, attempt: Attempt | None) -> list[str]:
     fallback = [a.strip() for a in channel.target.split(",") if a.strip()]
     if rule.audience == Audience.OWNER and attempt is not None and attempt.owner and attempt.owner.email:
         return [attempt.owner.email]
+    if rule.audience == Audience.DECIDERS and attempt is not None:
+        people = [attempt.requested_by, attempt.approved_by]
+        emails = sorted({person.email for person in people if person is not None and person.email})
+        if emails:
+            return emails
     if rule.audience == Audience.APPROVERS:
         emails = sorted(
             set(
