@@ -103,6 +103,41 @@ def lookup_lag() -> None:
     landing.not_found_is_evidence = lambda attempt, lag=0.0: unlagged(attempt, 0.0)
 
 
+def send_gate() -> None:
+    """A dispatch re-checked tenant, policy and scope, never what the ledger
+    knew of the side effect: a retry approved before a late receipt was
+    sent after it."""
+    from ledgerdash.ledger import rules
+
+    rules.send_verdict = lambda attempt, **_: rules.SEND
+
+
+def approval_binding() -> None:
+    """Once approved, a call went out under any later policy: a freeze
+    published after the approval did not hold it again."""
+    from ledgerdash.ledger import authority
+
+    authority.held_again = lambda attempt, policy: ""
+
+
+def withdrawn_refusal() -> None:
+    """A dispatcher's "cannot tell" after its own refusal had settled the
+    attempt as failed was only recorded: no incident, nobody told."""
+    from ledgerdash.ledger.models import FailedBecause, State
+    from ledgerdash.ledger.moves import evidence
+
+    evidence.rested_on_its_word = lambda attempt, fence: False
+    contradicts = evidence._incident_for_late_report
+
+    def old_rule(attempt, report, *, earlier):  # type: ignore[no-untyped-def]
+        own_refusal = attempt.state == State.FAILED and attempt.failed_because == FailedBecause.PROVIDER
+        if report.outcome == "unknown" and own_refusal and not earlier:
+            return None
+        return contradicts(attempt, report, earlier=earlier)
+
+    evidence._incident_for_late_report = old_rule
+
+
 HOLES: dict[str, Callable[[], None]] = {
     "landing": landing,
     "late_report": late_report,
@@ -111,6 +146,9 @@ HOLES: dict[str, Callable[[], None]] = {
     "chain_standing": chain_standing,
     "past_retention": past_retention,
     "lookup_lag": lookup_lag,
+    "send_gate": send_gate,
+    "approval_binding": approval_binding,
+    "withdrawn_refusal": withdrawn_refusal,
 }
 
 

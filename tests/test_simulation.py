@@ -54,6 +54,8 @@ HOLES = {
     "chain_standing": ({"I1", "I4"}, 150),
     "past_retention": ({"I1", "I4"}, 150),
     "lookup_lag": ({"I1", "I4"}, 150),
+    "send_gate": ({"I1"}, 150),
+    "approval_binding": ({"I11"}, 150),
 }
 
 

@@ -128,13 +128,29 @@ def side_effect_standing(
     time: its original's standing, and that of every other attempt at the
     same side effect (``chain``: the key's attempts; read when not given).
 
-    A linked retry of a linked attempt that was never sent still performs
-    the side effect its key names: if the first attempt at it happened, the
-    retry duplicates it, whatever its own parent's standing. So every other
+    Any attempt at the side effect known to have acted blocks it outright
+    (what :func:`send_verdict` would refuse at dispatch). A linked retry of
+    a linked attempt that was never sent still performs the side effect its
+    key names: if the first attempt at it happened, the retry duplicates
+    it, whatever its own parent's standing. So every other
     attempt of the key that was sent must be proven not to have happened
     too, and one that may yet be sent blocks the approval like the original.
     """
     now = now or clock.now()
+    others = (
+        list(chain)
+        if chain is not None
+        else list(
+            Attempt.objects.filter(tenant_id=retry.tenant_id, idempotency_key=retry.idempotency_key).order_by("id")
+        )
+    )
+    acted = what_happened([each for each in others if each.pk != retry.pk])
+    if acted is not None:
+        # The send rule would never let it out: approving it would decide nothing.
+        return OriginalStanding(
+            blocked=f"{acted[0]}: the side effect happened, and a retry under its key is never sent (a new side "
+            "effect needs a key of its own)"
+        )
     if original.state == S.RECONCILED and superseded_by(original, retry):
         # Approved once and held again since: its original is weighed by the facts, as it was then.
         standing = _by_the_facts(original, now, f"the original #{original.pk}")
@@ -144,13 +160,6 @@ def side_effect_standing(
         return standing
     risks = [standing.risk] if standing.risk else []
     proofs = [standing.proof] if standing.proof else []
-    others = (
-        list(chain)
-        if chain is not None
-        else list(
-            Attempt.objects.filter(tenant_id=retry.tenant_id, idempotency_key=retry.idempotency_key).order_by("id")
-        )
-    )
     for other in others:
         if other.pk in (retry.pk, original.pk):
             continue
@@ -210,6 +219,28 @@ def acted_by_report(attempt_ids: Sequence[int]) -> dict[int, str]:
     return heard
 
 
+def what_happened(attempts: Sequence[Attempt]) -> tuple[str, int] | None:
+    """The first of ``attempts`` the ledger knows acted, and what says so:
+    confirmed, a receipt recorded, a dispatcher's late report of one, or a
+    lookup that found an effect under its key; None when none did."""
+    heard = acted_by_report([each.pk for each in attempts])
+    for each in attempts:
+        if each.state == S.OUTCOME_CONFIRMED:
+            what = f"#{each.pk} is confirmed" + (
+                f" (provider request {each.provider_request_id})" if each.provider_request_id else ""
+            )
+        elif each.provider_request_id:
+            what = f"#{each.pk} has a receipt from the provider (request {each.provider_request_id})"
+        elif each.pk in heard:
+            what = f"#{each.pk}'s dispatcher reported late that the provider acted ({heard[each.pk]})"
+        elif each.last_lookup in ("found", "mismatch"):
+            what = f"the provider's lookup found an effect of #{each.pk} ({each.last_lookup})"
+        else:
+            continue
+        return what, each.pk
+    return None
+
+
 def send_verdict(
     attempt: Attempt, *, chain: Sequence[Attempt] | None = None, now: datetime | None = None
 ) -> SendVerdict:
@@ -237,21 +268,10 @@ def send_verdict(
             Attempt.objects.filter(tenant_id=attempt.tenant_id, idempotency_key=attempt.idempotency_key).order_by("id")
         )
     others = [other for other in chain if other.pk != attempt.pk]
-    heard = acted_by_report([other.pk for other in others])
-    for other in others:
-        what = ""
-        if other.state == S.OUTCOME_CONFIRMED:
-            what = f"#{other.pk} is confirmed" + (
-                f" (provider request {other.provider_request_id})" if other.provider_request_id else ""
-            )
-        elif other.provider_request_id:
-            what = f"#{other.pk} has a receipt from the provider (request {other.provider_request_id})"
-        elif other.pk in heard:
-            what = f"#{other.pk}'s dispatcher reported late that the provider acted ({heard[other.pk]})"
-        elif other.last_lookup in ("found", "mismatch"):
-            what = f"the provider's lookup found an effect of #{other.pk} ({other.last_lookup})"
-        if what:
-            return SendVerdict(happened=f"{what}: the side effect happened", by=other.pk)
+    acted = what_happened(others)
+    if acted is not None:
+        what, by = acted
+        return SendVerdict(happened=f"{what}: the side effect happened", by=by)
     for other in others:
         if other.state in IN_FLIGHT_STATES:
             return SendVerdict(waits=f"#{other.pk} (the same side effect) is {other.state} and may yet be sent")

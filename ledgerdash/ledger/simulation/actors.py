@@ -37,6 +37,7 @@ from ledgerdash.ledger.models import Attempt, State, Tenant, Tool
 from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash.ledger.simulation import provider as net
 from ledgerdash.ledger.simulation.scenario import (
+    ALIKE_KEY,
     PROVIDERS,
     TENANT,
     Task,
@@ -65,6 +66,19 @@ class ReportMade:
     order: int = 0
 
 
+@dataclass(frozen=True)
+class ApprovalGiven:
+    """An approver let an attempt through: when, under which approval
+    rules (what the policy author had published then), and whether they
+    accepted a risk with a reason."""
+
+    attempt_id: int
+    step: int
+    order: int
+    approvals: dict[str, str]
+    with_reason: bool
+
+
 @dataclass
 class Truth:
     """What the simulation knows that the ledger may not: every report made,
@@ -75,6 +89,8 @@ class Truth:
     #: (step, tools, approvals, active) of every authority the tenant had, newest last.
     authority: list[tuple[int, dict[str, list[str]], dict[str, str], bool]] = field(default_factory=list)
     decisions: dict[str, int] = field(default_factory=dict)
+    #: Every approval people gave, in order.
+    approvals: list[ApprovalGiven] = field(default_factory=list)
 
     def fault(self, kind: str) -> None:
         self.faults[kind] = self.faults.get(kind, 0) + 1
@@ -139,8 +155,11 @@ class SimSession(recording._InProcess):
         if self.agent.run.faults_on("pause") and world.rng.random() < 0.15:
             # Busy elsewhere before it reports: its lease may run out meanwhile.
             self.agent.run.truth.fault("pause")
-            busy = world.rng.choice([world.rng.uniform(0, 60), world.rng.uniform(60, 300)])
-            world.sleep(busy, f"busy before reporting #{attempt.pk}")
+            if world.rng.random() < 0.3:
+                self._busy_until_a_retry_is_approved(attempt)
+            else:
+                busy = world.rng.choice([world.rng.uniform(0, 60), world.rng.uniform(60, 300)])
+                world.sleep(busy, f"busy before reporting #{attempt.pk}")
         self._point(f"reporting #{attempt.pk} {outcome}")
         answer = "applied"
         try:
@@ -163,6 +182,16 @@ class SimSession(recording._InProcess):
             self.agent.report(attempt, fence, outcome, "replayed" if again.replayed else "applied-again")
         self._point(f"reported #{attempt.pk} {outcome}")
         return result
+
+    def _busy_until_a_retry_is_approved(self, attempt: Attempt) -> None:
+        """Busy until a person approved a retry of ``attempt`` (or for up to
+        fifteen minutes): its report then arrives after the approval and
+        before the retry leaves, the moment a late receipt matters most."""
+        world = self.agent.world
+        for _ in range(int(world.rng.uniform(60, 900) / 5)):
+            world.sleep(5.0, f"busy before reporting #{attempt.pk}")
+            if Attempt.objects.filter(parent_id=attempt.pk, approved_at__isnull=False).exists():
+                return
 
     def confirm(
         self, attempt: Attempt, *, fence: int, provider_request_id: str, result_ref: str, result: Any, storable: bool
@@ -245,7 +274,7 @@ class AgentState:
 
     # --- the tool the wrapper runs --------------------------------------------------------
 
-    def tool(self, name: str) -> Callable[..., Any]:
+    def tool(self, name: str, key: str = "{tool}:{ref}") -> Callable[..., Any]:
         world, run = self.world, self.run
 
         def send(call: toolcalls.ToolCall, *, ref: str, amount_cents: int, tool: str) -> Any:
@@ -286,7 +315,7 @@ class AgentState:
             )
             return sent.response
 
-        return toolcalls.wrap(send, name=name, key="{tool}:{ref}", scope=None, session=self._session)
+        return toolcalls.wrap(send, name=name, key=key, scope=None, session=self._session)
 
     def _session(self) -> SimSession:
         assert self.session is not None, "a tool is called inside a task"
@@ -303,8 +332,10 @@ class AgentState:
         self.actor = actor
         tenant = Tenant.objects.get(slug=TENANT)
         tools = {name: self.tool(name) for name in sorted(PROVIDERS)}
+        alike = {name: self.tool(name, ALIKE_KEY) for name in sorted(PROVIDERS)}
         if self.stepwise:
             tools = {name: self._stepwise(name) for name in sorted(PROVIDERS)}
+            alike = {name: self._stepwise(name, ALIKE_KEY) for name in sorted(PROVIDERS)}
         while self.task_index < len(self.tasks):
             task = self.tasks[self.task_index]
             context = recording.TaskContext(
@@ -316,12 +347,12 @@ class AgentState:
                 if self.reword and self.world.rng.random() < 0.5:
                     self.run.truth.fault("reword")
                     args = {**args, "amount_cents": args["amount_cents"] + 1}
-                self._call(tools[call.tool], args)
+                self._call((alike if call.alike else tools)[call.tool], args)
             self.reword = False
             self.task_index += 1
             self.world.sleep(self.world.rng.uniform(0, 30), "between tasks")
 
-    def _stepwise(self, name: str) -> Callable[..., Any]:
+    def _stepwise(self, name: str, key: str = "{tool}:{ref}") -> Callable[..., Any]:
         """The tool ``name`` called step by step: record, claim, send, report
         each answer as it comes; a refusal before acting from an idempotent
         provider is sent again at once with the same key (as Stripe's SDK does),
@@ -336,7 +367,7 @@ class AgentState:
                 tenant=session.context.tenant,
                 task_id=session.context.task_id,
                 tool_name=name,
-                idempotency_key=f"{args['tool']}:{args['ref']}",
+                idempotency_key=key.format(**args),
                 args=args,
                 actor=actor,
                 claim=True,

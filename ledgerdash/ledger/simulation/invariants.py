@@ -2,10 +2,15 @@
 providers' record and the ledger after every step of a simulated run, and
 once more at its end.
 
-These checks share no code with the rules they check: the authority a
-dispatch needed is worked out here from what the policy author published,
-the approval condition evaluated with JMESPath directly, and whether an
-effect happened is what the simulated provider recorded.
+These checks share no code with the rules they check, and no excuse with
+them: the authority a dispatch needed is worked out here from what the
+policy author published, the approval condition evaluated with JMESPath
+directly; whether an effect happened is what the simulated provider
+recorded; what the ledger knew when a request left is the events it had
+committed by then (each request notes the newest one), and what people
+decided is what the simulated people did. No field the ledger writes about
+its own judgement (a reason to accept a risk, an approval's version)
+excuses anything.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ INVARIANTS = {
     "I2": "every effect the provider performed is known to the ledger",
     "I3": "nothing is settled as not happened without grounds",
     "I4": "a proof that an original did not happen is true",
-    "I5": "nothing is confirmed without the provider's effect or a person's word",
+    "I5": "nothing is confirmed without the provider's effect or a person's word, nor one effect on two side effects",
     "I6": "every attempt settles once faults stop",
     "I7": "the operator sees the arguments' hash and the provider's request id",
     "I8": "a retry never widens credentials or crosses a tenant",
@@ -74,6 +79,8 @@ class Checker:
         self.reports_seen = 0
         self.seen: tuple[int, ...] = ()
         self.tenant_id = Tenant.objects.filter(slug=TENANT).values_list("pk", flat=True).get()
+        #: attempt id -> the first event by which the ledger recorded that it acted (:func:`says_it_acted`).
+        self.acted_at: dict[int, int] = {}
 
     # --- the ground truth ------------------------------------------------------------------
 
@@ -112,6 +119,10 @@ class Checker:
             if attempt.state in OWNED_STATES and attempt.owner_id is None:
                 found.append(Violation("I9", step, f"#{attempt.pk} is {attempt.state} with nobody owning it"))
         for event in events:
+            if says_it_acted(event):
+                assert event.attempt_id is not None
+                self.acted_at.setdefault(event.attempt_id, event.pk)
+        for event in events:
             found += self._dispatch_authorized(event, attempts, step)
             found += self._proof_true(event, attempts, step)
         found += self._proofs_on_show(attempts, step)
@@ -122,6 +133,10 @@ class Checker:
         return found
 
     def _dispatch_authorized(self, event: AttemptEvent, attempts: dict[int, Attempt], step: int) -> list[Violation]:
+        """The policy in force when the call was dispatched allowed it, and
+        held it for an approver only where one let it through under a policy
+        that held it by the same rule (an approval given under a version no
+        stricter for this call)."""
         if event.kind != "transition" or event.to_state != S.DISPATCHED:
             return []
         assert event.attempt_id is not None
@@ -134,10 +149,20 @@ class Checker:
             problem = f"the current policy does not allow {attempt.tool_name}"
         elif not attempt.scopes <= set(tools[attempt.tool_name]):
             problem = f"scopes {sorted(attempt.scopes)} are wider than the current policy's {tools[attempt.tool_name]}"
-        elif attempt.tool_name in approvals and attempt.approved_at is None:
-            condition = approvals[attempt.tool_name]
-            if not condition or jmespath.search(condition, attempt.args) is not False:
-                problem = f"the current policy holds {attempt.tool_name} for approval ({condition or 'every call'})"
+        else:
+            rule = _hold(approvals, attempt.tool_name, attempt.args)
+            if rule is not None:
+                given = [a for a in self.run.truth.approvals if a.attempt_id == attempt.pk]
+                last = given[-1] if given else None
+                if last is None:
+                    problem = f"the current policy holds {attempt.tool_name} ({rule or 'every call'}), unapproved"
+                elif _hold(last.approvals, attempt.tool_name, attempt.args) != rule:
+                    then = _hold(last.approvals, attempt.tool_name, attempt.args)
+                    problem = (
+                        f"the current policy holds {attempt.tool_name} ({rule or 'every call'}), and its approval "
+                        f"at step {last.step} was given under a policy that "
+                        + ("did not hold it" if then is None else f"held it by another rule ({then or 'every call'})")
+                    )
         if not problem:
             return []
         return [Violation("I11", step, f"#{attempt.pk} was dispatched although {problem} (by {event.actor_label})")]
@@ -149,8 +174,6 @@ class Checker:
         details = event.details or {}
         standing = details.get("original_standing") or {}
         if event.kind != "transition" or event.to_state != S.INTENT_RECORDED or not standing.get("proof"):
-            return []
-        if details.get("safe_because"):
             return []
         assert event.attempt_id is not None
         retry = attempts[event.attempt_id]
@@ -203,7 +226,24 @@ class Checker:
         return found
 
     def _confirmed_with_evidence(self, attempts: dict[int, Attempt], step: int) -> list[Violation]:
+        """Nothing is confirmed without the provider's effect (or a person's
+        word), and no provider effect is recorded as the outcome of two side
+        effects (attempts at one side effect may share it)."""
         found = []
+        sides: dict[tuple[str, str], set[str]] = {}
+        for attempt in attempts.values():
+            if attempt.provider_request_id:
+                sides.setdefault((attempt.tool_name, attempt.provider_request_id), set()).add(attempt.idempotency_key)
+        for (tool, request_id), keys_of in sorted(sides.items()):
+            if len(keys_of) > 1:
+                found.append(
+                    Violation(
+                        "I5",
+                        step,
+                        f"{tool}'s effect {request_id} is recorded as the outcome of {len(keys_of)} side effects "
+                        f"({', '.join(sorted(keys_of))})",
+                    )
+                )
         keys = {(e.provider, e.key) for e in self.effects()}
         for attempt in attempts.values():
             if attempt.state != S.OUTCOME_CONFIRMED or (attempt.tool_name, attempt.provider_key) in keys:
@@ -226,29 +266,46 @@ class Checker:
         return chains
 
     def _no_effect_twice(self, attempts: dict[int, Attempt], step: int) -> list[Violation]:
+        """Effects per side effect, from the providers' logs: a second one is
+        excused only when its request was a late send (C2 broken), or when
+        a person had accepted the risk (an approver let an attempt of it
+        out with a reason, as the simulated approver did) and, when the
+        request left, the ledger had recorded nothing saying the side
+        effect happened (its committed events then, :func:`says_it_acted`)."""
         found = []
         effects = self.effects()
         requests = {r.n: r for r in self.requests()}
         for key, chain in self._chains(attempts).items():
             provider_keys = {(a.tool_name, a.provider_key) for a in chain}
-            landed = [e for e in effects if (e.provider, e.key) in provider_keys]
+            landed = sorted((e for e in effects if (e.provider, e.key) in provider_keys), key=lambda e: (e.at, e.n))
             if len(landed) < 2:
                 continue
-            late_sends = [e for e in landed if not requests[e.request].licensed]
-            overridden = AttemptEvent.objects.filter(
-                attempt_id__in=[a.pk for a in chain], details__has_key="safe_because"
-            ).exists()
-            if late_sends or overridden:
-                continue  # outside the promise: a dispatcher sent after its lease, or a person accepted the risk
-            found.append(
-                Violation(
-                    "I1",
-                    step,
-                    f"the side effect {key!r} happened {len(landed)} times at the provider "
-                    f"(requests {', '.join(str(e.request) for e in landed)}; attempts "
-                    f"{', '.join(f'#{a.pk} {a.state}' for a in chain)})",
+            ids = {a.pk for a in chain}
+            for effect in landed[1:]:
+                request = requests[effect.request]
+                if not request.licensed:
+                    continue  # outside the promise: a dispatcher sent after its lease (and it is not the ledger's send)
+                knew = sorted(a for a in ids if self.acted_at.get(a, request.ledger_seen + 1) <= request.ledger_seen)
+                risked = any(
+                    a.attempt_id in ids and a.with_reason and a.order < request.order for a in self.run.truth.approvals
                 )
-            )
+                if risked and not knew:
+                    continue  # a person accepted the risk, and the ledger knew of nothing that had happened
+                why = (
+                    f"the ledger had recorded that #{knew[0]} acted before request {request.n} left"
+                    if knew
+                    else "no person accepted that risk"
+                )
+                found.append(
+                    Violation(
+                        "I1",
+                        step,
+                        f"the side effect {key!r} happened {len(landed)} times at the provider (requests "
+                        f"{', '.join(str(e.request) for e in landed)}; attempts "
+                        f"{', '.join(f'#{a.pk} {a.state}' for a in chain)}): {why}",
+                    )
+                )
+                break
         return found
 
     def _failed_with_grounds(self, attempts: dict[int, Attempt], step: int) -> list[Violation]:
@@ -381,3 +438,35 @@ def _knows(attempt: Attempt, incidents: set[int | None]) -> bool:
     if attempt.pk in incidents or attempt.state in (S.OUTCOME_CONFIRMED, S.MANUAL_REVIEW, S.RECONCILED):
         return True
     return attempt.state == S.FAILED and attempt.failed_because == FailedBecause.PERSON
+
+
+def says_it_acted(event: AttemptEvent) -> bool:
+    """Whether ``event`` records that its attempt's side effect happened: a
+    confirmation, a provider's request id, a dispatcher's late report of
+    either, or a lookup that found an effect under its key."""
+    details = event.details or {}
+    if event.kind == "request_id":
+        return True
+    if event.kind == "late_report":
+        return (details.get("report") or {}).get("outcome") in ("confirmed", "request_id")
+    if event.kind != "transition":
+        return False
+    if event.to_state == S.OUTCOME_CONFIRMED:
+        return True
+    lookup = details.get("lookup") or {}
+    return isinstance(lookup, dict) and lookup.get("status") in ("found", "mismatch")
+
+
+def _hold(approvals: dict[str, str], tool_name: str, args: Any) -> str | None:
+    """The rule by which a policy's ``approvals`` hold a call ("": every
+    call; None: not held): a condition holds unless it yields false."""
+    if tool_name not in approvals:
+        return None
+    condition = approvals[tool_name] or ""
+    if not condition:
+        return ""
+    try:
+        decided = jmespath.search(condition, args)
+    except (jmespath.exceptions.JMESPathError, TypeError, ValueError):
+        return condition
+    return None if decided is False else condition

@@ -23,6 +23,7 @@ from ledgerdash.ledger.errors import LedgerError
 from ledgerdash.ledger.events import Actor as LedgerActor
 from ledgerdash.ledger.models import Attempt, State, Tenant, Tool
 from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.simulation.actors import ApprovalGiven
 from ledgerdash.ledger.simulation.scenario import (
     APPROVERS,
     OPERATORS,
@@ -162,14 +163,23 @@ def approver_body(run: Run, username: str) -> Callable[[Actor], None]:
                         safe_because="checked with the provider's support",
                         fence=attempt.fence,
                     )
+                    _approved(run, attempt, with_reason=True)
                     run.truth.decided("approve over a risk, with a reason")
                 else:
                     moves.retry_approve(attempt=attempt, actor=me, comment="approved", fence=attempt.fence)
+                    _approved(run, attempt, with_reason=False)
                     run.truth.decided("approve")
             except LedgerError:
                 run.truth.decided("approval refused")
 
     return body
+
+
+def _approved(run: Run, attempt: Attempt, *, with_reason: bool) -> None:
+    _step, _tools, approvals, _active = run.truth.authority[-1]
+    run.truth.approvals.append(
+        ApprovalGiven(attempt.pk, run.world.step, next(run.world.happened), dict(approvals), with_reason)
+    )
 
 
 # --- the policy author -----------------------------------------------------------------------
@@ -183,6 +193,7 @@ def author_body(run: Run) -> Callable[[Actor], None]:
         approvals: dict[str, str] = {}
         # Some seeds' authors change the policy every few seconds (a script gone wild), most now and then.
         tempo = rng.choice([15.0, 60.0, 180.0])
+        approvals_seen = 0
         while not run.settling:
             world.sleep(rng.uniform(1, 2 * tempo), "between policy changes")
             if run.settling:
@@ -197,6 +208,7 @@ def author_body(run: Run) -> Callable[[Actor], None]:
                     "hold",
                     "hold",
                     "condition",
+                    "tighten",
                     "release",
                     "timing",
                     "deactivate",
@@ -205,6 +217,12 @@ def author_body(run: Run) -> Callable[[Actor], None]:
                 ]
             )
             name = rng.choice(sorted(SCOPES))
+            given = run.truth.approvals[approvals_seen:]
+            approvals_seen = len(run.truth.approvals)
+            if given and rng.random() < 0.5:
+                # Stricter right after an approval: an incident freeze, or a lower threshold for its tool.
+                change = rng.choice(["freeze", "tighten"])
+                name = Attempt.objects.filter(pk=given[-1].attempt_id).values_list("tool_name", flat=True).get()
             run.truth.fault("policy")
             tenant = Tenant.objects.get(slug=TENANT)
             if change == "timing":
@@ -235,6 +253,8 @@ def author_body(run: Run) -> Callable[[Actor], None]:
                 approvals[name] = ""
             elif change == "condition" and name in tools:
                 approvals[name] = "amount_cents > `5000`"
+            elif change == "tighten" and name in tools:
+                approvals[name] = "amount_cents > `150`"
             elif change == "release":
                 approvals.pop(name, None)
             elif change == "freeze":  # an incident: every call of every tool waits for an approver

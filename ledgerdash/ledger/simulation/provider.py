@@ -83,6 +83,8 @@ class Request:
     told: str = ""
     #: Where its sending falls among everything actors did (``World.happened``).
     order: int = 0
+    #: The newest event the ledger had committed when it left: what the ledger knew by then.
+    ledger_seen: int = 0
 
 
 @dataclass
@@ -292,6 +294,7 @@ def call(
         licensed=licensed,
         wait=wait,
         order=next(world.happened),
+        ledger_seen=_newest_event(),
     )
     reply = provider.send(request, actor)
     deadline = world.now + timedelta(seconds=wait)
@@ -321,6 +324,13 @@ def call(
     return Dispatched(
         request_id=request.request_id, payload_hash=request.args_hash, response={"id": request.request_id}
     )
+
+
+def _newest_event() -> int:
+    """The id of the newest event the ledger has committed (one actor runs at a time, so ids follow commits)."""
+    from ledgerdash.ledger.models import AttemptEvent
+
+    return AttemptEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
 
 
 def look_up(world: World, provider: Provider, key: str, sought: Sought | None = None) -> Lookup:

@@ -149,6 +149,13 @@ class Call:
     tool: str
     ref: str
     amount: int
+    #: Made under another key than its twin's with the same arguments (``ALIKE_KEY``): two side
+    #: effects the provider cannot tell apart by content.
+    alike: bool = False
+
+
+#: The key of a call made under another key than ``{tool}:{ref}`` with the same arguments.
+ALIKE_KEY = "{tool}:{ref}:alike"
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,12 @@ def draw_plan(world: World) -> Plan:
         tasks = []
         for t in range(rng.randint(1, 4)):
             calls = tuple(
-                Call(tool=rng.choice(tools), ref=rng.choice(refs), amount=rng.choice([100, 4200, 90000]))
+                Call(
+                    tool=rng.choice(tools),
+                    ref=rng.choice(refs),
+                    amount=rng.choice([100, 4200, 90000]),
+                    alike=rng.random() < 0.2,
+                )
                 for _ in range(rng.randint(1, 3))
             )
             tasks.append(Task(task_id=f"agent{a}-task{t}", calls=calls))
