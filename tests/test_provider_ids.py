@@ -2,7 +2,8 @@
 
 The database refuses an attempt naming a provider request id that an
 attempt at another side effect of the tenant's tool named first, whichever
-way the row is written; attempts at one side effect share it.
+way the row is written; attempts at one side effect share it. Every move
+that records an id meets a named error for it.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from ledgerdash.ledger import moves, provider_ids, recording
+from ledgerdash.ledger.errors import RequestIdTaken
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, ProviderId, State, Tenant
-from tests.conftest import AGENT, RECONCILER, record
+from tests.api_support import Api, issue_token
+from tests.conftest import AGENT, RECONCILER, record, together
 from tests.live import PYTHON, ROOT
 
 S = State
@@ -33,6 +37,10 @@ S = State
 def dispatched(tenant: Tenant, key: str, **overrides: Any) -> Attempt:
     args = overrides.pop("args", {"to": "ap@example.com", "key": key})
     return recording.mark_dispatched(record(tenant, key, args=args, **overrides), actor=AGENT)
+
+
+def confirmed(tenant: Tenant, key: str, request_id: str, **overrides: Any) -> Attempt:
+    return recording.confirm(dispatched(tenant, key, **overrides), provider_request_id=request_id, actor=AGENT)
 
 
 def linked_retry_of(attempt: Attempt) -> Attempt:
@@ -52,6 +60,11 @@ def linked_retry_of(attempt: Attempt) -> Attempt:
         actor=RECONCILER,
         reason="a retry, for review",
     )
+
+
+def under_review(tenant: Tenant, key: str) -> Attempt:
+    attempt = recording.mark_unknown(dispatched(tenant, key), reason="timeout", actor=AGENT)
+    return moves.attempt_escalate(attempt=attempt, actor=RECONCILER, fence=attempt.fence, reason="a person decides")
 
 
 # --- the database's rule --------------------------------------------------------------------
@@ -149,6 +162,84 @@ def test_two_transactions_naming_one_id_under_two_keys_at_once_one_is_refused(te
     assert list(Attempt.objects.filter(provider_request_id="req-race").values_list("pk", flat=True)) == [first.pk]
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_agents_recording_one_id_under_two_keys_at_once_exactly_one_wins(tenant_a: Tenant) -> None:
+    pairs = [(dispatched(tenant_a, f"k-{n}-a"), dispatched(tenant_a, f"k-{n}-b")) for n in range(10)]
+    won: list[int] = []
+    refused: list[RequestIdTaken] = []
+    others: list[BaseException] = []
+    lock = threading.Lock()
+
+    def agent(attempt: Attempt) -> None:
+        n = attempt.idempotency_key.split("-")[1]
+        try:
+            recording.record_request_id(attempt, f"req-{n}", actor=AGENT)
+            with lock:
+                won.append(attempt.pk)
+        except RequestIdTaken as exc:
+            with lock:
+                refused.append(exc)
+        except BaseException as exc:
+            with lock:
+                others.append(exc)
+
+    for a, b in pairs:
+        together(agent, [a, b])
+
+    assert others == []
+    assert (len(won), len(refused)) == (10, 10)
+    for n in range(10):
+        assert Attempt.objects.filter(provider_request_id=f"req-{n}").count() == 1
+
+
+# --- every move that records an id ----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_persons_verification_with_another_side_effects_id_is_refused_naming_its_attempt(
+    tenant_a: Tenant, operator_a: Any
+) -> None:
+    holder = confirmed(tenant_a, "k-holder", "SM-verified")
+    attempt = under_review(tenant_a, "k-review")
+
+    with pytest.raises(RequestIdTaken, match=f"already recorded on attempt {holder.pk} "):
+        moves.attempt_verify(
+            attempt=attempt,
+            actor=Actor.user(operator_a),
+            evidence="seen in the console",
+            provider_request_id="SM-verified",
+        )
+    after = Attempt.objects.get(pk=attempt.pk)
+    assert (after.state, after.provider_request_id) == (S.MANUAL_REVIEW, "")
+
+    # An id an attempt at the same side effect named (a linked retry's dispatcher) is the side effect's own.
+    shared = under_review(tenant_a, "k-same")
+    Attempt.objects.filter(pk=linked_retry_of(shared).pk).update(provider_request_id="SM-same")
+    verified = moves.attempt_verify(
+        attempt=shared, actor=Actor.user(operator_a), evidence="the same message", provider_request_id="SM-same"
+    )
+    assert (verified.state, verified.provider_request_id) == (S.OUTCOME_CONFIRMED, "SM-same")
+
+
+@pytest.mark.django_db
+def test_over_the_api_an_id_another_side_effect_holds_is_a_409_naming_it(tenant_a: Tenant) -> None:
+    api = Api(issue_token(tenant_a))
+    holder = confirmed(tenant_a, "k-holder", "SM-api")
+    created = api.record("k-api")
+    claimed = api.dispatch(created["id"]).json()
+
+    for response in (
+        api.post(f"/attempts/{created['id']}/request-id", {"fence": claimed["fence"], "provider_request_id": "SM-api"}),
+        api.outcome(created["id"], "confirmed", claimed["fence"], provider_request_id="SM-api"),
+    ):
+        assert response.status_code == 409, response.content
+        body = response.json()
+        assert (body["code"], body["holder_id"], body["attempt_id"]) == ("request_id_taken", holder.pk, created["id"])
+        assert f"attempt {holder.pk}" in body["message"]
+    assert Attempt.objects.get(pk=created["id"]).state == S.DISPATCHED
+
+
 # --- the migration ----------------------------------------------------------------------------
 
 #: Three side effects confirmed before the rule: two name one SMS.
@@ -172,10 +263,22 @@ print(json.dumps(made))
 """
 AFTER_THE_RULE = """
 import json
+from ledgerdash.ledger import recording
+from ledgerdash.ledger.errors import RequestIdTaken
+from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import ProviderId
 
+agent = Actor.agent("setup")
+attempt = recording.record_intent(
+    tenant="acme", task_id="t", tool_name="sms", idempotency_key="fourth", args={"key": "fourth"}, actor=agent
+).attempt
+try:
+    recording.confirm(recording.mark_dispatched(attempt, actor=agent), provider_request_id="SM-own", actor=agent)
+    refused = ""
+except RequestIdTaken as exc:
+    refused = str(exc)
 rows = {p.provider_request_id: [p.idempotency_key, p.attempt_id] for p in ProviderId.objects.all()}
-print(json.dumps({"rows": rows}))
+print(json.dumps({"rows": rows, "refused": refused}))
 """
 
 
@@ -200,6 +303,7 @@ def _migration_over_existing_rows(env: dict[str, str]) -> None:
     assert f"#{made['third']}" not in said
     after = json.loads(_manage(env, "shell", "-c", AFTER_THE_RULE).strip().splitlines()[-1])
     assert after["rows"] == {"SM-shared": ["first", made["first"]], "SM-own": ["third", made["third"]]}
+    assert f"already recorded on attempt {made['third']} (idempotency key 'third')" in after["refused"]
 
 
 @pytest.mark.slow

@@ -71,6 +71,7 @@ from ledgerdash.ledger.errors import (
     NothingHappened,
     PermanentFailure,
     RequestIdConflict,
+    RequestIdTaken,
     StaleFence,
 )
 from ledgerdash.ledger.events import Actor
@@ -429,6 +430,8 @@ class Reconciler:
                 f"{attempt.provider_request_id}",
                 details,
             )
+        except RequestIdTaken as taken:
+            return self._escalate(attempt, f"found, but not this call's: {taken}", details)
         except MissingEvidence:  # pragma: no cover - result_ref above always gives evidence
             return self._escalate(attempt, "found, but without a request id to record", details)
         self._log(attempt, "confirmed")

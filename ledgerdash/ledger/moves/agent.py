@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 
-from ledgerdash.ledger import clock, landing, store
+from ledgerdash.ledger import clock, landing, provider_ids, store
 from ledgerdash.ledger.authority import Authority, authority_of, standing_under
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
@@ -242,6 +242,8 @@ def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, 
     """Persist the provider's request id the moment it is known.
 
     Does not move the fence: the dispatcher goes on to report the outcome.
+    An id the ledger recorded on another side effect is refused
+    (:class:`~ledgerdash.ledger.errors.RequestIdTaken`).
     """
     request_id = validate_ref(request_id, "provider_request_id", 255)
     if not request_id or attempt.provider_request_id == request_id:
@@ -258,7 +260,7 @@ def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, 
                     attempt_id=target.pk, existing=target.provider_request_id, given=request_id
                 )
             )
-        with transaction.atomic():
+        with provider_ids.named(target, request_id), transaction.atomic():
             changed = Attempt.objects.filter(
                 pk=target.pk, state=target.state, fence=target.fence, provider_request_id=""
             ).update(provider_request_id=request_id, updated_at=clock.now())
