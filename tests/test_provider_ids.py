@@ -3,7 +3,8 @@
 The database refuses an attempt naming a provider request id that an
 attempt at another side effect of the tenant's tool named first, whichever
 way the row is written; attempts at one side effect share it. Every move
-that records an id meets a named error for it.
+that records an id meets a named error for it, and a dispatcher's report
+carrying one is kept as evidence with an incident naming both attempts.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,13 @@ from django.db import IntegrityError, connection, transaction
 
 from ledgerdash.ledger import moves, provider_ids, recording
 from ledgerdash.ledger.errors import RequestIdTaken
-from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, ProviderId, State, Tenant
+from ledgerdash.ledger.events import Actor, EventKind
+from ledgerdash.ledger.models import Attempt, AttemptEvent, Incident, ProviderId, State, Tenant
+from ledgerdash.ledger.reconciler import Reconciler
 from tests.api_support import Api, issue_token
 from tests.conftest import AGENT, RECONCILER, record, together
 from tests.live import PYTHON, ROOT
+from tests.sandboxes import Sandbox, unique_key
 
 S = State
 
@@ -189,11 +193,90 @@ def test_agents_recording_one_id_under_two_keys_at_once_exactly_one_wins(tenant_
 
     assert others == []
     assert (len(won), len(refused)) == (10, 10)
-    for n in range(10):
-        assert Attempt.objects.filter(provider_request_id=f"req-{n}").count() == 1
+    for (a, b), n in zip(pairs, range(10), strict=True):
+        holders = Attempt.objects.filter(provider_request_id=f"req-{n}").values_list("pk", flat=True)
+        assert len(holders) == 1
+        loser = b if holders[0] == a.pk else a
+        assert AttemptEvent.objects.filter(attempt=loser, kind=EventKind.REQUEST_ID_TAKEN).count() == 1
 
 
 # --- every move that records an id ----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_agents_receipt_naming_another_side_effects_id_is_kept_as_evidence_with_an_incident(
+    tenant_a: Tenant,
+) -> None:
+    holder = confirmed(tenant_a, "k-holder", "SM-shared")
+    attempt = dispatched(tenant_a, "k-other")
+
+    with pytest.raises(RequestIdTaken) as refused:
+        recording.confirm(attempt, provider_request_id="SM-shared", actor=AGENT)
+
+    assert refused.value.holder_id == holder.pk
+    assert f"attempt {holder.pk} (idempotency key 'k-holder')" in str(refused.value)
+    after = Attempt.objects.get(pk=attempt.pk)
+    assert (after.state, after.provider_request_id, after.fence) == (S.DISPATCHED, "", attempt.fence)
+    kept = AttemptEvent.objects.get(attempt=attempt, kind=EventKind.REQUEST_ID_TAKEN)
+    assert kept.details["report"] == {"outcome": "confirmed", "provider_request_id": "SM-shared"}
+    assert kept.details["held_by"]["attempt_id"] == holder.pk
+    incident = Incident.objects.get(attempt=attempt)
+    assert incident.kind == Incident.Kind.CONTRADICTION
+    assert f"#{attempt.pk}" in incident.summary
+    assert f"#{holder.pk}" in incident.summary
+    assert incident.details["holder_id"] == holder.pk
+
+    # The same report again (its answer was lost): the same refusal, kept once.
+    with pytest.raises(RequestIdTaken):
+        recording.confirm(attempt, provider_request_id="SM-shared", fence=attempt.fence, actor=AGENT)
+    # The id on its own: evidence of its own, the incident already open.
+    with pytest.raises(RequestIdTaken):
+        recording.record_request_id(attempt, "SM-shared", actor=AGENT)
+    kinds = list(AttemptEvent.objects.filter(attempt=attempt).order_by("seq").values_list("kind", flat=True))
+    assert kinds.count(EventKind.REQUEST_ID_TAKEN) == 2
+    assert Incident.objects.filter(attempt=attempt).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_late_receipt_naming_another_side_effects_id_leaves_the_review_to_a_person(tenant_a: Tenant) -> None:
+    holder = confirmed(tenant_a, "k-holder", "SM-late")
+    attempt = under_review(tenant_a, "k-review")
+
+    with pytest.raises(RequestIdTaken):
+        recording.confirm(attempt, provider_request_id="SM-late", fence=attempt.dispatch_fence, actor=AGENT)
+
+    after = Attempt.objects.get(pk=attempt.pk)
+    assert (after.state, after.provider_request_id) == (S.MANUAL_REVIEW, "")
+    assert Incident.objects.get(attempt=attempt).details["holder_id"] == holder.pk
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sandbox_tools")
+def test_the_reconcilers_send_answered_with_another_side_effects_id_is_kept_as_evidence(
+    tenant_a: Tenant, sandbox: Sandbox
+) -> None:
+    """The reconciler is the dispatcher when it sends again. The sandbox
+    acted on A's first request, its agent was told it did not (a retryable
+    refusal); the id of that effect is recorded on B. Sent again with A's
+    key, the sandbox answers with that id: not A's to confirm."""
+    key = unique_key("mail")
+    args = {"to": "ap@example.com", "key": key}
+    attempt = recording.mark_dispatched(record(tenant_a, key, args=args), actor=AGENT)
+    status, effect = sandbox.perform("send_email", attempt.provider_key, args)
+    assert status == 201
+    attempt = recording.fail_retryable(attempt, reason="HTTP 429 from a proxy", actor=AGENT)
+    holder = confirmed(tenant_a, unique_key("other"), effect["id"])
+    assert attempt.next_check_at is not None
+
+    Reconciler(label="provider-ids", clock=lambda: attempt.next_check_at + timedelta(seconds=1)).run_pass()
+
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.provider_request_id, attempt.dispatch_count) == (S.UNKNOWN, "", 2)
+    kept = AttemptEvent.objects.get(attempt=attempt, kind=EventKind.REQUEST_ID_TAKEN)
+    assert (kept.actor_kind, kept.details["report"]["provider_request_id"]) == ("reconciler", effect["id"])
+    assert Incident.objects.get(attempt=attempt).details["holder_id"] == holder.pk
+    assert f"attempt {holder.pk}" in attempt.last_note
+    assert sandbox.lookup("send_email", attempt.provider_key)[1]["count"] == 1
 
 
 @pytest.mark.django_db

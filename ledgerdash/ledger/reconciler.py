@@ -76,6 +76,7 @@ from ledgerdash.ledger.errors import (
 )
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, ResultSource, State
+from ledgerdash.ledger.moves.evidence import Evidence, taken_id_evidence
 from ledgerdash.ledger.providers import registry
 from ledgerdash.ledger.providers.base import Lookup, LookupStatus, ProviderAdapter, Sought
 from ledgerdash.ledger.providers.registry import ToolProfile
@@ -532,6 +533,8 @@ class Reconciler:
             attempt = moves.attempt_fail(attempt=holder["attempt"], fence=fence, actor=self.actor, reason=str(exc))
             self._log(attempt, "failed")
             return "failed"
+        except RequestIdTaken as taken:
+            return self._taken(holder["attempt"], fence, tool, taken, Evidence("request_id", taken.request_id))
         except Exception as exc:
             attempt = moves.attempt_mark_unknown(
                 attempt=holder["attempt"],
@@ -552,15 +555,32 @@ class Reconciler:
                 check_at=clock.now() + moves.backoff(1, base=tool.backoff_base),
             )
             return "resent_unknown"
-        attempt = moves.attempt_confirm(
+        try:
+            attempt = moves.attempt_confirm(
+                attempt=attempt,
+                fence=fence,
+                actor=self.actor,
+                provider_request_id=sent.request_id,
+                result_ref=sent.result_ref,
+                result=storable_json(sent.response)[0],
+                reason="sent again with the same key; the provider answered with a receipt",
+                details=details,
+            )
+        except RequestIdTaken as taken:
+            return self._taken(attempt, fence, tool, taken, Evidence("confirmed", sent.request_id, sent.result_ref))
+        self._log(attempt, "re-sent and confirmed")
+        return "resent"
+
+    def _taken(self, attempt: Attempt, fence: int, tool: ToolProfile, taken: RequestIdTaken, said: Evidence) -> str:
+        """The provider answered this send with an id another side effect holds: kept as
+        evidence (with an incident), and the attempt looked up again."""
+        taken_id_evidence(attempt, fence=fence, actor=self.actor, evidence=said, taken=taken)
+        attempt = moves.attempt_mark_unknown(
             attempt=attempt,
             fence=fence,
             actor=self.actor,
-            provider_request_id=sent.request_id,
-            result_ref=sent.result_ref,
-            result=storable_json(sent.response)[0],
-            reason="sent again with the same key; the provider answered with a receipt",
-            details=details,
+            reason=f"sent again with the same key; the provider's answer is not this call's: {taken}",
+            check_at=clock.now() + moves.backoff(1, base=tool.backoff_base),
         )
-        self._log(attempt, "re-sent and confirmed")
-        return "resent"
+        self._log(attempt, "unknown after re-send")
+        return "resent_unknown"

@@ -20,6 +20,7 @@ from ledgerdash.ledger.errors import (
     IllegalTransition,
     MissingEvidence,
     RequestIdConflict,
+    RequestIdTaken,
     RetryPending,
     StaleFence,
 )
@@ -40,7 +41,14 @@ from ledgerdash.ledger.moves.base import (
     refuse_open_transaction,
     validate_ref,
 )
-from ledgerdash.ledger.moves.evidence import OUTCOME_STATE, Evidence, Outcome, Report, late_evidence
+from ledgerdash.ledger.moves.evidence import (
+    OUTCOME_STATE,
+    Evidence,
+    Outcome,
+    Report,
+    late_evidence,
+    taken_id_evidence,
+)
 from ledgerdash.ledger.moves.reconciler import attempt_escalate_for_retry
 from ledgerdash.ledger.store import Guard, append_events
 
@@ -243,8 +251,18 @@ def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, 
 
     Does not move the fence: the dispatcher goes on to report the outcome.
     An id the ledger recorded on another side effect is refused
-    (:class:`~ledgerdash.ledger.errors.RequestIdTaken`).
+    (:class:`RequestIdTaken`); an agent's is kept as evidence first.
     """
+    try:
+        return _record_request_id(attempt=attempt, fence=fence, request_id=request_id, actor=actor)
+    except RequestIdTaken as taken:
+        if actor.kind == ActorKind.AGENT:
+            said = Evidence("request_id", provider_request_id=taken.request_id)
+            taken_id_evidence(attempt, fence=fence, actor=actor, evidence=said, taken=taken)
+        raise
+
+
+def _record_request_id(*, attempt: Attempt, fence: int, request_id: str, actor: Actor) -> Attempt:
     request_id = validate_ref(request_id, "provider_request_id", 255)
     if not request_id or attempt.provider_request_id == request_id:
         return attempt
@@ -332,7 +350,9 @@ def attempt_report(
     attempt that has moved on is never dropped: it is recorded as evidence,
     settles an attempt still under review, and raises an incident when it
     contradicts how the attempt was settled (a duplicate when a retry of it
-    went out too).
+    went out too). A receipt naming a provider id the ledger recorded on
+    another side effect is refused (:class:`RequestIdTaken`); an agent's is
+    kept as evidence first, with an incident naming both attempts.
     """
     if actor.kind == ActorKind.AGENT:
         refuse_open_transaction("reporting an outcome")
@@ -340,21 +360,26 @@ def attempt_report(
     provider_request_id = validate_ref(provider_request_id, "provider_request_id", 255)
     result_ref = validate_ref(result_ref, "result_ref", 1000)
     evidence = Evidence(outcome, provider_request_id, result_ref, reason)
-    return _as_holder(
-        attempt,
-        fence,
-        actor,
-        lambda target: _apply_report(
-            target,
-            actor=actor,
-            evidence=evidence,
-            result=result,
-            result_source=result_source,
-            details=details,
-            fence=fence,
-        ),
-        evidence,
-    )
+    try:
+        return _as_holder(
+            attempt,
+            fence,
+            actor,
+            lambda target: _apply_report(
+                target,
+                actor=actor,
+                evidence=evidence,
+                result=result,
+                result_source=result_source,
+                details=details,
+                fence=fence,
+            ),
+            evidence,
+        )
+    except RequestIdTaken as taken:
+        if actor.kind == ActorKind.AGENT:
+            taken_id_evidence(attempt, fence=fence, actor=actor, evidence=evidence, taken=taken)
+        raise
 
 
 def _apply_report(
