@@ -2,9 +2,10 @@
 
 The database refuses an attempt naming a provider request id that an
 attempt at another side effect of the tenant's tool named first, whichever
-way the row is written; attempts at one side effect share it. Every move
-that records an id meets a named error for it, and a dispatcher's report
-carrying one is kept as evidence with an incident naming both attempts.
+way the row is written; every move that records an id meets a named error
+for it; a dispatcher's report carrying one is kept as evidence with an
+incident naming both attempts; and the reconciler takes no lookup result
+naming one for the call it looks for.
 """
 
 from __future__ import annotations
@@ -26,14 +27,20 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from ledgerdash.ledger import moves, provider_ids, recording
+from ledgerdash.ledger.drill.processes import ReplicaControl, replica_service
 from ledgerdash.ledger.errors import RequestIdTaken
 from ledgerdash.ledger.events import Actor, EventKind
-from ledgerdash.ledger.models import Attempt, AttemptEvent, Incident, ProviderId, State, Tenant
+from ledgerdash.ledger.models import Attempt, AttemptEvent, Incident, ProviderId, State, Tenant, Tool
+from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.providers.presets import PRESETS
 from ledgerdash.ledger.reconciler import Reconciler
 from tests.api_support import Api, issue_token
-from tests.conftest import AGENT, RECONCILER, record, together
+from tests.conftest import AGENT, RECONCILER, TOOLS_V1, record, together
 from tests.live import PYTHON, ROOT
+from tests.replicas import config_for, provider_secrets
 from tests.sandboxes import Sandbox, unique_key
+
+__all__ = ["provider_secrets"]
 
 S = State
 
@@ -321,6 +328,83 @@ def test_over_the_api_an_id_another_side_effect_holds_is_a_409_naming_it(tenant_
         assert (body["code"], body["holder_id"], body["attempt_id"]) == ("request_id_taken", holder.pk, created["id"])
         assert f"attempt {holder.pk}" in body["message"]
     assert Attempt.objects.get(pk=created["id"]).state == S.DISPATCHED
+
+
+# --- what the reconciler takes for the call ---------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("sandbox_tools")
+def test_a_lookup_finding_another_side_effects_id_is_not_found_for_any_adapter(
+    tenant_a: Tenant, sandbox: Sandbox
+) -> None:
+    """The generic HTTP adapter finds what the sandbox holds for the key;
+    the ledger recorded that id on another side effect (its dispatcher
+    said so first), so it is not taken for this call."""
+    key = unique_key("charge")
+    args = {"amount_cents": 500, "key": key}
+    attempt = recording.mark_dispatched(record(tenant_a, key, tool_name="charge_card", args=args), actor=AGENT)
+    status, effect = sandbox.perform("charge_card", attempt.provider_key, args)
+    assert status == 201
+    holder = confirmed(tenant_a, unique_key("other"), effect["id"], tool_name="charge_card")
+    assert attempt.lands_by is not None
+
+    Reconciler(label="provider-ids", clock=lambda: attempt.lands_by + timedelta(seconds=1)).run_pass()
+
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.provider_request_id, attempt.last_lookup) == (S.MANUAL_REVIEW, "", "not_found")
+    escalated = AttemptEvent.objects.filter(attempt=attempt).order_by("seq").last()
+    assert escalated is not None
+    assert f"found {effect['id']}, but the ledger recorded it on attempt #{holder.pk}" in escalated.reason
+    (left_out,) = escalated.details["lookup"]["left_out"]
+    assert (left_out["request_id"], left_out["attempt_id"]) == (effect["id"], holder.pk)
+
+
+@pytest.mark.django_db
+def test_twilio_the_unsent_one_of_two_alike_messages_is_not_confirmed_with_the_others_sid(tenant_a: Tenant) -> None:
+    """Two calls send the same text to the same number under two keys. B is
+    sent and confirmed with its SID; A's agent dies after A's DISPATCHED
+    commit, before its request leaves. Twilio has one message, B's. After
+    A's lease and the lookup's lag, the reconciler's search by content finds
+    that one message: the ledger recorded its SID on B, so it is not A's.
+    For A it is "not found", and since an SMS is not idempotent, a person
+    decides, told which message was left out and why."""
+    with replica_service("twilio") as url:
+        Tool.objects.create(
+            name="sms",
+            adapter=Tool.Adapter.PRESET,
+            config=config_for("twilio.message", url),
+            idempotent=False,
+            max_request_seconds=1.0,
+            dispatch_lease_seconds=1.5,
+        )
+        policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "sms": []}, actor=Actor.system("tests"), note="sms")
+        args = {"to": "+15550003333", "from": "+15017122661", "body": "Your code is 123456"}
+        a = recording.mark_dispatched(record(tenant_a, "sms:a", tool_name="sms", args=args), actor=AGENT)
+
+        send_b = recording.provider_tool("sms", key=lambda _: "sms:b")
+        with recording.task(tenant=tenant_a, task_id="task-b"):
+            message = send_b(**args)
+        b = Attempt.objects.get(tenant=tenant_a, idempotency_key="sms:b")
+        assert (b.state, b.provider_request_id) == (S.OUTCOME_CONFIRMED, message["sid"])
+        assert [e["id"] for e in ReplicaControl(url).effects()] == [message["sid"]]
+
+        assert a.lands_by is not None
+        lag = PRESETS["twilio.message"].documented_lag_seconds
+        Reconciler(label="twilio-alike", clock=lambda: a.lands_by + timedelta(seconds=lag + 1)).run_pass()
+
+    a.refresh_from_db()
+    assert (a.state, a.provider_request_id, a.last_lookup) == (S.MANUAL_REVIEW, "", "not_found"), a.last_note
+    assert a.owner_id == tenant_a.default_owner_id
+    escalated = AttemptEvent.objects.filter(attempt=a).order_by("seq").last()
+    assert escalated is not None
+    assert escalated.to_state == S.MANUAL_REVIEW
+    assert f"found {message['sid']}, but the ledger recorded it on attempt #{b.pk}" in escalated.reason
+    assert "sms is not idempotent" in escalated.reason
+    (left_out,) = escalated.details["lookup"]["left_out"]
+    assert left_out == {"request_id": message["sid"], "attempt_id": b.pk, "idempotency_key": "sms:b"}
+    assert f"{message['sid']} left out" in escalated.details["lookup"]["detail"]
+    assert Attempt.objects.get(pk=b.pk).provider_request_id == message["sid"]
 
 
 # --- the migration ----------------------------------------------------------------------------

@@ -7,7 +7,8 @@ workers share the work) and, for each:
 - DISPATCHED past its lease: it is UNKNOWN now; look it up.
 - UNKNOWN: ask the provider, facts first:
   - found, and its payload hash matches: confirm (a later policy change does
-    not undo a fact);
+    not undo a fact); found, but naming a provider id the ledger recorded on
+    another side effect: that effect is not this one's, as if not found;
   - found with another payload: MANUAL_REVIEW (someone used the key for
     something else);
   - not found, but the request may still land (less than the tool's
@@ -63,7 +64,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from ledgerdash.ledger import clock, landing, moves
+from ledgerdash.ledger import clock, landing, moves, provider_ids
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
@@ -157,6 +158,7 @@ def sought(attempt: Attempt) -> Sought:
         request_id=attempt.provider_request_id,
         sent_after=attempt.first_dispatched_at or attempt.created_at,
         lands_by=attempt.lands_by,
+        elsewhere=provider_ids.elsewhere(attempt),
     )
 
 
@@ -342,7 +344,7 @@ class Reconciler:
         # The provider may have looked any time until it answered: a lookup
         # counts from when it was asked (ledgerdash.ledger.landing).
         asked_at = clock.now()
-        lookup = safe_lookup(tool.adapter, attempt)
+        lookup = provider_ids.unless_elsewhere(attempt, safe_lookup(tool.adapter, attempt))
         details = lookup.as_details()
         if lookup.status == LookupStatus.FOUND:
             return self._found(attempt, lookup, details)
@@ -431,7 +433,7 @@ class Reconciler:
                 f"{attempt.provider_request_id}",
                 details,
             )
-        except RequestIdTaken as taken:
+        except RequestIdTaken as taken:  # another side effect recorded it since the lookup
             return self._escalate(attempt, f"found, but not this call's: {taken}", details)
         except MissingEvidence:  # pragma: no cover - result_ref above always gives evidence
             return self._escalate(attempt, "found, but without a request id to record", details)
@@ -445,6 +447,8 @@ class Reconciler:
         or rejected before acting). Decide whether it is safe."""
         details = lookup.as_details() if lookup is not None else None
         said = "not found at the provider" if lookup is not None else "the provider rejected it before acting"
+        if details is not None and "left_out" in details:
+            said += f" ({provider_ids.left_out_note(details['left_out'])})"
         if tool is None or not tool.adapter.can_dispatch:
             return self._escalate(
                 attempt, f"{said}, and no adapter can send {attempt.tool_name} again", details, looked_at
@@ -573,7 +577,7 @@ class Reconciler:
 
     def _taken(self, attempt: Attempt, fence: int, tool: ToolProfile, taken: RequestIdTaken, said: Evidence) -> str:
         """The provider answered this send with an id another side effect holds: kept as
-        evidence (with an incident), and the attempt looked up again."""
+        evidence (with an incident), and the attempt looked up again, that id left out."""
         taken_id_evidence(attempt, fence=fence, actor=self.actor, evidence=said, taken=taken)
         attempt = moves.attempt_mark_unknown(
             attempt=attempt,
