@@ -49,7 +49,8 @@ def incident_list(request: HttpRequest) -> HttpResponse:
 @require_safe
 def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
     incident = _incident_for_user(request, pk)
-    kinds = [EventKind.LATE_REPORT, EventKind.INCIDENT]
+    reports = (EventKind.LATE_REPORT, EventKind.REQUEST_ID_TAKEN)
+    kinds = [*reports, EventKind.INCIDENT]
     events = (
         AttemptEvent.objects.filter(attempt_id=incident.attempt_id, kind__in=kinds)
         .select_related("actor_user")
@@ -60,9 +61,7 @@ def incident_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "reviews/incident_detail.html",
         {
             "incident": incident,
-            "events": [
-                e for e in events if e.kind == EventKind.LATE_REPORT or e.details.get("incident_id") == incident.pk
-            ],
+            "events": [e for e in events if e.kind in reports or e.details.get("incident_id") == incident.pk],
             "moves": rules.incident_moves_for(request.user, incident),
             "resolve_form": ResolveIncidentForm(initial={"fence": incident.fence}),
         },

@@ -54,7 +54,8 @@ def attempt_in(state: str, tenant: Tenant, *, key: str = "k-1", requester: Any =
     if state == State.DISPATCHED:
         return attempt
     if state == State.OUTCOME_CONFIRMED:
-        return recording.confirm(attempt, provider_request_id="req-1", actor=AGENT)
+        # The provider's id for the effect is the side effect's own: one per key.
+        return recording.confirm(attempt, provider_request_id=f"req-{key}", actor=AGENT)
     if state == State.FAILED_RETRYABLE:
         return recording.fail_retryable(attempt, reason="rejected before acting", actor=AGENT)
     if state == State.FAILED:

@@ -36,7 +36,7 @@ def test_the_detail_page_shows_keys_hashes_policy_and_the_timeline(tenant_a: Ten
     attempt = attempt_in(S.OUTCOME_CONFIRMED, tenant_a, key="invoice:9:send")
     page = as_user(viewer_a).get(url("attempt", attempt)).content.decode()
     assert "<html" in page
-    for text in [attempt.args_hash, "invoice:9:send", "req-1", "task-1", "v1", "email:send"]:
+    for text in [attempt.args_hash, "invoice:9:send", "req-invoice:9:send", "task-1", "v1", "email:send"]:
         assert text in page
     assert "INTENT_RECORDED → DISPATCHED" in page.replace("&nbsp;", " ")
     assert 'by agent <strong><bdi class="u">agent-test</bdi></strong>' in page

@@ -8,6 +8,7 @@ import pytest
 from django.urls import reverse
 
 from ledgerdash.ledger import moves, recording
+from ledgerdash.ledger.errors import RequestIdTaken
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, FailedBecause, Incident, State, Tenant
 from tests.conftest import AGENT, RECONCILER, as_user, record
@@ -119,3 +120,18 @@ def test_an_operator_abandons_an_intent_nobody_sent(tenant_a: Tenant, operator_a
     attempt = Attempt.objects.get(pk=attempt.pk)
     assert (attempt.state, attempt.failed_because) == (S.FAILED, FailedBecause.ABANDONED)
     assert "Abandon intent" not in response.content.decode()
+
+
+def test_an_incident_over_another_side_effects_id_shows_the_report_it_kept(tenant_a: Tenant, viewer_a: Any) -> None:
+    holder = recording.mark_dispatched(record(tenant_a, "k-holder"), actor=AGENT)
+    recording.confirm(holder, provider_request_id="SM-9", actor=AGENT)
+    attempt = recording.mark_dispatched(record(tenant_a, "k-other", args={"n": 2}), actor=AGENT)
+    with pytest.raises(RequestIdTaken):
+        recording.confirm(attempt, provider_request_id="SM-9", actor=AGENT)
+    incident = Incident.objects.get(attempt=attempt)
+
+    page = as_user(viewer_a).get(reverse("reviews:incident", args=[incident.pk])).content.decode()
+
+    assert "event-request_id_taken" in page
+    assert "kept as evidence, not applied" in page
+    assert f"#{holder.pk}" in page

@@ -5,7 +5,7 @@ faults."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import pytest
@@ -51,8 +51,11 @@ def args_for(name: str, replicas: Replicas, key: str) -> dict[str, Any]:
     return args
 
 
-def sought(key: str, args: dict[str, Any], request_id: str = "") -> Sought:
-    return Sought(key=key, args_hash=normalize_args(args)[1], args=args, request_id=request_id)
+def sought(key: str, args: dict[str, Any], request_id: str = "", elsewhere: Collection[str] = ()) -> Sought:
+    """What a lookup looks for; ``elsewhere``: the ids the ledger recorded on other side effects."""
+    return Sought(
+        key=key, args_hash=normalize_args(args)[1], args=args, request_id=request_id, elsewhere=elsewhere.__contains__
+    )
 
 
 # --- every preset ---------------------------------------------------------------------------
@@ -77,6 +80,22 @@ def test_a_call_is_sent_once_and_found_by_what_it_carries(name: str, replicas: R
         assert found.status == LookupStatus.FOUND, found.detail
         assert found.request_id == sent.request_id
         assert found.payload_hash == normalize_args(args)[1]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_call_whose_id_the_ledger_recorded_on_another_side_effect_is_not_found(name: str, replicas: Replicas) -> None:
+    provider = name.split(".")[0]
+    adapter = adapter_for(name, replicas.url(provider))
+    key = new_key(name)
+    args = args_for(name, replicas, key)
+    sent = adapter.dispatch(key=key, args=args)
+
+    answer = adapter.find(sought(key, args, elsewhere={sent.request_id}))
+
+    assert answer.status == LookupStatus.NOT_FOUND, answer.detail
+    assert f"{sent.request_id} left out: the ledger recorded it on another side effect" in answer.detail
+    assert answer.extra["left_out"] == [sent.request_id]
+    assert adapter.find(sought(key, args, elsewhere={"another"})).request_id == sent.request_id
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -297,6 +316,24 @@ def test_twilio_matches_by_content_and_two_alike_are_for_a_person(replicas: Repl
     answer = adapter.find(sought(first, args))
     assert answer.status == LookupStatus.AMBIGUOUS
     assert "2 messages" in answer.detail
+
+
+def test_twilio_of_two_alike_messages_takes_the_one_no_other_side_effect_holds(replicas: Replicas) -> None:
+    adapter = adapter_for("twilio.message", replicas.url("twilio"))
+    args = {"to": "+15550002222", "from": "+15017122661", "body": f"code {uuid.uuid4().hex[:6]}"}
+    ours, theirs = new_key("twilio"), new_key("twilio")
+    sent = adapter.dispatch(key=ours, args=args)
+    other = adapter.dispatch(key=theirs, args=args)  # another side effect, recorded with its sid
+
+    answer = adapter.find(sought(ours, args, elsewhere={other.request_id}))
+
+    assert answer.status == LookupStatus.FOUND, answer.detail
+    assert answer.request_id == sent.request_id
+    assert f"{other.request_id} left out" in answer.detail
+    assert adapter.find(sought(ours, args)).status == LookupStatus.AMBIGUOUS
+    both = adapter.find(sought(ours, args, elsewhere={sent.request_id, other.request_id}))
+    assert both.status == LookupStatus.NOT_FOUND
+    assert sorted(both.extra["left_out"]) == sorted([sent.request_id, other.request_id])
 
 
 def test_twilio_takes_only_what_it_can_compare(replicas: Replicas) -> None:

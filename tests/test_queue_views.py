@@ -357,7 +357,7 @@ def test_tool_and_age_filters(tenant_a: Tenant, operator_a: Any) -> None:
 
 
 def test_search_finds_by_id_key_task_request_id_and_hash_prefix(tenant_a: Tenant, operator_a: Any) -> None:
-    done = attempt_in(S.OUTCOME_CONFIRMED, tenant_a, key="invoice-77")  # provider request "req-1"
+    done = attempt_in(S.OUTCOME_CONFIRMED, tenant_a, key="invoice-77")  # provider request "req-invoice-77"
     other = record(tenant_a, "other-key", task_id="task-other", args={"n": 2})
     client = as_user(operator_a)
 
@@ -367,7 +367,7 @@ def test_search_finds_by_id_key_task_request_id_and_hash_prefix(tenant_a: Tenant
 
     assert found("invoice-77") == {done.pk}
     assert found("task-other") == {other.pk}
-    assert found("req-1") == {done.pk}
+    assert found("req-invoice-77") == {done.pk}
     assert found(done.args_hash[:10]) == {done.pk}
     assert found(f"#{other.pk}") == {other.pk}
     assert found("nothing-like-it") == set()

@@ -196,6 +196,7 @@ def test_an_emptied_ledger_is_caught_by_the_head_an_earlier_run_kept(
     seq, _ = _head(tenant_a)
     tamper.execute("DELETE FROM ledger_attemptevent WHERE tenant_id = %s", [tenant_a.pk])
     tamper.execute("UPDATE ledger_chainhead SET seq = 0, hash = %s WHERE tenant_id = %s", ["0" * 64, tenant_a.pk])
+    tamper.execute("DELETE FROM ledger_providerid WHERE tenant_id = %s", [tenant_a.pk])  # they name the attempts
     tamper.execute("DELETE FROM ledger_attempt WHERE tenant_id = %s", [tenant_a.pk])
     output, code = verify_output("--tenant", "acme")
     assert code == 1

@@ -257,6 +257,11 @@ class ErrorOut(BaseModel):
     changes: list[str] | None = Field(
         None, description="On approval_refused and self_approval: each thing that no longer holds."
     )
+    holder_id: int | None = Field(
+        None,
+        description="On request_id_taken: the attempt at another side effect that recorded the provider request "
+        "id first.",
+    )
 
 
 class RejectIn(StrictIn):

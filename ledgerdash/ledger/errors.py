@@ -206,6 +206,29 @@ class RequestIdConflict(LedgerError):
     MESSAGE = "attempt {attempt_id} already names provider request {existing!r}, not {given!r}"
 
 
+class RequestIdTaken(LedgerError):
+    """The provider's request id is already recorded on an attempt at another
+    side effect of the tenant (another idempotency key, the same tool). One
+    provider effect is the outcome of one side effect: the attempt was not
+    changed. ``holder_id``: the attempt that named the id first."""
+
+    code = "request_id_taken"
+    MESSAGE = (
+        "provider request {request_id!r} of {tool} is already recorded on attempt {holder_id} (idempotency key "
+        "{holder_key!r}), another side effect: one provider effect is the outcome of one side effect, so attempt "
+        "{attempt_id} cannot name it too"
+    )
+
+    def __init__(
+        self, message: str, *, attempt_id: int, request_id: str, holder_id: int | None, holder_key: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.attempt_id = attempt_id
+        self.request_id = request_id
+        self.holder_id = holder_id
+        self.holder_key = holder_key
+
+
 class AuthorizationChanged(LedgerError):
     """The authority an attempt was recorded under no longer holds. The
     attempt was not sent; a linked attempt under the current policy (when one

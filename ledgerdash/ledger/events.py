@@ -63,6 +63,7 @@ class EventKind(models.TextChoices):
     TRANSITION = "transition", "a move from one state to another"
     REQUEST_ID = "request_id", "the provider's request id, recorded as soon as known"
     LATE_REPORT = "late_report", "a dispatcher's report about an attempt that had moved on"
+    REQUEST_ID_TAKEN = "request_id_taken", "a dispatcher's report naming a provider id another side effect holds"
     INCIDENT = "incident", "an incident opened, assigned or resolved"
     OWNER = "owner", "an owner claimed, assigned or removed"
     COMMENT = "comment", "a person's comment"

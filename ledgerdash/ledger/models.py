@@ -447,6 +447,30 @@ class Attempt(models.Model):
         return self.state in TERMINAL_STATES
 
 
+class ProviderId(models.Model):
+    """A provider's id for an effect, and the one side effect (tenant, tool,
+    idempotency key) whose outcome it is.
+
+    Written by the database, never by the application: a trigger on the
+    attempts' table adds the row when an attempt first names the id, and
+    refuses an attempt at another side effect naming it too (migration
+    0027), whichever way the attempt is written. Attempts of one side effect
+    share it (a linked retry the provider answers by replaying the key).
+    ``attempt``: the first attempt that named it.
+    """
+
+    pk = models.CompositePrimaryKey("tenant", "tool_name", "provider_request_id")
+    # The primary key (tenant, tool, id) serves the foreign key.
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
+    tool_name = models.CharField(max_length=255)
+    provider_request_id = models.CharField(max_length=255)
+    idempotency_key = models.CharField(max_length=255)
+    attempt = models.ForeignKey(Attempt, on_delete=models.PROTECT, related_name="+", db_index=False)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.tool_name} {self.provider_request_id} -> {self.idempotency_key}"
+
+
 class Tool(AuditedModel):
     """How to reach the provider behind a tool: its adapter and what the
     recovery rules need to know about it. Policies say who may use a tool;

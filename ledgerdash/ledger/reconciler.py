@@ -1,3 +1,4 @@
+# Over 600 lines because: it is recovery's whole decision for one attempt, facts first, in the order docs give it.
 """Recovery: reconcile in-flight attempts against the provider.
 
 Never a blind retry, never a blind skip. Each pass claims attempts that are
@@ -7,7 +8,8 @@ workers share the work) and, for each:
 - DISPATCHED past its lease: it is UNKNOWN now; look it up.
 - UNKNOWN: ask the provider, facts first:
   - found, and its payload hash matches: confirm (a later policy change does
-    not undo a fact);
+    not undo a fact); found, but naming a provider id the ledger recorded on
+    another side effect: that effect is not this one's, as if not found;
   - found with another payload: MANUAL_REVIEW (someone used the key for
     something else);
   - not found, but the request may still land (less than the tool's
@@ -63,7 +65,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from ledgerdash.ledger import clock, landing, moves
+from ledgerdash.ledger import clock, landing, moves, provider_ids
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import (
     AlreadyHappened,
@@ -73,11 +75,13 @@ from ledgerdash.ledger.errors import (
     NothingHappened,
     PermanentFailure,
     RequestIdConflict,
+    RequestIdTaken,
     SideEffectInFlight,
     StaleFence,
 )
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, ResultSource, State
+from ledgerdash.ledger.moves.evidence import Evidence, taken_id_evidence
 from ledgerdash.ledger.providers import registry
 from ledgerdash.ledger.providers.base import Lookup, LookupStatus, ProviderAdapter, Sought
 from ledgerdash.ledger.providers.registry import ToolProfile
@@ -158,6 +162,7 @@ def sought(attempt: Attempt) -> Sought:
         request_id=attempt.provider_request_id,
         sent_after=attempt.first_dispatched_at or attempt.created_at,
         lands_by=attempt.lands_by,
+        elsewhere=provider_ids.elsewhere(attempt),
     )
 
 
@@ -343,7 +348,7 @@ class Reconciler:
         # The provider may have looked any time until it answered: a lookup
         # counts from when it was asked (ledgerdash.ledger.landing).
         asked_at = clock.now()
-        lookup = safe_lookup(tool.adapter, attempt)
+        lookup = provider_ids.unless_elsewhere(attempt, safe_lookup(tool.adapter, attempt))
         details = lookup.as_details()
         if lookup.status == LookupStatus.FOUND:
             return self._found(attempt, lookup, details)
@@ -432,6 +437,8 @@ class Reconciler:
                 f"{attempt.provider_request_id}",
                 details,
             )
+        except RequestIdTaken as taken:  # another side effect recorded it since the lookup
+            return self._escalate(attempt, f"found, but not this call's: {taken}", details)
         except MissingEvidence:  # pragma: no cover - result_ref above always gives evidence
             return self._escalate(attempt, "found, but without a request id to record", details)
         self._log(attempt, "confirmed")
@@ -444,6 +451,8 @@ class Reconciler:
         or rejected before acting). Decide whether it is safe."""
         details = lookup.as_details() if lookup is not None else None
         said = "not found at the provider" if lookup is not None else "the provider rejected it before acting"
+        if details is not None and "left_out" in details:
+            said += f" ({provider_ids.left_out_note(details['left_out'])})"
         if tool is None or not tool.adapter.can_dispatch:
             return self._escalate(
                 attempt, f"{said}, and no adapter can send {attempt.tool_name} again", details, looked_at
@@ -545,6 +554,8 @@ class Reconciler:
             attempt = moves.attempt_fail(attempt=holder["attempt"], fence=fence, actor=self.actor, reason=str(exc))
             self._log(attempt, "failed")
             return "failed"
+        except RequestIdTaken as taken:
+            return self._taken(holder["attempt"], fence, tool, taken, Evidence("request_id", taken.request_id))
         except Exception as exc:
             attempt = moves.attempt_mark_unknown(
                 attempt=holder["attempt"],
@@ -565,15 +576,32 @@ class Reconciler:
                 check_at=clock.now() + moves.backoff(1, base=tool.backoff_base),
             )
             return "resent_unknown"
-        attempt = moves.attempt_confirm(
+        try:
+            attempt = moves.attempt_confirm(
+                attempt=attempt,
+                fence=fence,
+                actor=self.actor,
+                provider_request_id=sent.request_id,
+                result_ref=sent.result_ref,
+                result=storable_json(sent.response)[0],
+                reason="sent again with the same key; the provider answered with a receipt",
+                details=details,
+            )
+        except RequestIdTaken as taken:
+            return self._taken(attempt, fence, tool, taken, Evidence("confirmed", sent.request_id, sent.result_ref))
+        self._log(attempt, "re-sent and confirmed")
+        return "resent"
+
+    def _taken(self, attempt: Attempt, fence: int, tool: ToolProfile, taken: RequestIdTaken, said: Evidence) -> str:
+        """The provider answered this send with an id another side effect holds: kept as
+        evidence (with an incident), and the attempt looked up again, that id left out."""
+        taken_id_evidence(attempt, fence=fence, actor=self.actor, evidence=said, taken=taken)
+        attempt = moves.attempt_mark_unknown(
             attempt=attempt,
             fence=fence,
             actor=self.actor,
-            provider_request_id=sent.request_id,
-            result_ref=sent.result_ref,
-            result=storable_json(sent.response)[0],
-            reason="sent again with the same key; the provider answered with a receipt",
-            details=details,
+            reason=f"sent again with the same key; the provider's answer is not this call's: {taken}",
+            check_at=clock.now() + moves.backoff(1, base=tool.backoff_base),
         )
-        self._log(attempt, "re-sent and confirmed")
-        return "resent"
+        self._log(attempt, "unknown after re-send")
+        return "resent_unknown"

@@ -40,7 +40,7 @@ export type State = "INTENT_RECORDED" | "DISPATCHED" | "OUTCOME_CONFIRMED" | "FA
 /** Every error answer. ``code`` is stable and meant for machines. */
 export interface ErrorOut {
   /** Stable, for machines: what went wrong (ledgerdash_client.errorcodes has each code's meaning). */
-  code: "already_happened" | "approval_refused" | "approval_rejected" | "attempt_blocked" | "attempt_failed" | "attempt_in_flight" | "attempt_not_found" | "attempt_superseded" | "authorization_changed" | "awaiting_approval" | "bad_request" | "body_too_large" | "claim_lost" | "idempotency_key_reused" | "illegal_transition" | "insufficient_scope" | "internal_error" | "invalid_args" | "invalid_content_length" | "invalid_field" | "invalid_idempotency_key" | "invalid_input" | "invalid_token" | "invalid_unicode" | "invalid_utf8" | "ledger_unavailable" | "length_required" | "malformed_json" | "method_not_allowed" | "missing_evidence" | "missing_token" | "no_policy" | "not_found" | "outcome_unknown" | "request_id_conflict" | "result_unavailable" | "retry_pending" | "role_required" | "scope_not_allowed" | "self_approval" | "side_effect_in_flight" | "stale_fence" | "tenant_inactive" | "token_expired" | "token_revoked" | "tool_not_allowed" | "under_review" | "unknown_field" | "unsupported_media_type" | "validation_error";
+  code: "already_happened" | "approval_refused" | "approval_rejected" | "attempt_blocked" | "attempt_failed" | "attempt_in_flight" | "attempt_not_found" | "attempt_superseded" | "authorization_changed" | "awaiting_approval" | "bad_request" | "body_too_large" | "claim_lost" | "idempotency_key_reused" | "illegal_transition" | "insufficient_scope" | "internal_error" | "invalid_args" | "invalid_content_length" | "invalid_field" | "invalid_idempotency_key" | "invalid_input" | "invalid_token" | "invalid_unicode" | "invalid_utf8" | "ledger_unavailable" | "length_required" | "malformed_json" | "method_not_allowed" | "missing_evidence" | "missing_token" | "no_policy" | "not_found" | "outcome_unknown" | "request_id_conflict" | "request_id_taken" | "result_unavailable" | "retry_pending" | "role_required" | "scope_not_allowed" | "self_approval" | "side_effect_in_flight" | "stale_fence" | "tenant_inactive" | "token_expired" | "token_revoked" | "tool_not_allowed" | "under_review" | "unknown_field" | "unsupported_media_type" | "validation_error";
   message: string;
   /** The attempt the error is about (the linked one on idempotency_key_reused and authorization_changed). */
   attempt_id?: number | null;
@@ -52,6 +52,8 @@ export interface ErrorOut {
   errors?: Array<FieldErrorOut> | null;
   /** On approval_refused and self_approval: each thing that no longer holds. */
   changes?: Array<string> | null;
+  /** On request_id_taken: the attempt at another side effect that recorded the provider request id first. */
+  holder_id?: number | null;
 }
 
 export interface FieldErrorOut {

@@ -145,6 +145,9 @@ export declare class ClaimLost extends StaleFence {
 export declare class RequestIdConflict extends ApiError {
   static code: "request_id_conflict";
 }
+export declare class RequestIdTaken extends ApiError {
+  static code: "request_id_taken";
+}
 export declare class ApprovalRefused extends ApiError {
   static code: "approval_refused";
 }
@@ -203,6 +206,7 @@ export declare const ERRORS: {
   "stale_fence": typeof StaleFence;
   "claim_lost": typeof ClaimLost;
   "request_id_conflict": typeof RequestIdConflict;
+  "request_id_taken": typeof RequestIdTaken;
   "approval_refused": typeof ApprovalRefused;
   "self_approval": typeof SelfApproval;
   "internal_error": typeof ServerError;

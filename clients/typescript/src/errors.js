@@ -145,6 +145,9 @@ export class ClaimLost extends StaleFence {
 export class RequestIdConflict extends ApiError {
   static code = "request_id_conflict";
 }
+export class RequestIdTaken extends ApiError {
+  static code = "request_id_taken";
+}
 export class ApprovalRefused extends ApiError {
   static code = "approval_refused";
 }
@@ -205,6 +208,7 @@ export const ERRORS = {
   "stale_fence": StaleFence,
   "claim_lost": ClaimLost,
   "request_id_conflict": RequestIdConflict,
+  "request_id_taken": RequestIdTaken,
   "approval_refused": ApprovalRefused,
   "self_approval": SelfApproval,
   "internal_error": ServerError,

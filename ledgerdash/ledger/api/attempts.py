@@ -183,7 +183,9 @@ def claim_dispatch(request: HttpRequest, attempt_id: int = AttemptId, payload: D
     response={200: AttemptOut, **WRITE_ERRORS},
     operation_id="record_request_id",
     summary="Record the provider's request id as soon as it is known",
-    description="Safe to repeat with the same id. Another id than the one recorded: 409 request_id_conflict.",
+    description="Safe to repeat with the same id. Another id than the one recorded: 409 request_id_conflict. An "
+    "id the ledger recorded on another side effect (another key of the tool): 409 request_id_taken (holder_id), "
+    "kept as evidence with an incident.",
 )
 def record_request_id(request: HttpRequest, payload: RequestIdIn, attempt_id: int = AttemptId) -> AttemptOut:
     _only_params(request)
@@ -217,7 +219,9 @@ def _storable_result(value: Any) -> Any:
         "answer). A late report (the lease already moved the attempt to UNKNOWN, a person is deciding it, or it "
         "was settled) is never dropped: it is recorded as evidence (header Ledgerdash-Late-Report: true), and "
         "raises an incident when it contradicts how the attempt was settled. Repeating a report that already "
-        "landed answers 200 with Idempotent-Replayed: true; a fence that is not yours answers 409."
+        "landed answers 200 with Idempotent-Replayed: true; a fence that is not yours answers 409. A receipt "
+        "naming a provider request id the ledger recorded on another side effect answers 409 request_id_taken "
+        "(holder_id: that attempt); it is kept as evidence, with an incident naming both."
     ),
 )
 def report_outcome(

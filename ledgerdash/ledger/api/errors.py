@@ -30,6 +30,7 @@ from ledgerdash.ledger.errors import (
     IdempotencyConflict,
     InvalidInput,
     LedgerError,
+    RequestIdTaken,
     RetryPending,
     SideEffectInFlight,
     TokenError,
@@ -138,6 +139,8 @@ def _ledger_error(request: HttpRequest, exc: LedgerError) -> HttpResponse:
         extra["headers"] = {"Retry-After": str(_seconds_until(exc.attempt.next_check_at))}
     if isinstance(exc, ApprovalRefused):
         extra["changes"] = exc.changes
+    if isinstance(exc, RequestIdTaken):
+        extra["holder_id"] = exc.holder_id
     if "attempt_id" not in extra and (attempt := _attempt_in_path(request)) is not None:
         # every error about an attempt says which, and where it stands now
         extra.update(attempt_id=attempt.pk, state=attempt.state)

@@ -12,15 +12,15 @@ from django.db import transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 
-from ledgerdash.ledger import clock, landing, store
+from ledgerdash.ledger import clock, landing, provider_ids, store
 from ledgerdash.ledger.authority import Authority, authority_of, standing_under
 from ledgerdash.ledger.errors import (
     AuthorizationChanged,
-    AwaitingApproval,
     ClaimLost,
     IllegalTransition,
     MissingEvidence,
     RequestIdConflict,
+    RequestIdTaken,
     RetryPending,
     StaleFence,
 )
@@ -41,8 +41,15 @@ from ledgerdash.ledger.moves.base import (
     refuse_open_transaction,
     validate_ref,
 )
-from ledgerdash.ledger.moves.evidence import OUTCOME_STATE, Evidence, Outcome, Report, late_evidence
-from ledgerdash.ledger.moves.gate import dispatch_unless_known
+from ledgerdash.ledger.moves.evidence import (
+    OUTCOME_STATE,
+    Evidence,
+    Outcome,
+    Report,
+    late_evidence,
+    taken_id_evidence,
+)
+from ledgerdash.ledger.moves.gate import dispatch_unless_known, hold_again
 from ledgerdash.ledger.moves.reconciler import attempt_escalate_for_retry
 from ledgerdash.ledger.store import Guard, append_events
 
@@ -79,7 +86,7 @@ def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None
             if guard is not None:
                 return None  # refused on what this process remembered: the authority read now decides
             if standing.held_again and not standing.changes and attempt.dispatch_count == 0:
-                _hold_again(attempt, actor=actor, fence=fence, why=standing.held_again)
+                hold_again(attempt, actor=actor, fence=fence, why=standing.held_again)
             _refuse_changed_authority(attempt, actor=actor, fence=fence, changes=standing.refusals)
         try:
             return move(
@@ -119,36 +126,6 @@ def attempt_dispatch(*, attempt: Attempt, actor: Actor, fence: int | None = None
     claimed = store.under_authority(attempt.tenant_id, attempt.tool_name, claim)
     assert claimed is not None  # without a guard, the claim is made or refused
     return claimed
-
-
-def _hold_again(attempt: Attempt, *, actor: Actor, fence: int | None, why: str) -> None:
-    """INTENT_RECORDED -> MANUAL_REVIEW, awaiting a fresh approval: an
-    approver let this call through, but the current policy holds it by a
-    rule the approval was not given under (``why``). Nothing was sent; the
-    approval is undone (its event stays in the chain), and the approvals
-    queue shows the reason. Raises :class:`AwaitingApproval`."""
-    held = move(
-        attempt,
-        to_state=S.MANUAL_REVIEW,
-        actor=actor,
-        fence=fence,
-        reason=f"held again for approval: {why}",
-        updates={
-            "approved_at": None,
-            "approved_by_id": None,
-            "approved_policy_version": None,
-            "approved_hold": None,
-            "approval_required": clean_text(why)[:1000],
-            "next_check_at": None,
-        },
-        details={
-            "held_again": why,
-            "approved_by_id": attempt.approved_by_id,
-            "approved_policy_version": attempt.approved_policy_version,
-            "approved_hold": attempt.approved_hold,
-        },
-    )
-    raise AwaitingApproval(AwaitingApproval.MESSAGE.format(attempt_id=held.pk, why=held.approval_required), held)
 
 
 def _refuse_changed_authority(attempt: Attempt, *, actor: Actor, fence: int | None, changes: Sequence[str]) -> None:
@@ -279,7 +256,19 @@ def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, 
     """Persist the provider's request id the moment it is known.
 
     Does not move the fence: the dispatcher goes on to report the outcome.
+    An id the ledger recorded on another side effect is refused
+    (:class:`RequestIdTaken`); an agent's is kept as evidence first.
     """
+    try:
+        return _record_request_id(attempt=attempt, fence=fence, request_id=request_id, actor=actor)
+    except RequestIdTaken as taken:
+        if actor.kind == ActorKind.AGENT:
+            said = Evidence("request_id", provider_request_id=taken.request_id)
+            taken_id_evidence(attempt, fence=fence, actor=actor, evidence=said, taken=taken)
+        raise
+
+
+def _record_request_id(*, attempt: Attempt, fence: int, request_id: str, actor: Actor) -> Attempt:
     request_id = validate_ref(request_id, "provider_request_id", 255)
     if not request_id or attempt.provider_request_id == request_id:
         return attempt
@@ -295,7 +284,7 @@ def attempt_record_request_id(*, attempt: Attempt, fence: int, request_id: str, 
                     attempt_id=target.pk, existing=target.provider_request_id, given=request_id
                 )
             )
-        with transaction.atomic():
+        with provider_ids.named(target, request_id), transaction.atomic():
             changed = Attempt.objects.filter(
                 pk=target.pk, state=target.state, fence=target.fence, provider_request_id=""
             ).update(provider_request_id=request_id, updated_at=clock.now())
@@ -367,7 +356,9 @@ def attempt_report(
     attempt that has moved on is never dropped: it is recorded as evidence,
     settles an attempt still under review, and raises an incident when it
     contradicts how the attempt was settled (a duplicate when a retry of it
-    went out too).
+    went out too). A receipt naming a provider id the ledger recorded on
+    another side effect is refused (:class:`RequestIdTaken`); an agent's is
+    kept as evidence first, with an incident naming both attempts.
     """
     if actor.kind == ActorKind.AGENT:
         refuse_open_transaction("reporting an outcome")
@@ -375,21 +366,26 @@ def attempt_report(
     provider_request_id = validate_ref(provider_request_id, "provider_request_id", 255)
     result_ref = validate_ref(result_ref, "result_ref", 1000)
     evidence = Evidence(outcome, provider_request_id, result_ref, reason)
-    return _as_holder(
-        attempt,
-        fence,
-        actor,
-        lambda target: _apply_report(
-            target,
-            actor=actor,
-            evidence=evidence,
-            result=result,
-            result_source=result_source,
-            details=details,
-            fence=fence,
-        ),
-        evidence,
-    )
+    try:
+        return _as_holder(
+            attempt,
+            fence,
+            actor,
+            lambda target: _apply_report(
+                target,
+                actor=actor,
+                evidence=evidence,
+                result=result,
+                result_source=result_source,
+                details=details,
+                fence=fence,
+            ),
+            evidence,
+        )
+    except RequestIdTaken as taken:
+        if actor.kind == ActorKind.AGENT:
+            taken_id_evidence(attempt, fence=fence, actor=actor, evidence=evidence, taken=taken)
+        raise
 
 
 def _apply_report(

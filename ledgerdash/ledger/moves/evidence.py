@@ -1,7 +1,8 @@
 """What a dispatcher reports, and what the ledger does with a report that
 arrives after the attempt moved on: never dropped, it settles an attempt
 still open, or is recorded as evidence and opens an incident when it
-contradicts how the attempt was settled."""
+contradicts how the attempt was settled. A report naming a provider id
+another side effect holds is kept as evidence too, with an incident."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from django.db import models, transaction
 
 from ledgerdash.ledger import clock, landing
 from ledgerdash.ledger.authority import authority_of
+from ledgerdash.ledger.errors import RequestIdTaken
 from ledgerdash.ledger.events import Actor, EventDraft, EventKind, clean_text
 from ledgerdash.ledger.models import (
     Attempt,
+    AttemptEvent,
     FailedBecause,
     Incident,
 )
@@ -317,6 +320,60 @@ def people_of(attempt: Attempt) -> dict[str, int | None]:
         "requested_by_id": attempt.requested_by_id,
         "approved_by_id": attempt.approved_by_id,
     }
+
+
+def taken_id_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evidence, taken: RequestIdTaken) -> None:
+    """Keep a dispatcher's report that names a provider id the ledger
+    recorded on another side effect (``taken``), which the database refused
+    to write: an event on the attempt (once per report), and an incident
+    naming both attempts (once per id). One of the two did not happen as
+    recorded, and a person finds out which. The attempt stays as it was: its
+    lease and recovery go on, and its lookup leaves that id out."""
+    said = evidence.as_details()
+    now = clock.now()
+    with transaction.atomic():
+        current = get_attempt(attempt.pk, lock=True)
+        kept = list(
+            AttemptEvent.objects.filter(attempt_id=current.pk, kind=EventKind.REQUEST_ID_TAKEN).values_list(
+                "details", flat=True
+            )
+        )
+        if any(d.get("dispatch_fence") == fence and d.get("report") == said for d in kept):
+            return  # the same report sent again: kept once
+        held = {"attempt_id": taken.holder_id, "idempotency_key": taken.holder_key, "request_id": taken.request_id}
+        events = [
+            EventDraft(
+                current.tenant_id,
+                current.pk,
+                EventKind.REQUEST_ID_TAKEN,
+                actor,
+                fence=current.fence,
+                reason=f"report from its dispatcher (dispatch fence {fence}, {evidence.outcome}) kept as evidence, "
+                f"not applied: {taken}",
+                details={"report": said, "dispatch_fence": fence, "state": current.state, "held_by": held},
+            )
+        ]
+        if not any((d.get("held_by") or {}).get("request_id") == taken.request_id for d in kept):
+            owner_id, _source = pick_owner(current.tenant_id, now)
+            incident = Incident.objects.create(
+                tenant_id=current.tenant_id,
+                attempt=current,
+                kind=Incident.Kind.CONTRADICTION,
+                owner_id=owner_id or current.owner_id,
+                summary=f"#{current.pk}'s dispatcher reports provider request {taken.request_id!r}, which the ledger "
+                f"recorded on #{taken.holder_id} (key {taken.holder_key!r}), another side effect: one provider "
+                "effect is the outcome of one side effect, so one of the two did not happen as recorded",
+                details={
+                    "report": said,
+                    "attempt_state": current.state,
+                    "attempt_request_id": current.provider_request_id,
+                    "holder_id": taken.holder_id,
+                    "holder_key": taken.holder_key,
+                },
+                opened_at=now,
+            )
+            events.append(incident_opened(incident, actor, now))
+        append_events(events, now=now)
 
 
 def incident_opened(incident: Incident, actor: Actor, now: datetime) -> EventDraft:

@@ -1,11 +1,13 @@
-"""What the ledger knows gates every send.
+"""What the ledger knows, and what an approval was given under, gate every send.
 
 A request leaves only if nothing recorded about its side effect says it
 happened or could still happen (:func:`ledgerdash.ledger.rules.send_verdict`),
 asked under the row locks of every attempt at the side effect by every path
 that sends: the agent's dispatch, the reconciler's, a linked retry's, the
 MCP gateway's (all of them claim through
-:func:`ledgerdash.ledger.moves.agent.attempt_dispatch`)."""
+:func:`ledgerdash.ledger.moves.agent.attempt_dispatch`). An approved call
+the current policy holds by a rule its approval was not given under goes
+back to the approvals queue (:func:`hold_again`)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from django.db import transaction
 
 from ledgerdash.ledger import clock, rules
 from ledgerdash.ledger.authority import Authority, authority_of, standing_under
-from ledgerdash.ledger.errors import AlreadyHappened, AttemptNotFound, SideEffectInFlight
+from ledgerdash.ledger.errors import AlreadyHappened, AttemptNotFound, AwaitingApproval, SideEffectInFlight
 from ledgerdash.ledger.events import Actor, clean_text
 from ledgerdash.ledger.models import Attempt, FailedBecause
 from ledgerdash.ledger.moves.base import S, check_fence, move
@@ -104,3 +106,33 @@ def not_sent(attempt: Attempt, *, actor: Actor, verdict: rules.SendVerdict) -> A
         extra_events=[opened],
         now=now,
     )
+
+
+def hold_again(attempt: Attempt, *, actor: Actor, fence: int | None, why: str) -> None:
+    """INTENT_RECORDED -> MANUAL_REVIEW, awaiting a fresh approval: an
+    approver let this call through, but the current policy holds it by a
+    rule the approval was not given under (``why``). Nothing was sent; the
+    approval is undone (its event stays in the chain), and the approvals
+    queue shows the reason. Raises :class:`AwaitingApproval`."""
+    held = move(
+        attempt,
+        to_state=S.MANUAL_REVIEW,
+        actor=actor,
+        fence=fence,
+        reason=f"held again for approval: {why}",
+        updates={
+            "approved_at": None,
+            "approved_by_id": None,
+            "approved_policy_version": None,
+            "approved_hold": None,
+            "approval_required": clean_text(why)[:1000],
+            "next_check_at": None,
+        },
+        details={
+            "held_again": why,
+            "approved_by_id": attempt.approved_by_id,
+            "approved_policy_version": attempt.approved_policy_version,
+            "approved_hold": attempt.approved_hold,
+        },
+    )
+    raise AwaitingApproval(AwaitingApproval.MESSAGE.format(attempt_id=held.pk, why=held.approval_required), held)

@@ -71,6 +71,10 @@ class LookupStatus(enum.StrEnum):
     AMBIGUOUS = "ambiguous"
 
 
+def _nowhere(request_id: str) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Sought:
     """What a lookup looks for: the attempt's key, its arguments and their
@@ -88,6 +92,11 @@ class Sought:
     sent_after: datetime | None = None
     #: Until when its request could land (None: not known); a search by time may stop there.
     lands_by: datetime | None = None
+    #: Whether the provider's id for an effect is one the ledger recorded on
+    #: an attempt at another side effect (another key of the tenant and
+    #: tool): that effect is not this call's, however alike. A search that
+    #: chooses among candidates leaves such ones out before it chooses.
+    elsewhere: Callable[[str], bool] = field(default=_nowhere, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

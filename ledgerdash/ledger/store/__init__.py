@@ -37,6 +37,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
+from ledgerdash.ledger import provider_ids
 from ledgerdash.ledger.authority import Authority
 from ledgerdash.ledger.events import EventDraft
 from ledgerdash.ledger.models import Attempt, ChainHead
@@ -120,7 +121,21 @@ def change(
     fence): bump its fence, write ``values`` and append ``events``, all or
     nothing. False when the row had moved on or ``guard`` did not hold;
     nothing was written. ``guard`` is kept by one statement only: without
-    one, a guarded change is False and the caller asks again without it."""
+    one, a guarded change is False and the caller asks again without it.
+    A provider request id another side effect holds is refused by the
+    database, whichever way the change is written: :class:`RequestIdTaken`."""
+    try:
+        return _change(attempt, values, events, now, guard=guard)
+    except IntegrityError as exc:
+        request_id = values.get("provider_request_id") or ""
+        if request_id and provider_ids.refused(exc):
+            raise provider_ids.taken(attempt, request_id) from None
+        raise
+
+
+def _change(
+    attempt: Attempt, values: dict[str, Any], events: list[EventDraft], now: datetime, *, guard: Guard | None
+) -> bool:
     if one_statement() and len(events) == 1:
         try:
             with on_its_own():

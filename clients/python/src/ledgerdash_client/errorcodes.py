@@ -139,6 +139,9 @@ TABLE: tuple[ErrorCode, ...] = (
       parent="stale_fence"),
     E("request_id_conflict", 409, "The attempt already names another provider request id.",
       client="RequestIdConflict"),
+    E("request_id_taken", 409, "The provider request id is recorded on an attempt at another side effect (another "
+      "key) of the tenant and tool: one provider effect is one side effect's outcome. `holder_id` names that attempt.",
+      client="RequestIdTaken"),
     E("ownership", 409, "A person's ownership change was refused."),
     E("approval_refused", 409, "An approval was refused; `changes` says what no longer holds.",
       client="ApprovalRefused"),

@@ -335,6 +335,43 @@ class Ambiguous(LookupUnavailable):
     """More than one effect may be the call's."""
 
 
+@dataclass(frozen=True)
+class Chosen:
+    """What a search took for the call, and what it left out."""
+
+    #: The one candidate that may be the call's (None: none).
+    match: Any
+    #: The provider's ids of candidates the ledger recorded on another side effect.
+    left_out: tuple[str, ...] = ()
+
+    @property
+    def note(self) -> str:
+        """What the lookup's detail says of the candidates left out ("" for none)."""
+        if not self.left_out:
+            return ""
+        shown = ", ".join(self.left_out[:5]) + (", …" if len(self.left_out) > 5 else "")
+        them = "it" if len(self.left_out) == 1 else "them"
+        return f" ({shown} left out: the ledger recorded {them} on another side effect)"
+
+
+def choose(candidates: list[Any], sought: Sought, id_of: Callable[[Any], str], what: str) -> Chosen:
+    """The one candidate that may be the call's, after leaving out those
+    whose provider id the ledger recorded on another side effect
+    (:attr:`Sought.elsewhere`): such an effect is another call's however
+    alike, so of two alike where one is another's the other is taken, and
+    one that is another's is none. Two or more left are for a person
+    (:class:`Ambiguous`)."""
+    kept: list[Any] = []
+    left: list[str] = []
+    for candidate in candidates:
+        request_id = id_of(candidate)
+        if request_id and sought.elsewhere(request_id):
+            left.append(request_id)
+        else:
+            kept.append(candidate)
+    return Chosen(one_match(kept, what), tuple(left))
+
+
 def found(
     request_id: str,
     payload_hash: str,
@@ -346,5 +383,8 @@ def found(
     )
 
 
-def not_found(detail: str) -> Lookup:
-    return Lookup(LookupStatus.NOT_FOUND, detail=detail)
+def not_found(detail: str, chosen: Chosen | None = None) -> Lookup:
+    """Nothing that may be the call's; ``chosen`` says what the search left out (recorded with the lookup)."""
+    if chosen is None or not chosen.left_out:
+        return Lookup(LookupStatus.NOT_FOUND, detail=detail)
+    return Lookup(LookupStatus.NOT_FOUND, detail=detail + chosen.note, extra={"left_out": list(chosen.left_out)})

@@ -35,9 +35,9 @@ from ledgerdash.ledger.providers.presets.common import (
     Option,
     PresetAdapter,
     args_hash,
+    choose,
     found,
     not_found,
-    one_match,
     received,
     ref,
 )
@@ -170,10 +170,11 @@ class Issue(_GitHub):
         matches = self._listing(
             f"{self.repo_path}/issues", sought, {"state": "all", "sort": "created", "direction": "desc"}
         )
-        match = one_match(matches, "issues")
-        if match is None:
-            return not_found(f"no issue of {self.settings['repository']} made since the call carries its marker")
-        return self._found(match, str(match.get("number", "")))
+        chosen = choose(matches, sought, lambda m: str(m.get("number", "")), "issues")
+        if chosen.match is None:
+            repository = self.settings["repository"]
+            return not_found(f"no issue of {repository} made since the call carries its marker", chosen)
+        return self._found(chosen.match, str(chosen.match.get("number", "")))
 
 
 class IssueComment(_GitHub):
@@ -198,7 +199,8 @@ class IssueComment(_GitHub):
             raise LookupUnavailable("a comment is found on its issue; the call's arguments name none")
         if (by_id := self._by_id(f"{self.repo_path}/issues/comments/{sought.request_id}", sought)) is not None:
             return by_id
-        match = one_match(self._listing(f"{self.repo_path}/issues/{number}/comments", sought, {}), "comments")
-        if match is None:
-            return not_found(f"no comment on issue {number} made since the call carries its marker")
-        return self._found(match, str(match.get("id", "")))
+        comments = self._listing(f"{self.repo_path}/issues/{number}/comments", sought, {})
+        chosen = choose(comments, sought, lambda m: str(m.get("id", "")), "comments")
+        if chosen.match is None:
+            return not_found(f"no comment on issue {number} made since the call carries its marker", chosen)
+        return self._found(chosen.match, str(chosen.match.get("id", "")))

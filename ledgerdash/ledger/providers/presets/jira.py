@@ -30,9 +30,9 @@ from ledgerdash.ledger.providers.presets.common import (
     Option,
     PresetAdapter,
     args_hash,
+    choose,
     found,
     not_found,
-    one_match,
     received,
     ref,
 )
@@ -109,10 +109,12 @@ class JiraIssue(PresetAdapter):
         issues = answer.document.get("issues") if isinstance(answer.document, dict) else None
         if not isinstance(issues, list):
             raise LookupUnavailable(f"Jira's search answered without issues (HTTP {answer.status})")
-        match = one_match([i for i in issues if _reference(i) == ref(sought.key)], "issues")
-        if match is None:
-            return not_found(f"Jira's search has no issue labelled {ref(sought.key)} (its index can lag)")
-        return self._found(match)
+        chosen = choose(
+            [i for i in issues if _reference(i) == ref(sought.key)], sought, lambda i: str(i.get("id", "")), "issues"
+        )
+        if chosen.match is None:
+            return not_found(f"Jira's search has no issue labelled {ref(sought.key)} (its index can lag)", chosen)
+        return self._found(chosen.match)
 
     def _found(self, issue: dict[str, Any]) -> Lookup:
         value = (issue.get("properties") or {}).get(MARK) or {}

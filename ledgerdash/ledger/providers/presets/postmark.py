@@ -32,9 +32,9 @@ from ledgerdash.ledger.providers.presets.common import (
     Option,
     PresetAdapter,
     args_hash,
+    choose,
     found,
     not_found,
-    one_match,
     received,
     ref,
 )
@@ -120,13 +120,19 @@ class Email(PresetAdapter):
                 f"Postmark's message search found {total} messages for one reference and answered {len(messages)}: "
                 "its filter was not applied, and what it did not show may hold the call"
             )
-        match = one_match([m for m in messages if _reference(m) == ref(sought.key)], "emails")
-        if match is None:
+        chosen = choose(
+            [m for m in messages if _reference(m) == ref(sought.key)],
+            sought,
+            lambda m: str(m.get("MessageID", "")),
+            "emails",
+        )
+        if chosen.match is None:
             return not_found(
                 f"Postmark's outbound search has no email with {REF} {ref(sought.key)} (it shows a message "
-                "moments after it was accepted)"
+                "moments after it was accepted)",
+                chosen,
             )
-        return self._found(match)
+        return self._found(chosen.match)
 
     def _found(self, message: dict[str, Any]) -> Lookup:
         metadata = message.get("Metadata") or {}

@@ -36,9 +36,9 @@ from ledgerdash.ledger.providers.presets.common import (
     Option,
     PresetAdapter,
     args_hash,
+    choose,
     found,
     not_found,
-    one_match,
     received,
     ref,
 )
@@ -152,9 +152,10 @@ class PostMessage(PresetAdapter):
             raise LookupUnavailable(
                 f"{read} messages of {channel} read in {PAGES} pages and more remain in the call's window"
             )
-        match = one_match(matches, "messages")
+        chosen = choose(matches, sought, lambda m: f"{channel}:{m.get('ts', '')}", "messages")
+        match = chosen.match
         if match is None:
-            return not_found(f"no message in {channel} since the call carries its reference")
+            return not_found(f"no message in {channel} since the call carries its reference", chosen)
         payload = (match.get("metadata") or {}).get("event_payload") or {}
         return found(
             f"{channel}:{match.get('ts', '')}",

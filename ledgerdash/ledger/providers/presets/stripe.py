@@ -32,9 +32,9 @@ from ledgerdash.ledger.providers.presets.common import (
     Option,
     PresetAdapter,
     args_hash,
+    choose,
     found,
     not_found,
-    one_match,
     received,
     ref,
 )
@@ -155,13 +155,16 @@ class PaymentIntent(_Stripe):
         data = answer.document.get("data") if isinstance(answer.document, dict) else None
         if not isinstance(data, list):
             raise LookupUnavailable(f"Stripe's search answered without a data list (HTTP {answer.status})")
-        match = one_match([d for d in data if self._ours(d, sought)], "payment intents")
-        if match is None:
+        chosen = choose(
+            [d for d in data if self._ours(d, sought)], sought, lambda d: str(d.get("id", "")), "payment intents"
+        )
+        if chosen.match is None:
             return not_found(
                 f"Stripe's search has no payment intent with {REF} {reference} (the search index can lag "
-                "behind by up to an hour)"
+                "behind by up to an hour)",
+                chosen,
             )
-        mine = self._ours(match, sought)
+        mine = self._ours(chosen.match, sought)
         assert mine is not None
         return mine
 
@@ -198,10 +201,10 @@ class Refund(_Stripe):
             params["starting_after"] = str(data[-1].get("id", ""))
         else:
             raise LookupUnavailable(f"payment intent {intent} has more than 2,000 refunds: not all were read")
-        match = one_match(matches, "refunds")
-        if match is None:
-            return not_found(f"no refund of {intent} carries this call's reference")
-        mine = self._ours(match, sought)
+        chosen = choose(matches, sought, lambda d: str(d.get("id", "")), "refunds")
+        if chosen.match is None:
+            return not_found(f"no refund of {intent} carries this call's reference", chosen)
+        mine = self._ours(chosen.match, sought)
         assert mine is not None
         return mine
 

@@ -10,9 +10,12 @@ Twilio's message log; Twilio documents no lag for it, so the preset waits
 a minute before it takes "not found" for an answer.
 
 What that can prove: no such message since the call was made means it was
-not sent (Twilio keeps the log for 400 days). One such message means a
-message like it was sent, and the ledger takes it for the call's: if
-something else sent the same text to the same number in that window, the
+not sent (Twilio keeps the log for 400 days). A message whose sid the ledger
+recorded on another side effect (another key: the same text sent to the
+same number by another call) is that call's, never this one's: it is left
+out before the lookup chooses. One such message left means a message like
+it was sent, and the ledger takes it for the call's: if something the ledger
+did not record sent the same text to the same number in that window, the
 ledger would take that one for it and the call's own message would be
 missing, which is a loss, never a duplicate. Two or more are for a person.
 Turn Twilio's Smart Encoding off for these messages: it rewrites some
@@ -39,9 +42,9 @@ from ledgerdash.ledger.providers.presets.common import (
     Option,
     PresetAdapter,
     args_hash,
+    choose,
     found,
     not_found,
-    one_match,
     received,
 )
 
@@ -138,10 +141,15 @@ class Message(PresetAdapter):
             params = urllib.parse.parse_qsl(query)
         else:
             raise LookupUnavailable(f"more than {PAGES * 100} messages to {sought.args['to']}: not all were read")
-        match = one_match(matches, f"messages to {sought.args['to']} with this body since the call")
-        if match is None:
-            return not_found(f"no message to {sought.args['to']} with this body since the call was made")
-        return self._found(match, sought, "by recipient, body and time, not by a key")
+        chosen = choose(
+            matches,
+            sought,
+            lambda m: str(m.get("sid", "")),
+            f"messages to {sought.args['to']} with this body since the call",
+        )
+        if chosen.match is None:
+            return not_found(f"no message to {sought.args['to']} with this body since the call was made", chosen)
+        return self._found(chosen.match, sought, f"by recipient, body and time, not by a key{chosen.note}")
 
     def _found(self, message: dict[str, Any], sought: Sought, how: str) -> Lookup:
         return found(
