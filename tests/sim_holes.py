@@ -120,22 +120,27 @@ def approval_binding() -> None:
     authority.held_again = lambda attempt, policy: ""
 
 
-def withdrawn_refusal() -> None:
-    """A dispatcher's "cannot tell" after its own refusal had settled the
-    attempt as failed was only recorded: no incident, nobody told."""
-    from ledgerdash.ledger.models import FailedBecause, State
-    from ledgerdash.ledger.moves import evidence
+def provider_id() -> None:
+    """A lookup's match was evidence whatever side effect the ledger had
+    recorded it on, and the database let one provider id be recorded on two
+    side effects: an alike call never sent was confirmed with another's id."""
+    from django.db import connection
 
-    evidence.rested_on_its_word = lambda attempt, fence: False
-    contradicts = evidence._incident_for_late_report
+    from ledgerdash.ledger import provider_ids
+    from ledgerdash.ledger.simulation import scenario
 
-    def old_rule(attempt, report, *, earlier):  # type: ignore[no-untyped-def]
-        own_refusal = attempt.state == State.FAILED and attempt.failed_because == FailedBecause.PROVIDER
-        if report.outcome == "unknown" and own_refusal and not earlier:
-            return None
-        return contradicts(attempt, report, earlier=earlier)
+    provider_ids.unless_elsewhere = lambda attempt, lookup: lookup
+    provider_ids.elsewhere = lambda attempt: lambda request_id: False
+    build = scenario.build_world
 
-    evidence._incident_for_late_report = old_rule
+    def without_the_rule() -> None:
+        build()
+        on = " ON ledger_attempt" if connection.vendor == "postgresql" else ""
+        with connection.cursor() as cursor:
+            for trigger in ("ledger_attempt_provider_id_changed", "ledger_attempt_provider_id_inserted"):
+                cursor.execute(f"DROP TRIGGER IF EXISTS {trigger}{on}")
+
+    scenario.build_world = without_the_rule
 
 
 HOLES: dict[str, Callable[[], None]] = {
@@ -148,7 +153,7 @@ HOLES: dict[str, Callable[[], None]] = {
     "lookup_lag": lookup_lag,
     "send_gate": send_gate,
     "approval_binding": approval_binding,
-    "withdrawn_refusal": withdrawn_refusal,
+    "provider_id": provider_id,
 }
 
 

@@ -80,6 +80,22 @@ class ApprovalGiven:
 
 
 @dataclass
+class Absence:
+    """A person without their membership or account, from the first event
+    after ``since`` (the newest event when it was taken away) to ``until``
+    (the newest when it was given back; None: not yet)."""
+
+    user_id: int
+    name: str
+    since: int
+    how: str
+    until: int | None = None
+
+    def covers(self, event_id: int) -> bool:
+        return event_id > self.since and (self.until is None or event_id <= self.until)
+
+
+@dataclass
 class Truth:
     """What the simulation knows that the ledger may not: every report made,
     every policy published, every decision people took, every fault injected."""
@@ -91,6 +107,8 @@ class Truth:
     decisions: dict[str, int] = field(default_factory=dict)
     #: Every approval people gave, in order.
     approvals: list[ApprovalGiven] = field(default_factory=list)
+    #: Every time a person was without their membership or account.
+    absences: list[Absence] = field(default_factory=list)
 
     def fault(self, kind: str) -> None:
         self.faults[kind] = self.faults.get(kind, 0) + 1
@@ -411,6 +429,12 @@ class AgentState:
                     raise
                 except PermanentFailure as exc:
                     session.fail(attempt, fence=fence, reason=str(exc), retryable=False)
+                    if sdk_try == 1 and run.faults_on("repeat") and world.rng.random() < 0.3:
+                        # An SDK that tries a declined request once more after its caller reported the
+                        # refusal: the ledger settled the attempt on that word, which this send may undo.
+                        run.truth.fault("repeat")
+                        self.lease_end = None
+                        continue
                     raise
                 except (TimeoutError, ConnectionResetError) as exc:
                     session.mark_unknown(attempt, fence=fence, reason=f"{type(exc).__name__}: {exc}")

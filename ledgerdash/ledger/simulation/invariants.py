@@ -56,6 +56,7 @@ INVARIANTS = {
     "I12": "a dispatcher's report is never dropped",
     "I13": "the hash chain is whole",
     "I14": "nothing fails unexpectedly",
+    "I15": "a person's decision is made only while they hold their membership and account",
 }
 
 
@@ -125,6 +126,7 @@ class Checker:
         for event in events:
             found += self._dispatch_authorized(event, attempts, step)
             found += self._proof_true(event, attempts, step)
+            found += self._decided_by_a_member(event, step)
         found += self._proofs_on_show(attempts, step)
         found += self._confirmed_with_evidence(attempts, step)
         found += self._no_effect_twice(attempts, step)
@@ -166,6 +168,24 @@ class Checker:
         if not problem:
             return []
         return [Violation("I11", step, f"#{attempt.pk} was dispatched although {problem} (by {event.actor_label})")]
+
+    def _decided_by_a_member(self, event: AttemptEvent, step: int) -> list[Violation]:
+        """A person's decision (any event they made) falls in no stretch
+        during which the administrator had taken their membership or account
+        away, by the simulation's own record of when it did."""
+        if event.actor_user_id is None or event.kind == "approval_refused":
+            return []  # (a refusal the ledger records is no decision taken)
+        for absence in self.run.truth.absences:
+            if absence.user_id == event.actor_user_id and absence.covers(event.pk):
+                return [
+                    Violation(
+                        "I15",
+                        step,
+                        f"{absence.name} decided on #{event.attempt_id} ({event.kind} {event.to_state}: "
+                        f"{event.reason[:80]}) while {absence.how}",
+                    )
+                ]
+        return []
 
     def _proof_true(self, event: AttemptEvent, attempts: dict[int, Attempt], step: int) -> list[Violation]:
         """An approval that needed no reason rested on the proof that the

@@ -6,7 +6,9 @@
 - approvers approve and reject retries, giving a reason where the rules
   ask for one;
 - a policy author publishes new policy versions, changes tools' timing and
-  deactivates the tenant for a while.
+  deactivates the tenant for a while;
+- an administrator takes a person's membership or account away for a
+  while, whatever they are deciding.
 
 What each decides is counted in the run's :class:`~.actors.Truth`.
 """
@@ -18,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 
-from ledgerdash.ledger import moves, rules
+from ledgerdash.ledger import configuration, moves, rules
 from ledgerdash.ledger.errors import LedgerError
 from ledgerdash.ledger.events import Actor as LedgerActor
-from ledgerdash.ledger.models import Attempt, State, Tenant, Tool
+from ledgerdash.ledger.models import Attempt, Membership, State, Tenant, Tool
 from ledgerdash.ledger.policies import policy_publish
-from ledgerdash.ledger.simulation.actors import ApprovalGiven
+from ledgerdash.ledger.simulation.actors import Absence, ApprovalGiven
+from ledgerdash.ledger.simulation.provider import newest_event
 from ledgerdash.ledger.simulation.scenario import (
     APPROVERS,
     OPERATORS,
@@ -180,6 +183,45 @@ def _approved(run: Run, attempt: Attempt, *, with_reason: bool) -> None:
     run.truth.approvals.append(
         ApprovalGiven(attempt.pk, run.world.step, next(run.world.happened), dict(approvals), with_reason)
     )
+
+
+# --- an administrator -------------------------------------------------------------------------
+
+
+def admin_body(run: Run) -> Callable[[Actor], None]:
+    """Takes a person's membership away, or deactivates their account, for
+    a while, whatever they are deciding at that moment; then gives it back.
+    The ledger must refuse what they decide meanwhile."""
+
+    def body(actor: Actor) -> None:
+        world, rng = run.world, run.world.rng
+        admin = LedgerActor.system("administrator")
+        tenant = Tenant.objects.get(slug=TENANT)
+        while not run.settling:
+            world.sleep(rng.uniform(60, 900), "between changes to people")
+            if run.settling:
+                return
+            name = rng.choice([*OPERATORS[1:], *APPROVERS])
+            user = _person(name)
+            membership = Membership.objects.get(user=user, tenant=tenant)
+            run.truth.fault("leave")
+            account = rng.random() < 0.5
+            with configuration.acting_as(admin):
+                if account:
+                    type(user).objects.filter(pk=user.pk).update(is_active=False)
+                else:
+                    membership.delete()
+            absence = Absence(user.pk, name, newest_event(), "account deactivated" if account else "removed")
+            run.truth.absences.append(absence)
+            world.sleep(rng.uniform(5, 300), f"with {name} {absence.how}")
+            with configuration.acting_as(admin):
+                if account:
+                    type(user).objects.filter(pk=user.pk).update(is_active=True)
+                else:
+                    Membership.objects.create(user=user, tenant=tenant, role=membership.role)
+            absence.until = newest_event()
+
+    return body
 
 
 # --- the policy author -----------------------------------------------------------------------

@@ -294,7 +294,7 @@ def call(
         licensed=licensed,
         wait=wait,
         order=next(world.happened),
-        ledger_seen=_newest_event(),
+        ledger_seen=newest_event(),
     )
     reply = provider.send(request, actor)
     deadline = world.now + timedelta(seconds=wait)
@@ -326,7 +326,7 @@ def call(
     )
 
 
-def _newest_event() -> int:
+def newest_event() -> int:
     """The id of the newest event the ledger has committed (one actor runs at a time, so ids follow commits)."""
     from ledgerdash.ledger.models import AttemptEvent
 
@@ -343,7 +343,8 @@ def look_up(world: World, provider: Provider, key: str, sought: Sought | None = 
     world.sleep(rng.uniform(0, 10.0 if slow else NETWORK), f"looking {key} up at {provider.name}")
     down = provider.faults.hit("lookup_down", 0.6 if provider.traits.lookup == "flaky" else 0.1)
     if provider.traits.lookup_by == "content" and sought is not None and not down:
-        matches = provider.alike(sought.args_hash, sought.sent_after)
+        # As a preset's search does (presets.common.choose): another side effect's effect is not this call's.
+        matches = [e for e in provider.alike(sought.args_hash, sought.sent_after) if not sought.elsewhere(e.request_id)]
         effect = matches[0] if len(matches) == 1 else None
         if len(matches) > 1:
             world.sleep(rng.uniform(0, NETWORK), f"waiting on {provider.name}'s lookup of {key}")

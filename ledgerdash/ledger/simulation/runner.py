@@ -45,6 +45,7 @@ FAULTS = {
     "late_act": "the provider acts late in its processing window",
     "refuse": "the provider refuses a request before acting, or for good",
     "policy": "a policy author changes tools, scopes, approval conditions, tools' timing, the tenant's state",
+    "leave": "a person loses their membership or account for a while, whatever they are deciding",
 }
 #: Steps the settling phase may take before a run is called stuck.
 SETTLE_STEPS = 4000
@@ -162,6 +163,8 @@ class Run:
             world.spawn(name, "person", people.approver_body(self, name), after=rng.uniform(0, 60))
         if "policy" in self.enabled:
             world.spawn("policy-author", "author", people.author_body(self), after=rng.uniform(0, 60))
+        if "leave" in self.enabled:
+            world.spawn("administrator", "person", people.admin_body(self), after=rng.uniform(30, 300))
         world.on_resume = self._on_resume
         self.trace.append(f"{'':>5} seed {self.seed}: faults on: {', '.join(sorted(self.enabled)) or 'none'}")
 
