@@ -429,7 +429,7 @@ class AgentState:
                     raise
                 except PermanentFailure as exc:
                     session.fail(attempt, fence=fence, reason=str(exc), retryable=False)
-                    if sdk_try == 1 and run.faults_on("repeat") and world.rng.random() < 0.3:
+                    if sdk_try == 1 and run.faults_on("repeat") and world.rng.random() < 0.6:
                         # An SDK that tries a declined request once more after its caller reported the
                         # refusal: the ledger settled the attempt on that word, which this send may undo.
                         run.truth.fault("repeat")

@@ -74,7 +74,7 @@ class Request:
     #: How long its sender waits for the answer.
     wait: float
     received_at: datetime | None = None
-    #: acted, deduplicated, in_progress, refused, declined
+    #: acted, deduplicated, in_progress, refused, declined, lost on the way
     outcome: str = "in flight"
     acted_at: datetime | None = None
     effect: int | None = None
@@ -159,6 +159,11 @@ class Provider:
         self.requests.append(request)
         reply = Reply(request, waiter)
         rng = self.world.rng
+
+        if self.faults.hit("lost_answer", 0.05):
+            # Lost on the way (a connection cut before the provider read it): its sender hears nothing.
+            request.outcome = "lost on the way"
+            return reply
 
         def arrive() -> None:
             self._receive(request, reply)

@@ -38,7 +38,7 @@ log = logging.getLogger("ledgerdash.simulation")
 FAULTS = {
     "crash": "an agent or reconciler is killed at any yield point, then restarts",
     "pause": "an agent or reconciler stops for a while (past its lease), then goes on where it was",
-    "lost_answer": "the provider's answer never arrives, or the connection is reset",
+    "lost_answer": "the provider's answer never arrives, the connection is reset, or the request is lost on the way",
     "repeat": "a report is sent twice, a call made again, a task run by two workers at once",
     "reword": "an agent restarted after a crash calls again with other arguments under the same key",
     "lookup_down": "a lookup is slow or the provider answers it with 503",

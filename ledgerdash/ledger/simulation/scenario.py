@@ -27,7 +27,7 @@ are ambiguous).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -214,6 +214,13 @@ def draw_plan(world: World) -> Plan:
             )
             tasks.append(Task(task_id=f"agent{a}-task{t}", calls=calls))
         agents.append(tasks)
+    # Each alike call has a twin elsewhere, the same arguments under the usual key: two side effects a
+    # provider searched by content cannot tell apart.
+    for a, tasks in enumerate(agents):
+        for call in [c for task in tasks for c in task.calls if c.alike]:
+            other = rng.choice([n for n in range(len(agents)) if n != a])
+            twin = Task(task_id=f"agent{other}-twin{len(agents[other])}", calls=(replace(call, alike=False),))
+            agents[other].insert(rng.randint(0, len(agents[other])), twin)
     return Plan(timings=timings, agents=agents, reconcilers=rng.randint(1, 3), refs=refs)
 
 
