@@ -10,11 +10,12 @@ starting afresh is this one with its reading forgotten.
 
 from __future__ import annotations
 
+import email.utils
 import os
 import random
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 
 import pytest
 from django.conf import settings
@@ -23,7 +24,9 @@ from django.utils import timezone
 
 from ledgerdash.ledger import clock, recording
 from ledgerdash.ledger.models import Attempt, State, Tenant
+from ledgerdash.ledger.providers import base as providers_base
 from ledgerdash.ledger.reconciler import Reconciler
+from tests.api_support import Api, issue_token
 from tests.conftest import AGENT, record
 from tests.tcp_proxy import TcpProxy
 
@@ -99,6 +102,38 @@ def test_a_reconciler_whose_host_clock_runs_ahead_leaves_a_running_lease_alone(
     summary = Reconciler(label="reconciler-ahead").run_pass()
     assert summary.claimed == 0
     assert Attempt.objects.get(pk=dispatched.pk).state == State.DISPATCHED
+
+
+@pytest.mark.postgres
+def test_the_api_tells_an_agent_to_wait_for_the_lease_by_the_servers_time(
+    tenant_a: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = Api(issue_token(tenant_a))
+    attempt = api.record("k-retry-after")
+    assert api.dispatch(attempt["id"]).status_code == 200
+    host_clock_off_by(monkeypatch, -TEN_MINUTES)  # the web node that answers the second claim
+    response = api.dispatch(attempt["id"])
+    assert response.status_code == 409
+    # At most the lease itself (60 s), not the lease plus the ten minutes the host is behind.
+    assert 1 <= int(response["Retry-After"]) <= settings.LEDGER_DISPATCH_LEASE_SECONDS + 1
+
+
+@pytest.mark.postgres
+def test_a_providers_retry_after_date_is_counted_from_the_ledgers_clock(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    when = email.utils.format_datetime(server_time() + timedelta(seconds=120), usegmt=True)
+    host_clock_off_by(monkeypatch, -TEN_MINUTES)
+
+    class HostDatetime(datetime):  # the host's clock as the adapters read it themselves
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> HostDatetime:
+            return super().now(tz) - TEN_MINUTES
+
+    monkeypatch.setattr(providers_base, "datetime", HostDatetime)
+    seconds = providers_base.retry_after_seconds(when)
+    assert seconds is not None
+    assert 100 <= seconds <= 120
 
 
 @pytest.mark.postgres
