@@ -103,6 +103,15 @@ def lookup_lag() -> None:
     landing.not_found_is_evidence = lambda attempt, lag=0.0: unlagged(attempt, 0.0)
 
 
+def clock() -> None:
+    """Each process decided by its own host's clock, not the database
+    server's: leases, landing times and back-offs written by hosts whose
+    clocks disagree (some past the provider-clock margin) were compared."""
+    from ledgerdash.ledger.simulation.world import World
+
+    World.ledger_now = World.host_now  # type: ignore[method-assign]
+
+
 HOLES: dict[str, Callable[[], None]] = {
     "landing": landing,
     "late_report": late_report,
@@ -111,6 +120,7 @@ HOLES: dict[str, Callable[[], None]] = {
     "chain_standing": chain_standing,
     "past_retention": past_retention,
     "lookup_lag": lookup_lag,
+    "clock": clock,
 }
 
 
