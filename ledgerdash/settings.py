@@ -377,6 +377,14 @@ LEDGER_APPROVAL_RETRY_AFTER_SECONDS = env_int("LEDGER_APPROVAL_RETRY_AFTER_SECON
 #: How old UNKNOWN and MANUAL_REVIEW work may get before the overview calls
 #: it late, for a tenant that sets no SLA of its own.
 LEDGER_DEFAULT_SLA_MINUTES = env_int("LEDGER_DEFAULT_SLA_MINUTES", 240, minimum=1)
+# How often each process reads the database server's clock again (seconds);
+# between readings it carries that time on its own monotonic clock, which
+# may drift 0.1% of this (ledgerdash/ledger/clock.py).
+LEDGER_CLOCK_READ_SECONDS = env_int("LEDGER_CLOCK_READ_SECONDS", 30, minimum=1)
+# How far a provider's clock may be from the ledger's: a lookup that searches
+# the provider's records by their time looks this much wider on both sides.
+# Past it, such a lookup may miss an effect (docs/protocol.md, C3).
+LEDGER_PROVIDER_CLOCK_SKEW_SECONDS = env_int("LEDGER_PROVIDER_CLOCK_SKEW_SECONDS", 300, minimum=0)
 # Largest normalized arguments, in bytes of canonical JSON, and deepest nesting.
 LEDGER_MAX_ARGS_BYTES = env_int("LEDGER_MAX_ARGS_BYTES", 64 * 1024, minimum=2)
 LEDGER_MAX_ARGS_DEPTH = env_int("LEDGER_MAX_ARGS_DEPTH", 32, minimum=1)

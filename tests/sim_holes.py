@@ -143,6 +143,15 @@ def provider_id() -> None:
     scenario.build_world = without_the_rule
 
 
+def clock() -> None:
+    """Each process decided by its own host's clock, not the database
+    server's: leases, landing times and back-offs written by hosts whose
+    clocks disagree (some past the provider-clock margin) were compared."""
+    from ledgerdash.ledger.simulation.world import World
+
+    World.ledger_now = World.host_now  # type: ignore[method-assign]
+
+
 HOLES: dict[str, Callable[[], None]] = {
     "landing": landing,
     "late_report": late_report,
@@ -154,6 +163,7 @@ HOLES: dict[str, Callable[[], None]] = {
     "send_gate": send_gate,
     "approval_binding": approval_binding,
     "provider_id": provider_id,
+    "clock": clock,
 }
 
 

@@ -9,6 +9,7 @@ from collections.abc import Collection, Iterator
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
@@ -334,6 +335,29 @@ def test_twilio_of_two_alike_messages_takes_the_one_no_other_side_effect_holds(r
     both = adapter.find(sought(ours, args, elsewhere={sent.request_id, other.request_id}))
     assert both.status == LookupStatus.NOT_FOUND
     assert sorted(both.extra["left_out"]) == sorted([sent.request_id, other.request_id])
+
+
+@pytest.mark.parametrize("name", ["twilio.message", "slack.post_message", "github.issue"])
+@pytest.mark.parametrize(("margin", "status"), [(300, LookupStatus.FOUND), (60, LookupStatus.NOT_FOUND)])
+def test_a_search_by_the_providers_times_allows_for_its_clock_within_the_margin(
+    name: str, margin: int, status: LookupStatus, replicas: Replicas, settings: Any
+) -> None:
+    """The provider's clock four minutes behind the ledger's: within the default margin the
+    search still finds the call; past a margin set tighter it misses it (outside the promise)."""
+    settings.LEDGER_PROVIDER_CLOCK_SKEW_SECONDS = margin
+    provider = name.split(".")[0]
+    adapter = adapter_for(name, replicas.url(provider))
+    key = new_key(name)
+    args = args_for(name, replicas, key)
+    control = replicas.control(provider)
+    control.advance(-240)
+    try:
+        sent_after = timezone.now()
+        adapter.dispatch(key=key, args=args)
+        answer = adapter.find(Sought(key=key, args_hash=normalize_args(args)[1], args=args, sent_after=sent_after))
+    finally:
+        control.advance(240)
+    assert answer.status == status, answer.detail
 
 
 def test_twilio_takes_only_what_it_can_compare(replicas: Replicas) -> None:

@@ -36,7 +36,8 @@ worker, a late report from the agent, an operator) makes it a no-op.
 Time comes from :mod:`ledgerdash.ledger.clock`. Given a ``clock``, every
 decision of a pass is made at the instant it returned when the pass began
 (the crash drill uses this, so two passes in a row decide against one
-moment); without one, the wall clock.
+moment); without one, the ledger's clock (the database server's) as each
+decision reads it.
 
 A pass that loses its database connection stops (it cannot decide anything
 without it); the loop in ``manage.py reconcile`` closes the connection,
@@ -187,7 +188,7 @@ class Reconciler:
         self.actor = Actor.reconciler(label or worker_label())
         self.batch_size = batch_size
         self.stop = stop or threading.Event()
-        #: Decide each pass at the instant this returns when it begins; None: the wall clock.
+        #: Decide each pass at the instant this returns when it begins; None: the ledger's clock.
         self.clock = clock
         #: Claims of this worker's not yet decided, by attempt id: after a pass broken by a lost
         #: connection, those it held (the next pass hands them back first).

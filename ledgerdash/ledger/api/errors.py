@@ -15,11 +15,11 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
-from django.utils import timezone
 from ninja import NinjaAPI
 from ninja.errors import HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 
+from ledgerdash.ledger import clock
 from ledgerdash.ledger.api.rendering import JSON_TYPE, encode
 from ledgerdash.ledger.errors import (
     ApprovalRefused,
@@ -94,9 +94,11 @@ def no_endpoint(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse
 
 
 def _seconds_until(when: datetime | None) -> int:
+    """Seconds from now until ``when``, a time of the ledger's (a lease's end, a back-off's):
+    counted on the ledger's clock, whatever this web node's own says."""
     if when is None:
         return 1
-    return max(1, math.ceil((when - timezone.now()).total_seconds()))
+    return max(1, math.ceil((when - clock.now()).total_seconds()))
 
 
 def _attempt_in_path(request: HttpRequest) -> Attempt | None:

@@ -401,9 +401,9 @@ class Drill:
         while time.monotonic() < deadline:
             due = [a.next_check_at for a in self.case_attempts(report) if a.state in IN_FLIGHT_STATES]
             latest = max((d for d in due if d is not None), default=None)
-            if latest is None or latest <= timezone.now():
+            if latest is None or latest <= clock.now():
                 return
-            time.sleep(min(0.5, (latest - timezone.now()).total_seconds() + 0.02))
+            time.sleep(min(0.5, (latest - clock.now()).total_seconds() + 0.02))
 
     def _snapshot(self, report: CaseReport) -> tuple[Any, ...]:
         attempts = self.case_attempts(report)
@@ -440,14 +440,14 @@ class Drill:
                 break
             # The first round runs even when nothing waits: recovery must be
             # safe to run over a case that needs none.
-            due = min((a.next_check_at for a in waiting if a.next_check_at is not None), default=timezone.now())
-            pause = (due - timezone.now()).total_seconds()
+            due = min((a.next_check_at for a in waiting if a.next_check_at is not None), default=clock.now())
+            pause = (due - clock.now()).total_seconds()
             if time.monotonic() + max(pause, 0) > deadline:
                 steps.append({"step": f"recovery round {number}", "stopped": f"next check is {pause:.1f}s away"})
                 break
             if pause > 0:
                 time.sleep(pause)
-            with clock.frozen_at(timezone.now()) as instant:
+            with clock.frozen_at(clock.now()) as instant:
                 first = reconciler.run_pass()
                 self._observe(report, f"after recovery round {number}")
                 before = self._snapshot(report)

@@ -19,9 +19,10 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from ledgerdash.ledger import clock
 from ledgerdash.ledger.errors import NothingHappened
 
 
@@ -55,7 +56,7 @@ def retry_after_seconds(value: str | None, *, now: datetime | None = None) -> fl
             return None
         if when.tzinfo is None:
             return None
-        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+        seconds = (when - (now or clock.now())).total_seconds()
     if seconds != seconds:  # NaN
         return None
     return min(max(seconds, 0.0), 86400.0)

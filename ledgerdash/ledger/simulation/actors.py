@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ledgerdash.ledger import moves, recording
+from ledgerdash.ledger import clock, moves, recording
 from ledgerdash.ledger.errors import (
     AttemptBlocked,
     AwaitingApproval,
@@ -309,7 +309,8 @@ class AgentState:
                 if prepare > 0:
                     call.heartbeat()
             self.alive()
-            licensed = self.lease_end is not None and world.now <= self.lease_end
+            # Within its lease by the clock its process decides by (the ledger's).
+            licensed = self.lease_end is not None and clock.now() <= self.lease_end
             if not licensed and rng.random() < 0.5:
                 # A careful tool checks its lease before the request leaves.
                 raise NothingHappened("not sent: the dispatch lease ran out before the request left")
@@ -415,7 +416,7 @@ class AgentState:
                         args=attempt.args,
                         attempt_id=attempt.pk,
                         fence=fence,
-                        licensed=self.lease_end is not None and world.now <= self.lease_end,
+                        licensed=self.lease_end is not None and clock.now() <= self.lease_end,
                         wait=wait,
                         beat=lambda: session.heartbeat(attempt, fence),
                         beat_every=lease / 3,

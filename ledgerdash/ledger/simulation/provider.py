@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from ledgerdash.ledger import clock
 from ledgerdash.ledger.canonical import normalize_args
 from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
 from ledgerdash.ledger.providers.base import Dispatched, Lookup, LookupStatus, ProviderAdapter, Sought
@@ -425,7 +426,7 @@ class SimulatedAdapter(ProviderAdapter):
             args=args,
             attempt_id=attempt_id,
             fence=fence,
-            licensed=lease_end is not None and world.now <= lease_end,
+            licensed=lease_end is not None and clock.now() <= lease_end,
             wait=self.max_request_seconds,
             on_request_id=on_request_id,
         )

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import time
 import traceback
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.db import connection
 
 from ledgerdash.ledger import clock
@@ -46,7 +48,10 @@ FAULTS = {
     "refuse": "the provider refuses a request before acting, or for good",
     "policy": "a policy author changes tools, scopes, approval conditions, tools' timing, the tenant's state",
     "leave": "a person loses their membership or account for a while, whatever they are deciding",
+    "skew": "a host's clock is off from the database server's by more than the provider-clock margin",
 }
+#: Fault kinds drawn from the hosts' random numbers, not the run's (see :meth:`Run._draw_host_clocks`).
+HOST_FAULTS = frozenset({"skew"})
 #: Steps the settling phase may take before a run is called stuck.
 SETTLE_STEPS = 4000
 
@@ -90,7 +95,11 @@ class Run:
         # histories with fewer kinds of fault reach combinations all of them
         # at once would crowd out. (A draw for every kind, asked or not, so
         # leaving one out does not change the others' draws.)
-        draws = {kind: self.world.rng.random() for kind in FAULTS}
+        draws = {kind: self.world.rng.random() for kind in FAULTS if kind not in HOST_FAULTS}
+        # The hosts' clocks draw from random numbers of their own, so drawing them moves none of
+        # the run's other draws: a seed runs the same history whatever clocks its hosts keep.
+        self.hosts_rng = random.Random(f"{seed}:hosts")  # noqa: S311 - a simulation's choices, not secrets
+        draws.update((kind, self.hosts_rng.random()) for kind in sorted(HOST_FAULTS))
         self.enabled = frozenset(kind for kind in self.requested if draws[kind] < 0.75)
         self.provider_faults = Faults(self.world, self.enabled)
         self.network = Network(self.world)
@@ -151,6 +160,11 @@ class Run:
             # The same worker message delivered twice: two processes run one task.
             self.truth.fault("repeat")
             states.append(actors.AgentState(self, "agent-twin", [states[0].tasks[0]]))
+        self._draw_host_clocks(
+            [state.name for state in states]
+            + [f"reconciler-{n}" for n in range(self.plan.reconcilers)]
+            + [*scenario.OPERATORS[1:], *scenario.APPROVERS, "policy-author"]
+        )
         for state in states:
             self.spawn_agent(state, after=rng.uniform(0, 20))
         # Recovery starts at once, or (some seeds) only minutes in: agents retry on their own meanwhile.
@@ -167,6 +181,19 @@ class Run:
             world.spawn("administrator", "person", people.admin_body(self), after=rng.uniform(30, 300))
         world.on_resume = self._on_resume
         self.trace.append(f"{'':>5} seed {self.seed}: faults on: {', '.join(sorted(self.enabled)) or 'none'}")
+        clocks = ", ".join(f"{host} {offset:+.1f} s" for host, offset in sorted(world.host_offsets.items()))
+        self.trace.append(f"{'':>5} hosts' clocks against the database server's: {clocks}")
+
+    def _draw_host_clocks(self, hosts: list[str]) -> None:
+        """Each host's clock: off from the database server's within the provider-clock margin,
+        and with ``skew`` on, some past it, behind or ahead."""
+        rng, margin = self.hosts_rng, float(settings.LEDGER_PROVIDER_CLOCK_SKEW_SECONDS)
+        for host in hosts:
+            offset = rng.uniform(-margin, margin)
+            if "skew" in self.enabled and rng.random() < 0.3:
+                self.truth.fault("skew")
+                offset = rng.choice([-1, 1]) * rng.uniform(margin + 1, 4 * margin + 60)
+            self.world.host_offsets[host] = round(offset, 1)
 
     # --- running -----------------------------------------------------------------------------
 
@@ -263,7 +290,7 @@ def run_seed(databases: ScratchDatabases, seed: int, *, steps: int, faults: Iter
     run = Run(seed, steps, faults)
     _running.append(run.network)
     try:
-        with clock.driven_by(lambda: run.world.now, run.world.rng):
+        with clock.driven_by(run.world.ledger_now, run.world.rng):
             violations = run.execute()
             outcome = Outcome(
                 seed=seed,

@@ -1,6 +1,12 @@
 """The simulation's world: one virtual clock, one seeded scheduler, and the
 actors it runs one at a time.
 
+The virtual clock (:attr:`World.now`) is the database server's. Each actor
+runs on a host of its own whose clock is off from it (:meth:`World.host_now`);
+the ledger's code in every actor decides by the server's clock
+(:meth:`World.ledger_now`), as the ledger's one clock gives it to every
+process whatever its host's own says.
+
 Every actor (an agent process, a reconciler, a person, a policy author) is a
 thread running the ledger's real code, with a database connection of its
 own. Only one of them runs at any moment: the scheduler hands it the baton,
@@ -76,6 +82,11 @@ class Actor:
     go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     thread: threading.Thread | None = None
 
+    @property
+    def host(self) -> str:
+        """The host it runs on: its name without the incarnation (a restart runs on the same host)."""
+        return self.name.partition("#")[0]
+
     def start(self) -> None:
         self.thread = threading.Thread(target=self._main, name=f"sim-{self.name}", daemon=True)
         self.thread.start()
@@ -117,6 +128,8 @@ class World:
         #: Decides, each time a killable actor is about to resume, whether a
         #: fault hits it first: :data:`KILL`, a pause in seconds, or None.
         self.on_resume: Callable[[Actor], str | float | None] | None = None
+        #: How far each host's clock is from the database server's (:attr:`now`), in seconds.
+        self.host_offsets: dict[str, float] = {}
 
     # --- scheduling --------------------------------------------------------------------
 
@@ -159,6 +172,18 @@ class World:
         if not actor.finished:
             frozen = actor.frozen_until
             self._push_actor(frozen if frozen is not None and frozen > self.now else self.now, actor)
+
+    # --- the clocks ------------------------------------------------------------------------
+
+    def ledger_now(self) -> datetime:
+        """The time the ledger's code decides by, in any actor: the database server's."""
+        return self.now
+
+    def host_now(self) -> datetime:
+        """The running actor's host's own clock (outside any actor, the server's)."""
+        actor = self.current
+        offset = self.host_offsets.get(actor.host, 0.0) if actor is not None else 0.0
+        return self.now + timedelta(seconds=offset)
 
     # --- what actors call ------------------------------------------------------------------
 

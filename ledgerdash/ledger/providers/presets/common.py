@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
+from django.conf import settings as django_settings
+
 from ledgerdash.ledger import clock
 from ledgerdash.ledger.canonical import canonical_bytes, sha256_hex
 from ledgerdash.ledger.errors import InvalidArgs, NothingHappened, PermanentFailure
@@ -44,8 +46,12 @@ from ledgerdash_client import crashpoints
 
 #: The name under which presets write their correlation (metadata keys, marker, property, label prefix).
 MARK = "ledgerdash"
-#: How far before the first dispatch claim a search by time looks (the provider's clock may differ from ours).
-CLOCK_SKEW = timedelta(minutes=5)
+
+
+def clock_skew() -> timedelta:
+    """How far a provider's clock may be from the ledger's (LEDGER_PROVIDER_CLOCK_SKEW_SECONDS):
+    a search by the provider's times looks this much wider on either side of the call's."""
+    return timedelta(seconds=django_settings.LEDGER_PROVIDER_CLOCK_SKEW_SECONDS)
 
 
 def args_hash(args: dict[str, Any]) -> str:
@@ -309,13 +315,13 @@ class PresetAdapter(HttpCalls):
         land, plus the lookup's lag and the clocks' skew (None: not known)."""
         if sought.lands_by is None:
             return None
-        return sought.lands_by + timedelta(seconds=self.lookup_lag_seconds) + CLOCK_SKEW
+        return sought.lands_by + timedelta(seconds=self.lookup_lag_seconds) + clock_skew()
 
     def window_start(self, sought: Sought) -> datetime:
         """Where a search by time begins: the first dispatch claim, less the
         clocks' skew (unknown: a day before the ledger's now)."""
         start = sought.sent_after or clock.now() - timedelta(days=1)
-        return start - CLOCK_SKEW
+        return start - clock_skew()
 
 
 def received(on_request_id: Callable[[str], None] | None, request_id: str) -> None:
