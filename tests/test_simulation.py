@@ -56,6 +56,7 @@ HOLES = {
     "lookup_lag": ({"I1", "I4"}, 150),
     "send_gate": ({"I1"}, 150),
     "approval_binding": ({"I11"}, 150),
+    "provider_id": ({"I5"}, 150),
     "clock": ({"I1", "I4"}, 150),
 }
 

@@ -161,7 +161,7 @@ class Provider:
         reply = Reply(request, waiter)
         rng = self.world.rng
 
-        if self.faults.hit("lost_answer", 0.05):
+        if self.faults.hit("lost_answer", 0.1):
             # Lost on the way (a connection cut before the provider read it): its sender hears nothing.
             request.outcome = "lost on the way"
             return reply

@@ -199,20 +199,19 @@ def draw_plan(world: World) -> Plan:
     # tools for their faults to meet each other.
     presets = rng.random() < 1 / 3
     tools = sorted(name for name in PROVIDERS if (name in PRESET_TOOLS) == presets)
+    # Alike calls under other keys matter where a provider is searched by content: most go there.
+    by_content = [name for name in tools if PROVIDERS[name].lookup_by == "content"]
     agents: list[list[Task]] = []
     for a in range(rng.randint(2, 4)):
         tasks = []
         for t in range(rng.randint(1, 4)):
-            calls = tuple(
-                Call(
-                    tool=rng.choice(tools),
-                    ref=rng.choice(refs),
-                    amount=rng.choice([100, 4200, 90000]),
-                    alike=rng.random() < 0.2,
-                )
-                for _ in range(rng.randint(1, 3))
-            )
-            tasks.append(Task(task_id=f"agent{a}-task{t}", calls=calls))
+            calls = []
+            for _ in range(rng.randint(1, 3)):
+                tool, alike = rng.choice(tools), rng.random() < 0.3
+                if alike and by_content and rng.random() < 0.5:
+                    tool = rng.choice(by_content)
+                calls.append(Call(tool=tool, ref=rng.choice(refs), amount=rng.choice([100, 4200, 90000]), alike=alike))
+            tasks.append(Task(task_id=f"agent{a}-task{t}", calls=tuple(calls)))
         agents.append(tasks)
     # Each alike call has a twin elsewhere, the same arguments under the usual key: two side effects a
     # provider searched by content cannot tell apart.
