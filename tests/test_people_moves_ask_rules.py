@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ledgerdash.ledger import moves, rules
-from ledgerdash.ledger.errors import IllegalTransition, RoleRequired, SelfApproval
+from ledgerdash.ledger.errors import ApprovalRefused, IllegalTransition, RoleRequired, SelfApproval
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, Membership, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
@@ -124,3 +124,24 @@ def test_no_retry_is_requested_for_a_deactivated_tenant(tenant_a: Tenant, operat
     with pytest.raises(TenantInactive):
         moves.retry_request(attempt=original, actor=Actor.user(operator_a), reason="resend")
     assert not Attempt.objects.filter(parent=original).exists()
+
+
+@pytest.mark.parametrize("away", ["membership removed", "account deactivated"])
+def test_a_person_taken_away_mid_decision_is_refused(
+    away: str, tenant_a: Tenant, operator_a: Any, approver_a: Any
+) -> None:
+    """The page was loaded while they were a member; the decision comes after they were not."""
+    retry = moves.retry_request(
+        attempt=attempt_in(S.MANUAL_REVIEW, tenant_a, key="away"), actor=Actor.user(operator_a), reason="resend"
+    )
+    seen = rules.moves_for(approver_a, retry)
+    assert seen.decide_retry
+    if away == "membership removed":
+        Membership.objects.filter(user=approver_a, tenant=tenant_a).delete()
+    else:
+        type(approver_a).objects.filter(pk=approver_a.pk).update(is_active=False)
+    with pytest.raises((RoleRequired, ApprovalRefused)):
+        moves.retry_approve(attempt=retry, actor=Actor.user(approver_a), comment="ok", fence=retry.fence)
+    with pytest.raises(RoleRequired):
+        moves.retry_reject(attempt=retry, actor=Actor.user(approver_a), comment="no", fence=retry.fence)
+    assert Attempt.objects.get(pk=retry.pk).state == S.MANUAL_REVIEW
