@@ -32,6 +32,7 @@ from ledgerdash.ledger.errors import RequestIdTaken
 from ledgerdash.ledger.events import Actor, EventKind
 from ledgerdash.ledger.models import Attempt, AttemptEvent, Incident, ProviderId, State, Tenant, Tool
 from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ledger.providers import registry
 from ledgerdash.ledger.providers.presets import PRESETS
 from ledgerdash.ledger.reconciler import Reconciler
 from tests.api_support import Api, issue_token
@@ -405,6 +406,41 @@ def test_twilio_the_unsent_one_of_two_alike_messages_is_not_confirmed_with_the_o
     assert left_out == {"request_id": message["sid"], "attempt_id": b.pk, "idempotency_key": "sms:b"}
     assert f"{message['sid']} left out" in escalated.details["lookup"]["detail"]
     assert Attempt.objects.get(pk=b.pk).provider_request_id == message["sid"]
+
+
+def test_twilio_a_match_by_content_is_ambiguous_while_an_alike_call_sent_has_no_receipt_yet(
+    tenant_a: Tenant,
+) -> None:
+    """As above, but B's dispatcher has not reported yet: B was sent and the
+    provider acted, and the ledger holds no SID for B. The one message the
+    search by content finds may be B's as well as A's: not evidence for A
+    (and never recorded on it), so a person decides."""
+    with replica_service("twilio") as url:
+        Tool.objects.create(
+            name="sms",
+            adapter=Tool.Adapter.PRESET,
+            config=config_for("twilio.message", url),
+            idempotent=False,
+            max_request_seconds=1.0,
+            dispatch_lease_seconds=1.5,
+        )
+        policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "sms": []}, actor=Actor.system("tests"), note="sms")
+        args = {"to": "+15550004444", "from": "+15017122661", "body": "Your code is 654321"}
+        a = recording.mark_dispatched(record(tenant_a, "sms:a2", tool_name="sms", args=args), actor=AGENT)
+        b = recording.mark_dispatched(record(tenant_a, "sms:b2", tool_name="sms", args=args), actor=AGENT)
+        adapter = registry.build_adapter(Tool.objects.get(name="sms"), tenant_id=tenant_a.pk)
+        sent = adapter.dispatch(key=b.provider_key, args=args)  # B's request acts; its dispatcher has not reported
+        assert a.lands_by is not None
+        lag = PRESETS["twilio.message"].documented_lag_seconds
+        Reconciler(label="twilio-in-flight", clock=lambda: a.lands_by + timedelta(seconds=lag + 1)).run_pass()
+
+    a.refresh_from_db()
+    assert a.provider_request_id == ""
+    assert (a.state, a.last_lookup) == (S.MANUAL_REVIEW, "ambiguous"), a.last_note
+    assert f"#{b.pk}" in a.last_note
+    # B's receipt, when it comes, is B's.
+    recording.confirm(b, provider_request_id=sent.request_id, actor=AGENT)
+    assert Attempt.objects.get(pk=b.pk).provider_request_id == sent.request_id
 
 
 # --- the migration ----------------------------------------------------------------------------

@@ -454,7 +454,7 @@ class ProviderId(models.Model):
     Written by the database, never by the application: a trigger on the
     attempts' table adds the row when an attempt first names the id, and
     refuses an attempt at another side effect naming it too (migration
-    0027), whichever way the attempt is written. Attempts of one side effect
+    0028), whichever way the attempt is written. Attempts of one side effect
     share it (a linked retry the provider answers by replaying the key).
     ``attempt``: the first attempt that named it.
     """

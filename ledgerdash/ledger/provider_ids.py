@@ -1,7 +1,7 @@
 """A provider's id for an effect is the outcome of one side effect.
 
 The database keeps the rule (:class:`~ledgerdash.ledger.models.ProviderId`,
-migration 0027): it refuses an attempt naming a provider's id that an
+migration 0028): it refuses an attempt naming a provider's id that an
 attempt at another side effect of the tenant's tool (another idempotency
 key) named first. This module reads what it keeps: which attempt holds an
 id, the question a lookup asks of each candidate it might take for the
@@ -72,9 +72,12 @@ def unless_elsewhere(attempt: Attempt, lookup: Lookup) -> Lookup:
 
     A FOUND naming an id the ledger recorded on another side effect is not
     this call's effect, whatever the adapter matched it by: it is answered
-    as if absent (not found). Every id left out, by this or by the adapter's
-    own search (its ``left_out``), is recorded with the attempt that holds
-    it, so an operator sees why."""
+    as if absent (not found). A FOUND matched by content alone (the
+    adapter marks it ``matched_by: content``) while another side effect
+    with the same arguments was sent and has no id recorded yet may be
+    that one's: ambiguous, for a person. Every id left out, by this or by
+    the adapter's own search (its ``left_out``), is recorded with the
+    attempt that holds it, so an operator sees why."""
     extra = dict(lookup.extra)
     left_out = [_held(attempt, str(i)) for i in extra.get("left_out") or [] if isinstance(i, str)]
     held = holder(attempt, lookup.request_id) if lookup.status == LookupStatus.FOUND else None
@@ -82,10 +85,44 @@ def unless_elsewhere(attempt: Attempt, lookup: Lookup) -> Lookup:
         left_out.append({**held.as_details(lookup.request_id), "provider_detail": lookup.detail[:300]})
         extra["left_out"] = left_out
         return Lookup(LookupStatus.NOT_FOUND, detail=f"{left_out_note(left_out)}; nothing else matched", extra=extra)
+    if lookup.status == LookupStatus.FOUND and extra.get("matched_by") == "content":
+        twin = unattributed_twin(attempt)
+        if twin is not None:
+            extra.update(left_out=left_out, twin=twin)
+            return Lookup(
+                LookupStatus.AMBIGUOUS,
+                detail=f"{lookup.detail[:300]}; but it matched by content alone, and #{twin['attempt_id']} (key "
+                f"{twin['idempotency_key']!r}), another call with the same arguments, was sent and has no "
+                "provider id recorded yet: the effect may be its",
+                extra=extra,
+            )
     if not left_out:
         return lookup
     extra["left_out"] = left_out
     return replace(lookup, extra=extra)
+
+
+def unattributed_twin(attempt: Attempt) -> dict[str, Any] | None:
+    """Another side effect of ``attempt``'s tenant and tool with the same
+    arguments that was sent and has no provider id recorded: an effect
+    found by content alone may be its as well as ``attempt``'s (its
+    dispatcher may not have reported yet). None when there is none."""
+    row = (
+        Attempt.objects.filter(
+            tenant_id=attempt.tenant_id,
+            tool_name=attempt.tool_name,
+            args_hash=attempt.args_hash,
+            dispatch_count__gt=0,
+            provider_request_id="",
+        )
+        .exclude(idempotency_key=attempt.idempotency_key)
+        .order_by("id")
+        .values_list("pk", "idempotency_key", "state")
+        .first()
+    )
+    if row is None:
+        return None
+    return {"attempt_id": row[0], "idempotency_key": row[1], "state": row[2]}
 
 
 def _held(attempt: Attempt, request_id: str) -> dict[str, Any]:

@@ -367,6 +367,8 @@ def look_up(world: World, provider: Provider, key: str, sought: Sought | None = 
         request_id=effect.request_id,
         payload_hash=effect.args_hash,
         document={"id": effect.request_id},
+        # (as a preset searching by content marks its match: presets.common.by_content)
+        extra={"matched_by": "content"} if provider.traits.lookup_by == "content" and sought is not None else {},
     )
 
 

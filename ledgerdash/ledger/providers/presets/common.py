@@ -23,7 +23,7 @@ import json
 import string
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
@@ -376,6 +376,13 @@ def choose(candidates: list[Any], sought: Sought, id_of: Callable[[Any], str], w
         else:
             kept.append(candidate)
     return Chosen(one_match(kept, what), tuple(left))
+
+
+def by_content(lookup: Lookup) -> Lookup:
+    """``lookup``, marked as a match by the call's content (its arguments)
+    rather than by anything of its own: another call with the same
+    arguments could have made it (:func:`ledgerdash.ledger.provider_ids.unless_elsewhere`)."""
+    return replace(lookup, extra={**lookup.extra, "matched_by": "content"})
 
 
 def found(

@@ -42,6 +42,7 @@ from ledgerdash.ledger.providers.presets.common import (
     Option,
     PresetAdapter,
     args_hash,
+    by_content,
     choose,
     found,
     not_found,
@@ -149,7 +150,8 @@ class Message(PresetAdapter):
         )
         if chosen.match is None:
             return not_found(f"no message to {sought.args['to']} with this body since the call was made", chosen)
-        return self._found(chosen.match, sought, f"by recipient, body and time, not by a key{chosen.note}")
+        match = self._found(chosen.match, sought, f"by recipient, body and time, not by a key{chosen.note}")
+        return by_content(match)
 
     def _found(self, message: dict[str, Any], sought: Sought, how: str) -> Lookup:
         return found(
