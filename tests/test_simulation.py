@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
 
+from ledgerdash.ledger.simulation import runner
+from ledgerdash.ledger.simulation.invariants import Violation
 from tests.live import PYTHON, ROOT
 
 #: The runs here make SQLite databases of their own: the PostgreSQL pass runs only its own test.
@@ -151,24 +154,107 @@ def test_the_simulation_finds_a_hole_put_back(tmp_path: Path, hole: str) -> None
     print(f"{hole}: found by seed {failed['seed']}, the {len(report['seeds'])}th run")
 
 
+def _printed_replay(output: str) -> list[list[str]]:
+    """Every ``replay:`` line the run printed, as arguments to ``manage.py simulate``."""
+    prefix = "replay: python manage.py simulate "
+    return [line.removeprefix(prefix).split() for line in output.splitlines() if line.startswith(prefix)]
+
+
+#: A hole put back, and a seed it makes fail with faults on; and one that fails after faults
+#: stopped (with --steps short, most of its history is the settling phase).
+FAILING = {
+    "with_faults_on": ("chain_standing", ["--first-seed=8"], False),
+    "after_faults_stopped": ("lookup_lag", ["--first-seed=4", "--steps=40"], True),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @ON_SQLITE_PASS
-def test_a_failing_seed_is_shrunk_and_its_replay_fails_the_same_way(tmp_path: Path) -> None:
-    code, report, output = simulate(tmp_path, "--seeds=150", hole="chain_standing")
-    assert code == 1
-    reproduction = report["failed"]["reproduction"]
-    assert reproduction["command"].startswith("python manage.py simulate --seed ")
+@pytest.mark.parametrize("case", list(FAILING))
+def test_a_failing_seeds_printed_replay_runs_the_history_that_failed(tmp_path: Path, case: str) -> None:
+    hole, args, after_faults_stopped = FAILING[case]
+    code, report, output = simulate(tmp_path, "--seeds=1", *args, hole=hole)
+    assert code == 1, output[-3000:]
+    failed = report["failed"]
+    assert failed["after_faults_stopped"] is after_faults_stopped, f"{case} fails elsewhere now: {failed}"
     assert "shortest reproduction found" in output
     assert "its history's last steps" in output
-    args = reproduction["command"].removeprefix("python manage.py simulate ").split()
-    invariant = report["failed"]["violations"][0]["invariant"]
-    code, replayed, _output = simulate(tmp_path, *args, hole="chain_standing")
+    [printed] = _printed_replay(output)
+    steps = int(printed[printed.index("--steps") + 1])
+    # More steps with faults on than the failing run had would be another history.
+    assert steps <= failed["steps"]
+    code, replayed, _output = simulate(tmp_path, *printed, hole=hole)
     assert code == 1
-    assert invariant in {v["invariant"] for v in replayed["failed"]["violations"]}
+    again = replayed["failed"]
+    assert failed["violations"][0]["invariant"] in {v["invariant"] for v in again["violations"]}
+    assert again["digest"] == failed["reproduction"]["digest"]
     # Without the hole, the same reproduction holds.
-    code, _fixed, output = simulate(tmp_path, *args)
+    code, _fixed, output = simulate(tmp_path, *printed)
     assert code == 0, output[-3000:]
+
+
+History = Callable[[int, tuple[str, ...]], runner.Outcome]
+
+
+def _outcome(
+    steps: int, faults: tuple[str, ...], broken: str = "", step: int = 0, *, settling: bool = False, seed: int = 7
+) -> runner.Outcome:
+    """How a run of ``seed`` ended: ``broken`` at ``step``, or holding."""
+    return runner.Outcome(
+        seed=seed,
+        steps=steps,
+        faults=faults,
+        violations=[Violation(broken, step, f"seed {seed} broke it")] if broken else [],
+        trace=[f"seed {seed}'s step {n}" for n in range(1, (step or steps) + 1)],
+        digest=f"{seed}/{steps}/{','.join(faults)}",
+        seconds=0.0,
+        steps_run=step or steps,
+        settling=settling,
+    )
+
+
+def _shrunk(
+    monkeypatch: pytest.MonkeyPatch, history: History, steps: int, faults: tuple[str, ...]
+) -> tuple[runner.Reproduction, list[tuple[int, tuple[str, ...]]]]:
+    """The run ``history(steps, faults)`` shrunk, every run it asks for answered by ``history``; and those runs."""
+    runs: list[tuple[int, tuple[str, ...]]] = []
+
+    def run_seed(databases: Any, seed: int, *, steps: int, faults: Iterable[str]) -> runner.Outcome:
+        runs.append((steps, tuple(faults)))
+        return history(steps, tuple(faults))
+
+    monkeypatch.setattr(runner, "run_seed", run_seed)
+    return runner.shrink(None, history(steps, faults)), runs  # type: ignore[arg-type]  # no database: no run
+
+
+def test_a_failure_after_faults_stopped_is_shrunk_without_more_steps_with_faults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def history(steps: int, faults: tuple[str, ...]) -> runner.Outcome:
+        # it fails once faults stop, 20 steps later, as long as crashes were on
+        if "crash" in faults:
+            return _outcome(steps, faults, "I2", steps + 20, settling=True)
+        return _outcome(steps, faults)
+
+    reproduction, runs = _shrunk(monkeypatch, history, 300, ("crash", "pause"))
+    assert (reproduction.steps, reproduction.faults) == (300, ("crash",))
+    assert reproduction.digest == history(300, ("crash",)).digest
+    assert all(steps == 300 for steps, _faults in runs)
+
+
+def test_a_shrunk_reproduction_is_one_that_was_run_and_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    fails_at = {("crash", "pause"): 100, ("crash",): 80}
+
+    def history(steps: int, faults: tuple[str, ...]) -> runner.Outcome:
+        at = fails_at.get(faults)
+        return _outcome(steps, faults, "I4", at) if at is not None and steps >= at else _outcome(steps, faults)
+
+    reproduction, runs = _shrunk(monkeypatch, history, 300, ("crash", "pause"))
+    assert (reproduction.steps, reproduction.faults) == (80, ("crash",))
+    assert (80, ("crash",)) in runs
+    assert reproduction.invariant == "I4"
+    assert len(runs) == reproduction.tries
 
 
 @ON_SQLITE_PASS

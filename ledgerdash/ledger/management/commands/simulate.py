@@ -180,6 +180,9 @@ class Command(BaseCommand):
             if failure is None
             else {
                 "seed": failure.seed,
+                "steps": failure.steps,
+                "digest": failure.digest,
+                "after_faults_stopped": failure.settling,
                 "violations": [
                     {"invariant": v.invariant, "step": v.step, "detail": v.detail} for v in failure.violations
                 ],
@@ -188,6 +191,8 @@ class Command(BaseCommand):
                 else {
                     "steps": reproduction.steps,
                     "faults": list(reproduction.faults),
+                    "tries": reproduction.tries,
+                    "digest": reproduction.digest,
                     "command": reproduction.command(database),
                 },
             },
@@ -217,14 +222,12 @@ class Command(BaseCommand):
                 write(f"  {line}")
         if reproduction is not None:
             write(
-                f"shortest reproduction found ({reproduction.tries} replays): {reproduction.steps} steps, faults "
-                f"{', '.join(reproduction.faults) or 'none'}"
+                f"shortest reproduction found ({reproduction.tries} runs): {reproduction.steps} steps, faults "
+                f"{', '.join(reproduction.faults) or 'none'}, history digest {reproduction.digest}"
             )
             write(f"replay: {reproduction.command(database)}")
         else:
-            write(
-                f"replay: {runner.Reproduction(failure.seed, failure.steps, failure.faults, '', 0).command(database)}"
-            )
+            write(f"replay: {runner.Reproduction.of(failure).command(database)}")
         if kept:
             write(f"its database is kept: {kept}")
         write(f"invariants: {', '.join(f'{k} {v}' for k, v in invariants.INVARIANTS.items())}")
