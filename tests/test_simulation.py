@@ -1,8 +1,9 @@
 """The deterministic simulation (``manage.py simulate``), run as a user runs
 it: its default run holds every invariant and reaches every legal move and
 every fault kind; a seed replays the same history in another process; the
-seeds that found holes stay green; and each hole the ledger once had, put
-back, is found within a bounded number of seeds.
+seeds that found holes stay green; each hole the ledger once had, put back,
+is found within a bounded number of seeds; and a run reports every failing
+seed, each with a replay line that runs the very history that failed.
 
 Each run is a process of its own with databases of its own (temporary
 SQLite files, or ``ledgerdash_sim_<pid>_…`` on the PostgreSQL server the
@@ -101,7 +102,7 @@ def _postgres_url() -> str:
 def test_the_default_run_holds_every_invariant_and_reaches_every_move_and_fault(tmp_path: Path) -> None:
     code, report, output = simulate(tmp_path)
     assert code == 0, output[-4000:]
-    assert report["failed"] is None
+    assert report["failures"] == []
     assert len(report["seeds"]) == 200
     assert report["unreached_moves"] == [], output[-3000:]
     assert report["faults_not_injected"] == []
@@ -114,7 +115,7 @@ def test_the_default_run_holds_every_invariant_and_reaches_every_move_and_fault(
 def test_a_run_on_postgresql_holds_every_invariant(tmp_path: Path) -> None:
     code, report, output = simulate(tmp_path, "--seeds=30", f"--database={_postgres_url()}")
     assert code == 0, output[-4000:]
-    assert report["failed"] is None
+    assert report["failures"] == []
     assert report["faults_not_injected"] == []
 
 
@@ -138,7 +139,7 @@ def test_a_seed_replays_the_same_history_in_another_process(tmp_path: Path) -> N
 def test_a_seed_that_found_a_hole_holds_now(tmp_path: Path, found: str) -> None:
     code, report, output = simulate(tmp_path, *FOUND[found])
     assert code == 0, f"{found}: {output[-4000:]}"
-    assert report["failed"] is None
+    assert report["failures"] == []
 
 
 @pytest.mark.slow
@@ -147,10 +148,11 @@ def test_a_seed_that_found_a_hole_holds_now(tmp_path: Path, found: str) -> None:
 @pytest.mark.parametrize("hole", list(HOLES))
 def test_the_simulation_finds_a_hole_put_back(tmp_path: Path, hole: str) -> None:
     invariants, within = HOLES[hole]
-    code, report, output = simulate(tmp_path, f"--seeds={within}", "--no-shrink", hole=hole)
+    code, report, output = simulate(tmp_path, f"--seeds={within}", "--no-shrink", "--stop-on-failure", hole=hole)
     assert code == 1, f"{hole} was not found in {within} seeds"
-    failed = report["failed"]
+    [failed] = report["failures"]
     assert {v["invariant"] for v in failed["violations"]} & invariants, output[-3000:]
+    assert report["seeds"][-1] == failed["seed"]
     print(f"{hole}: found by seed {failed['seed']}, the {len(report['seeds'])}th run")
 
 
@@ -176,7 +178,7 @@ def test_a_failing_seeds_printed_replay_runs_the_history_that_failed(tmp_path: P
     hole, args, after_faults_stopped = FAILING[case]
     code, report, output = simulate(tmp_path, "--seeds=1", *args, hole=hole)
     assert code == 1, output[-3000:]
-    failed = report["failed"]
+    [failed] = report["failures"]
     assert failed["after_faults_stopped"] is after_faults_stopped, f"{case} fails elsewhere now: {failed}"
     assert "shortest reproduction found" in output
     assert "its history's last steps" in output
@@ -186,7 +188,7 @@ def test_a_failing_seeds_printed_replay_runs_the_history_that_failed(tmp_path: P
     assert steps <= failed["steps"]
     code, replayed, _output = simulate(tmp_path, *printed, hole=hole)
     assert code == 1
-    again = replayed["failed"]
+    [again] = replayed["failures"]
     assert failed["violations"][0]["invariant"] in {v["invariant"] for v in again["violations"]}
     assert again["digest"] == failed["reproduction"]["digest"]
     # Without the hole, the same reproduction holds.
@@ -257,6 +259,42 @@ def test_a_shrunk_reproduction_is_one_that_was_run_and_failed(monkeypatch: pytes
     assert len(runs) == reproduction.tries
 
 
+#: A hole put back, and seeds it makes fail more than once (13 and 16), each early in its history.
+FAILING_OFTEN = ("lookup_lag", ["--first-seed=13", "--seeds=4"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@ON_SQLITE_PASS
+def test_a_run_goes_on_past_a_failing_seed_and_reports_every_one(tmp_path: Path) -> None:
+    hole, args = FAILING_OFTEN
+    code, report, output = simulate(tmp_path, *args, "--shrink-first=1", hole=hole)
+    assert code == 1
+    failures = report["failures"]
+    assert len(failures) >= 2, f"the seeds no longer fail more than once: {output[-3000:]}"
+    assert report["seeds"] == list(range(13, 17))
+    assert report["failed_seeds"] == [f["seed"] for f in failures]
+    assert output.count("its history's last steps:") == len(failures)
+    for failed in failures:
+        assert f"seed {failed['seed']} FAILED (history digest {failed['digest']}):" in output
+        assert failed["violations"][0]["detail"] in output
+        assert f"replay: {failed['replay']}" in output
+    # The first is shrunk; the rest keep the seed as it ran, and the run says so.
+    first, *rest = failures
+    assert first["reproduction"] is not None
+    assert all(f["reproduction"] is None for f in rest)
+    assert rest[0]["replay"] == (
+        f"python manage.py simulate --seed {rest[0]['seed']} --steps 300 --faults {','.join(rest[0]['faults'])}"
+    )
+    assert f"shrink one: --first-seed {rest[0]['seed']} --seeds 1" in output
+    assert f"{len(failures)} seed(s) broke an invariant" in output
+
+    code, stopped, _output = simulate(tmp_path, *args, "--no-shrink", "--stop-on-failure", hole=hole)
+    assert code == 1
+    assert stopped["seeds"] == list(range(13, first["seed"] + 1))
+    assert [f["seed"] for f in stopped["failures"]] == [first["seed"]]
+
+
 @ON_SQLITE_PASS
 def test_bad_arguments_are_refused_with_a_clear_error(tmp_path: Path) -> None:
     code, _report, output = simulate(tmp_path, "--faults=crash,meteor")
@@ -274,11 +312,51 @@ def test_a_few_seeds_in_this_process_hold_and_replay(tmp_path: Path, capsys: pyt
     out = tmp_path / "few.json"
     call_command("simulate", seeds=3, first_seed=5, steps=120, json_out=out)
     batch = json.loads(out.read_text())
-    assert batch["failed"] is None
+    assert batch["failures"] == []
     assert len(batch["seeds"]) == 3
     call_command("simulate", seed=6, steps=120, json_out=out)
     assert json.loads(out.read_text())["digests"]["6"] == batch["digests"]["6"]
     assert "history digest" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("_unblocked")
+@ON_SQLITE_PASS
+def test_a_run_reports_every_failing_seed_and_shrinks_the_first_few(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the test process (what the subprocesses above run is not measured by coverage), with made-up
+    histories: odd seeds break I6 once faults stop, as long as crashes are on."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    def run_seed(databases: Any, seed: int, *, steps: int, faults: Iterable[str]) -> runner.Outcome:
+        faults = tuple(sorted(faults))
+        if seed % 2 and "crash" in faults:
+            return _outcome(steps, faults, "I6", steps + 10, settling=True, seed=seed)
+        return _outcome(steps, faults, seed=seed)
+
+    monkeypatch.setattr(runner, "run_seed", run_seed)
+    out = tmp_path / "failures.json"
+    with pytest.raises(CommandError, match=r"3 seed\(s\) broke an invariant: 5, 7, 9"):
+        call_command("simulate", seeds=6, first_seed=4, steps=50, shrink_first=2, json_out=out)
+    report = json.loads(out.read_text())
+    said = capsys.readouterr()
+    assert report["seeds"] == [4, 5, 6, 7, 8, 9]
+    assert report["failed_seeds"] == [5, 7, 9]
+    five, seven, nine = report["failures"]
+    assert five["after_faults_stopped"] is True
+    assert five["violations"] == [{"invariant": "I6", "step": 60, "detail": "seed 5 broke it"}]
+    # The first two are shrunk to crashes alone, keeping their 50 steps; the third is replayed as it ran.
+    assert five["replay"] == "python manage.py simulate --seed 5 --steps 50 --faults crash"
+    assert seven["reproduction"] == {"steps": 50, "faults": ["crash"], "tries": 9, "digest": "7/50/crash"}
+    assert nine["reproduction"] is None
+    assert nine["replay"] == f"python manage.py simulate --seed 9 --steps 50 --faults {','.join(sorted(runner.FAULTS))}"
+    for failed in report["failures"]:
+        assert f"seed {failed['seed']} FAILED (history digest {failed['digest']}):" in said.err
+        assert f"replay: {failed['replay']}" in said.err
+        assert f"seed {failed['seed']}'s step 60" in said.err
+    assert "shrunk: the lowest 2 failing seed(s) only (5, 7)" in said.err
+    assert "seed 5 failed: I6 at step 60, after faults stopped (reported at the end)" in said.out
 
 
 @pytest.fixture

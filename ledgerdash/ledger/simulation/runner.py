@@ -1,5 +1,5 @@
-"""Running simulated histories: one seed, many seeds, and the shortest
-reproduction of a failing one.
+"""Running simulated histories: one seed, and the shortest reproduction of
+a failing one (a range of seeds is :mod:`.batch`'s).
 
 A run: a fresh copy of the template database, a world whose clock and
 random numbers come from the seed, the providers, the actors the seed
