@@ -1,9 +1,10 @@
 """The deterministic simulation (``manage.py simulate``), run as a user runs
 it: its default run holds every invariant and reaches every legal move and
-every fault kind; a seed replays the same history in another process; the
-seeds that found holes stay green; each hole the ledger once had, put back,
-is found within a bounded number of seeds; and a run reports every failing
-seed, each with a replay line that runs the very history that failed.
+every fault kind; a seed replays the same history in another process, and
+over several; the seeds that found holes stay green; each hole the ledger
+once had, put back, is found within a bounded number of seeds; and a run
+reports every failing seed, each with a replay line that runs the very
+history that failed.
 
 Each run is a process of its own with databases of its own (temporary
 SQLite files, or ``ledgerdash_sim_<pid>_…`` on the PostgreSQL server the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -295,6 +297,50 @@ def test_a_run_goes_on_past_a_failing_seed_and_reports_every_one(tmp_path: Path)
     assert [f["seed"] for f in stopped["failures"]] == [first["seed"]]
 
 
+@pytest.mark.slow
+@ON_SQLITE_PASS
+def test_seeds_spread_over_processes_run_the_same_histories(tmp_path: Path) -> None:
+    args = ["--seeds=4", "--first-seed=41", "--steps=120"]
+    code, one, output = simulate(tmp_path, *args)
+    assert code == 0, output[-3000:]
+    code, two, output = simulate(tmp_path, *args, "--jobs=2")
+    assert code == 0, output[-3000:]
+    assert "4 seed(s) from 41, 120 steps each" in output
+    assert "on SQLite, 2 processes" in output
+    assert two["jobs"] == 2
+    assert two["digests"] == one["digests"]
+    assert two["seeds"] == one["seeds"]
+    # What each process covered is added up.
+    assert (two["moves"], two["faults"], two["steps"]) == (one["moves"], one["faults"], one["steps"])
+
+
+def _failure_reports(output: str) -> list[str]:
+    """The failures as the run tells them at its end (what comes before holds timings)."""
+    lines = output.splitlines()
+    starts = [n for n, line in enumerate(lines) if re.match(r"seed \d+ FAILED", line)]
+    assert starts, output[-3000:]
+    return lines[starts[0] :]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@ON_SQLITE_PASS
+def test_failures_found_by_several_processes_are_reported_as_by_one(tmp_path: Path) -> None:
+    hole, args = FAILING_OFTEN
+    code, one, one_said = simulate(tmp_path, *args, "--shrink-first=1", hole=hole)
+    assert code == 1
+    code, two, two_said = simulate(tmp_path, *args, "--shrink-first=1", "--jobs=2", hole=hole)
+    assert code == 1
+    assert two["failures"] == one["failures"]
+    assert two["digests"] == one["digests"]
+    assert _failure_reports(two_said) == _failure_reports(one_said)
+    code, stopped, _output = simulate(tmp_path, *args, "--no-shrink", "--stop-on-failure", "--jobs=2", hole=hole)
+    assert code == 1
+    first = one["failures"][0]["seed"]
+    assert stopped["seeds"] == list(range(13, first + 1))
+    assert [f["seed"] for f in stopped["failures"]] == [first]
+
+
 @ON_SQLITE_PASS
 def test_bad_arguments_are_refused_with_a_clear_error(tmp_path: Path) -> None:
     code, _report, output = simulate(tmp_path, "--faults=crash,meteor")
@@ -319,10 +365,16 @@ def test_a_few_seeds_in_this_process_hold_and_replay(tmp_path: Path, capsys: pyt
     assert "history digest" in capsys.readouterr().out
 
 
+#: Under pytest-xdist the test process has threads of its own (execnet's); the workers forked from it
+#: run only the simulation, which takes none of their locks.
+FORKED_FROM_A_THREADED_PROCESS = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded")
+
+
 @pytest.mark.usefixtures("_unblocked")
 @ON_SQLITE_PASS
+@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=FORKED_FROM_A_THREADED_PROCESS)])
 def test_a_run_reports_every_failing_seed_and_shrinks_the_first_few(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, jobs: int
 ) -> None:
     """In the test process (what the subprocesses above run is not measured by coverage), with made-up
     histories: odd seeds break I6 once faults stop, as long as crashes are on."""
@@ -335,10 +387,10 @@ def test_a_run_reports_every_failing_seed_and_shrinks_the_first_few(
             return _outcome(steps, faults, "I6", steps + 10, settling=True, seed=seed)
         return _outcome(steps, faults, seed=seed)
 
-    monkeypatch.setattr(runner, "run_seed", run_seed)
+    monkeypatch.setattr(runner, "run_seed", run_seed)  # (a worker is a fork: it runs these too)
     out = tmp_path / "failures.json"
     with pytest.raises(CommandError, match=r"3 seed\(s\) broke an invariant: 5, 7, 9"):
-        call_command("simulate", seeds=6, first_seed=4, steps=50, shrink_first=2, json_out=out)
+        call_command("simulate", seeds=6, first_seed=4, steps=50, shrink_first=2, jobs=jobs, json_out=out)
     report = json.loads(out.read_text())
     said = capsys.readouterr()
     assert report["seeds"] == [4, 5, 6, 7, 8, 9]
@@ -368,8 +420,10 @@ def _unblocked(django_db_blocker: Any) -> Any:
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_a_run_stopped_with_sigterm_removes_its_scratch_databases() -> None:
-    """A run killed midway leaves no ledgerdash_sim_<pid>_* database behind on a shared server."""
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_run_stopped_with_sigterm_removes_its_scratch_databases(jobs: int) -> None:
+    """A run killed midway leaves no ledgerdash_sim_<pid>_* database behind on a shared server, nor
+    do its workers (theirs carry its pid too)."""
     import signal
     import time
 
@@ -381,7 +435,7 @@ def test_a_run_stopped_with_sigterm_removes_its_scratch_databases() -> None:
         "DEBUG": "true"
     }
     proc = subprocess.Popen(
-        [PYTHON, "manage.py", "simulate", "--seeds", "500", "--database", url],
+        [PYTHON, "manage.py", "simulate", "--seeds", "500", "--jobs", str(jobs), "--database", url],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     prefix = f"ledgerdash_sim_{proc.pid}_"
@@ -392,11 +446,12 @@ def test_a_run_stopped_with_sigterm_removes_its_scratch_databases() -> None:
         return [row[0] for row in rows]
 
     try:
-        for _ in range(600):
-            if len(scratch()) >= 2 or proc.poll() is not None:
+        # Each process's template and the copy of its first seed: runs are under way.
+        for _ in range(900):
+            if len(scratch()) >= 2 * jobs or proc.poll() is not None:
                 break
             time.sleep(0.2)
-        assert len(scratch()) >= 2, "the run made no databases"
+        assert len(scratch()) >= 2 * jobs, f"the run made no databases: {scratch()}"
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=120)
         said = proc.stderr.read() if proc.stderr else ""

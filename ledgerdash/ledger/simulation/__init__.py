@@ -15,5 +15,5 @@ every run starts from and what a seed draws; :mod:`.actors` agents and
 reconcilers; :mod:`.people` people and the policy author;
 :mod:`.invariants` the checks; :mod:`.database` the run's own databases;
 :mod:`.runner` a run, and shrinking a failing one; :mod:`.batch` a range of
-seeds.
+seeds, in one process or spread over several.
 """

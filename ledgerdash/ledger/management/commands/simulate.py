@@ -2,7 +2,7 @@
 deterministic simulation (see :mod:`ledgerdash.ledger.simulation`).
 
     python manage.py simulate                        # seeds 1 to 200, every fault, on SQLite
-    python manage.py simulate --seeds 100000         # the long run before a release
+    python manage.py simulate --seeds 100000 --jobs 2   # the long run before a release, on two processes
     python manage.py simulate --seed 4711 --steps 90 --faults crash,pause   # replay one seed
     python manage.py simulate --database postgres://postgres@127.0.0.1/postgres
 
@@ -54,6 +54,9 @@ class Command(BaseCommand):
         )
         parser.add_argument("--json-out", type=Path, default=None, help="also write the results here")
         parser.add_argument(
+            "--jobs", type=int, default=1, help="spread the seeds over this many processes (default 1); same results"
+        )
+        parser.add_argument(
             "--stop-on-failure",
             action="store_true",
             help="stop at the first failing seed (default: run every seed, and report every failing one at the end)",
@@ -86,12 +89,16 @@ class Command(BaseCommand):
             if options["seeds"] < 1:
                 raise CommandError("--seeds must be at least 1")
             seeds = list(range(options["first_seed"], options["first_seed"] + options["seeds"]))
+        jobs = options["jobs"]
+        if jobs < 1:
+            raise CommandError("--jobs must be at least 1")
+        jobs = min(jobs, len(seeds))
         replaying = options["seed"] is not None
         database = options["database"]
         where = "PostgreSQL" if database else "SQLite"
         self.stdout.write(
             f"simulation: {len(seeds)} seed(s) from {seeds[0]}, {steps} steps each with faults "
-            f"({', '.join(faults) or 'none'}), on {where}"
+            f"({', '.join(faults) or 'none'}), on {where}" + (f", {jobs} processes" if jobs > 1 else "")
         )
         if options["shrink_first"] < 0:
             raise CommandError("--shrink-first must be 0 or more")
@@ -115,11 +122,16 @@ class Command(BaseCommand):
                 so_far = f"{run} seeds run, {failed} failed" if failed else f"{run} seeds passed"
                 self.stdout.write(f"  {so_far} ({time.monotonic() - started:.0f} s)")
 
-        with batch.InProcess(database, steps=steps, faults=faults) as runs:
-            results, kept = runs.run(seeds, stop_on_failure=options["stop_on_failure"], each=each, keep=options["keep"])
-            failures = [outcome for outcome in results if not outcome.ok]
-            shrinking = [] if replaying or options["no_shrink"] else failures[: options["shrink_first"]]
-            reproductions = runs.shrink(shrinking)
+        with batch.start(database, steps=steps, faults=faults, jobs=jobs) as runs:
+            try:
+                results, kept = runs.run(
+                    seeds, stop_on_failure=options["stop_on_failure"], each=each, keep=options["keep"]
+                )
+                failures = [outcome for outcome in results if not outcome.ok]
+                shrinking = [] if replaying or options["no_shrink"] else failures[: options["shrink_first"]]
+                reproductions = runs.shrink(shrinking)
+            except batch.WorkerFailed as exc:
+                raise CommandError(str(exc)) from exc
         seconds = time.monotonic() - started
         summary = self._summary(results, seconds)
         for line in summary["lines"]:
@@ -127,7 +139,7 @@ class Command(BaseCommand):
         # The line each failure's replay is printed with: its shortest reproduction, or the seed as it ran.
         replays = {failed.seed: reproductions.get(failed.seed) or runner.Reproduction.of(failed) for failed in failures}
         if options["json_out"] is not None:
-            report = self._report(results, failures, reproductions, replays, database, summary)
+            report = self._report(results, failures, reproductions, replays, database, summary, jobs)
             options["json_out"].write_text(json.dumps(report, indent=2, sort_keys=True))
         if failures:
             for n, failed in enumerate(failures):
@@ -204,10 +216,12 @@ class Command(BaseCommand):
         replays: dict[int, runner.Reproduction],
         database: str | None,
         summary: dict[str, Any],
+        jobs: int,
     ) -> dict[str, Any]:
         return {
             "seeds": [o.seed for o in results],
             "digests": {str(o.seed): o.digest for o in results},
+            "jobs": jobs,
             "failed_seeds": [failed.seed for failed in failures],
             "failures": [self._failure(failed, reproductions, replays, database) for failed in failures],
             "steps": summary["steps"],
@@ -282,4 +296,7 @@ class Command(BaseCommand):
 
 
 def _stop(signum: int, frame: Any) -> None:
+    # Once: a second SIGTERM (a whole process group signalled, then each worker by the run) must not
+    # cut short the unwinding that drops the scratch databases.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
