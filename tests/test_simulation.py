@@ -1,10 +1,10 @@
 """The deterministic simulation (``manage.py simulate``), run as a user runs
 it: its default run holds every invariant and reaches every legal move and
-every fault kind; a seed replays the same history in another process, and
-over several; the seeds that found holes stay green; each hole the ledger
-once had, put back, is found within a bounded number of seeds; and a run
-reports every failing seed, each with a replay line that runs the very
-history that failed.
+every fault kind, and so do this commit's own seeds; a seed replays the same
+history in another process, and over several; the seeds that found holes
+stay green; each hole the ledger once had, put back, is found within a
+bounded number of seeds; and a run reports every failing seed, each with a
+replay line that runs the very history that failed.
 
 Each run is a process of its own with databases of its own (temporary
 SQLite files, or ``ledgerdash_sim_<pid>_…`` on the PostgreSQL server the
@@ -26,6 +26,7 @@ from django.conf import settings
 
 from ledgerdash.ledger.simulation import runner
 from ledgerdash.ledger.simulation.invariants import Violation
+from tests import sim_seeds
 from tests.live import PYTHON, ROOT
 
 #: The runs here make SQLite databases of their own: the PostgreSQL pass runs only its own test.
@@ -119,6 +120,71 @@ def test_a_run_on_postgresql_holds_every_invariant(tmp_path: Path) -> None:
     assert code == 0, output[-4000:]
     assert report["failures"] == []
     assert report["faults_not_injected"] == []
+
+
+def _commit_block(tmp_path: Path, count: int, *args: str) -> None:
+    """This commit's own seeds (tests/sim_seeds.py): ``count`` of them, all holding; a failure says how to
+    replay each failing seed."""
+    seeds = sim_seeds.for_this_commit()
+    print(seeds.line())
+    code, report, output = simulate(tmp_path, f"--seeds={count}", f"--first-seed={seeds.first}", *args)
+    replays = "\n".join(f"  {failed['replay']}" for failed in report.get("failures", []))
+    assert code == 0, (
+        f"{seeds.line()}\nseeds {report.get('failed_seeds')} failed; replay each with:\n{replays}\n{output[-4000:]}"
+    )
+    # A block that ran fewer seeds (or none) does not pass.
+    assert report["seeds"] == list(range(seeds.first, seeds.last(count) + 1)), output[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.longest
+@pytest.mark.timeout(2400)
+@ON_SQLITE_PASS
+def test_this_commits_own_seeds_hold_every_invariant(tmp_path: Path) -> None:
+    _commit_block(tmp_path, sim_seeds.ON_SQLITE, "--jobs=2")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.postgres
+def test_this_commits_own_seeds_hold_every_invariant_on_postgresql(tmp_path: Path) -> None:
+    _commit_block(tmp_path, sim_seeds.ON_POSTGRESQL, f"--database={_postgres_url()}")
+
+
+def _git(repo: Path, *args: str) -> str:
+    command = ["git", "-c", "user.name=Sim", "-c", "user.email=sim@example.com", *args]
+    return subprocess.run(command, cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@ON_SQLITE_PASS
+def test_each_commit_gets_its_own_seeds_far_from_the_fixed_ones(tmp_path: Path) -> None:
+    _git(tmp_path, "init", "-q")
+    found = []
+    for message in ("one", "two"):
+        _git(tmp_path, "commit", "-q", "--allow-empty", "-m", message)
+        seeds = sim_seeds.for_this_commit(tmp_path)
+        assert sim_seeds.for_this_commit(tmp_path) == seeds
+        assert 1_000_000 <= seeds.first < 901_000_000
+        assert _git(tmp_path, "rev-parse", "--short=12", "HEAD") in seeds.line()
+        found.append(seeds.first)
+    assert found[0] != found[1]
+
+
+@ON_SQLITE_PASS
+def test_outside_a_git_checkout_the_commit_seeds_start_at_a_fixed_seed_and_say_so(tmp_path: Path) -> None:
+    seeds = sim_seeds.for_this_commit(tmp_path)
+    assert seeds.first == sim_seeds.FALLBACK
+    assert f"not a git checkout: the fixed first seed {sim_seeds.FALLBACK}" in seeds.line()
+
+
+@ON_SQLITE_PASS
+def test_make_test_prints_this_commits_seeds_at_its_start() -> None:
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert script.index("python -m tests.sim_seeds") < script.index("$BIN/pytest")
+    said = subprocess.run(
+        [PYTHON, "-m", "tests.sim_seeds"], cwd=ROOT, env=_env(), capture_output=True, text=True, check=True
+    ).stdout
+    assert sim_seeds.for_this_commit().line() in said
 
 
 @pytest.mark.slow
