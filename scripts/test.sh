@@ -13,6 +13,9 @@
 #
 # Arguments go to every pytest run. A run that collects nothing exits 5,
 # which stops this script: no pass can succeed by running no test.
+#
+# Besides its fixed seeds, the simulation runs seeds of this commit's own
+# (tests/sim_seeds.py), printed first: a failing one replays by its seed.
 set -eu
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -25,6 +28,9 @@ PG_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/ledgerdash}
 # meanwhile (on 2 cores the two main passes took 6:17 and 9:01 with 2 workers,
 # 4:28 and 7:39 with 3).
 XDIST="-n ${WORKERS:-$(($(nproc) + 1))} --dist loadgroup"
+
+echo "== the simulation's seeds for this commit"
+$BIN/python -m tests.sim_seeds
 
 echo "== ruff"
 $BIN/ruff check .

@@ -1,8 +1,10 @@
 """The deterministic simulation (``manage.py simulate``), run as a user runs
 it: its default run holds every invariant and reaches every legal move and
-every fault kind; a seed replays the same history in another process; the
-seeds that found holes stay green; and each hole the ledger once had, put
-back, is found within a bounded number of seeds.
+every fault kind, and so do this commit's own seeds; a seed replays the same
+history in another process, and over several; the seeds that found holes
+stay green; each hole the ledger once had, put back, is found within a
+bounded number of seeds; and a run reports every failing seed, each with a
+replay line that runs the very history that failed.
 
 Each run is a process of its own with databases of its own (temporary
 SQLite files, or ``ledgerdash_sim_<pid>_…`` on the PostgreSQL server the
@@ -13,13 +15,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
 
+from ledgerdash.ledger.simulation import runner
+from ledgerdash.ledger.simulation.invariants import Violation
+from tests import sim_seeds
 from tests.live import PYTHON, ROOT
 
 #: The runs here make SQLite databases of their own: the PostgreSQL pass runs only its own test.
@@ -102,7 +109,7 @@ def _postgres_url() -> str:
 def test_the_default_run_holds_every_invariant_and_reaches_every_move_and_fault(tmp_path: Path) -> None:
     code, report, output = simulate(tmp_path)
     assert code == 0, output[-4000:]
-    assert report["failed"] is None
+    assert report["failures"] == []
     assert len(report["seeds"]) == 200
     assert report["unreached_moves"] == [], output[-3000:]
     assert report["faults_not_injected"] == []
@@ -115,8 +122,73 @@ def test_the_default_run_holds_every_invariant_and_reaches_every_move_and_fault(
 def test_a_run_on_postgresql_holds_every_invariant(tmp_path: Path) -> None:
     code, report, output = simulate(tmp_path, "--seeds=30", f"--database={_postgres_url()}")
     assert code == 0, output[-4000:]
-    assert report["failed"] is None
+    assert report["failures"] == []
     assert report["faults_not_injected"] == []
+
+
+def _commit_block(tmp_path: Path, count: int, *args: str) -> None:
+    """This commit's own seeds (tests/sim_seeds.py): ``count`` of them, all holding; a failure says how to
+    replay each failing seed."""
+    seeds = sim_seeds.for_this_commit()
+    print(seeds.line())
+    code, report, output = simulate(tmp_path, f"--seeds={count}", f"--first-seed={seeds.first}", *args)
+    replays = "\n".join(f"  {failed['replay']}" for failed in report.get("failures", []))
+    assert code == 0, (
+        f"{seeds.line()}\nseeds {report.get('failed_seeds')} failed; replay each with:\n{replays}\n{output[-4000:]}"
+    )
+    # A block that ran fewer seeds (or none) does not pass.
+    assert report["seeds"] == list(range(seeds.first, seeds.last(count) + 1)), output[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.longest
+@pytest.mark.timeout(2400)
+@ON_SQLITE_PASS
+def test_this_commits_own_seeds_hold_every_invariant(tmp_path: Path) -> None:
+    _commit_block(tmp_path, sim_seeds.ON_SQLITE, "--jobs=2")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.postgres
+def test_this_commits_own_seeds_hold_every_invariant_on_postgresql(tmp_path: Path) -> None:
+    _commit_block(tmp_path, sim_seeds.ON_POSTGRESQL, f"--database={_postgres_url()}")
+
+
+def _git(repo: Path, *args: str) -> str:
+    command = ["git", "-c", "user.name=Sim", "-c", "user.email=sim@example.com", *args]
+    return subprocess.run(command, cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@ON_SQLITE_PASS
+def test_each_commit_gets_its_own_seeds_far_from_the_fixed_ones(tmp_path: Path) -> None:
+    _git(tmp_path, "init", "-q")
+    found = []
+    for message in ("one", "two"):
+        _git(tmp_path, "commit", "-q", "--allow-empty", "-m", message)
+        seeds = sim_seeds.for_this_commit(tmp_path)
+        assert sim_seeds.for_this_commit(tmp_path) == seeds
+        assert 1_000_000 <= seeds.first < 901_000_000
+        assert _git(tmp_path, "rev-parse", "--short=12", "HEAD") in seeds.line()
+        found.append(seeds.first)
+    assert found[0] != found[1]
+
+
+@ON_SQLITE_PASS
+def test_outside_a_git_checkout_the_commit_seeds_start_at_a_fixed_seed_and_say_so(tmp_path: Path) -> None:
+    seeds = sim_seeds.for_this_commit(tmp_path)
+    assert seeds.first == sim_seeds.FALLBACK
+    assert f"not a git checkout: the fixed first seed {sim_seeds.FALLBACK}" in seeds.line()
+
+
+@ON_SQLITE_PASS
+def test_make_test_prints_this_commits_seeds_at_its_start() -> None:
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert script.index("python -m tests.sim_seeds") < script.index("$BIN/pytest")
+    said = subprocess.run(
+        [PYTHON, "-m", "tests.sim_seeds"], cwd=ROOT, env=_env(), capture_output=True, text=True, check=True
+    ).stdout
+    assert sim_seeds.for_this_commit().line() in said
 
 
 @pytest.mark.slow
@@ -139,7 +211,7 @@ def test_a_seed_replays_the_same_history_in_another_process(tmp_path: Path) -> N
 def test_a_seed_that_found_a_hole_holds_now(tmp_path: Path, found: str) -> None:
     code, report, output = simulate(tmp_path, *FOUND[found])
     assert code == 0, f"{found}: {output[-4000:]}"
-    assert report["failed"] is None
+    assert report["failures"] == []
 
 
 @pytest.mark.slow
@@ -148,31 +220,195 @@ def test_a_seed_that_found_a_hole_holds_now(tmp_path: Path, found: str) -> None:
 @pytest.mark.parametrize("hole", list(HOLES))
 def test_the_simulation_finds_a_hole_put_back(tmp_path: Path, hole: str) -> None:
     invariants, within = HOLES[hole]
-    code, report, output = simulate(tmp_path, f"--seeds={within}", "--no-shrink", hole=hole)
+    code, report, output = simulate(tmp_path, f"--seeds={within}", "--no-shrink", "--stop-on-failure", hole=hole)
     assert code == 1, f"{hole} was not found in {within} seeds"
-    failed = report["failed"]
+    [failed] = report["failures"]
     assert {v["invariant"] for v in failed["violations"]} & invariants, output[-3000:]
+    assert report["seeds"][-1] == failed["seed"]
     print(f"{hole}: found by seed {failed['seed']}, the {len(report['seeds'])}th run")
+
+
+def _printed_replay(output: str) -> list[list[str]]:
+    """Every ``replay:`` line the run printed, as arguments to ``manage.py simulate``."""
+    prefix = "replay: python manage.py simulate "
+    return [line.removeprefix(prefix).split() for line in output.splitlines() if line.startswith(prefix)]
+
+
+#: A hole put back, and a seed it makes fail with faults on; and one that fails after faults
+#: stopped (with --steps short, most of its history is the settling phase).
+FAILING = {
+    "with_faults_on": ("chain_standing", ["--first-seed=8"], False),
+    "after_faults_stopped": ("lookup_lag", ["--first-seed=4", "--steps=40"], True),
+}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @ON_SQLITE_PASS
-def test_a_failing_seed_is_shrunk_and_its_replay_fails_the_same_way(tmp_path: Path) -> None:
-    code, report, output = simulate(tmp_path, "--seeds=150", hole="chain_standing")
-    assert code == 1
-    reproduction = report["failed"]["reproduction"]
-    assert reproduction["command"].startswith("python manage.py simulate --seed ")
+@pytest.mark.parametrize("case", list(FAILING))
+def test_a_failing_seeds_printed_replay_runs_the_history_that_failed(tmp_path: Path, case: str) -> None:
+    hole, args, after_faults_stopped = FAILING[case]
+    code, report, output = simulate(tmp_path, "--seeds=1", *args, hole=hole)
+    assert code == 1, output[-3000:]
+    [failed] = report["failures"]
+    assert failed["after_faults_stopped"] is after_faults_stopped, f"{case} fails elsewhere now: {failed}"
     assert "shortest reproduction found" in output
     assert "its history's last steps" in output
-    args = reproduction["command"].removeprefix("python manage.py simulate ").split()
-    invariant = report["failed"]["violations"][0]["invariant"]
-    code, replayed, _output = simulate(tmp_path, *args, hole="chain_standing")
+    [printed] = _printed_replay(output)
+    steps = int(printed[printed.index("--steps") + 1])
+    # More steps with faults on than the failing run had would be another history.
+    assert steps <= failed["steps"]
+    code, replayed, _output = simulate(tmp_path, *printed, hole=hole)
     assert code == 1
-    assert invariant in {v["invariant"] for v in replayed["failed"]["violations"]}
+    [again] = replayed["failures"]
+    assert failed["violations"][0]["invariant"] in {v["invariant"] for v in again["violations"]}
+    assert again["digest"] == failed["reproduction"]["digest"]
     # Without the hole, the same reproduction holds.
-    code, _fixed, output = simulate(tmp_path, *args)
+    code, _fixed, output = simulate(tmp_path, *printed)
     assert code == 0, output[-3000:]
+
+
+History = Callable[[int, tuple[str, ...]], runner.Outcome]
+
+
+def _outcome(
+    steps: int, faults: tuple[str, ...], broken: str = "", step: int = 0, *, settling: bool = False, seed: int = 7
+) -> runner.Outcome:
+    """How a run of ``seed`` ended: ``broken`` at ``step``, or holding."""
+    return runner.Outcome(
+        seed=seed,
+        steps=steps,
+        faults=faults,
+        violations=[Violation(broken, step, f"seed {seed} broke it")] if broken else [],
+        trace=[f"seed {seed}'s step {n}" for n in range(1, (step or steps) + 1)],
+        digest=f"{seed}/{steps}/{','.join(faults)}",
+        seconds=0.0,
+        steps_run=step or steps,
+        settling=settling,
+    )
+
+
+def _shrunk(
+    monkeypatch: pytest.MonkeyPatch, history: History, steps: int, faults: tuple[str, ...]
+) -> tuple[runner.Reproduction, list[tuple[int, tuple[str, ...]]]]:
+    """The run ``history(steps, faults)`` shrunk, every run it asks for answered by ``history``; and those runs."""
+    runs: list[tuple[int, tuple[str, ...]]] = []
+
+    def run_seed(databases: Any, seed: int, *, steps: int, faults: Iterable[str]) -> runner.Outcome:
+        runs.append((steps, tuple(faults)))
+        return history(steps, tuple(faults))
+
+    monkeypatch.setattr(runner, "run_seed", run_seed)
+    return runner.shrink(None, history(steps, faults)), runs  # type: ignore[arg-type]  # no database: no run
+
+
+def test_a_failure_after_faults_stopped_is_shrunk_without_more_steps_with_faults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def history(steps: int, faults: tuple[str, ...]) -> runner.Outcome:
+        # it fails once faults stop, 20 steps later, as long as crashes were on
+        if "crash" in faults:
+            return _outcome(steps, faults, "I2", steps + 20, settling=True)
+        return _outcome(steps, faults)
+
+    reproduction, runs = _shrunk(monkeypatch, history, 300, ("crash", "pause"))
+    assert (reproduction.steps, reproduction.faults) == (300, ("crash",))
+    assert reproduction.digest == history(300, ("crash",)).digest
+    assert all(steps == 300 for steps, _faults in runs)
+
+
+def test_a_shrunk_reproduction_is_one_that_was_run_and_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    fails_at = {("crash", "pause"): 100, ("crash",): 80}
+
+    def history(steps: int, faults: tuple[str, ...]) -> runner.Outcome:
+        at = fails_at.get(faults)
+        return _outcome(steps, faults, "I4", at) if at is not None and steps >= at else _outcome(steps, faults)
+
+    reproduction, runs = _shrunk(monkeypatch, history, 300, ("crash", "pause"))
+    assert (reproduction.steps, reproduction.faults) == (80, ("crash",))
+    assert (80, ("crash",)) in runs
+    assert reproduction.invariant == "I4"
+    assert len(runs) == reproduction.tries
+
+
+#: A hole put back, and seeds it makes fail more than once (13 and 16), each early in its history.
+FAILING_OFTEN = ("lookup_lag", ["--first-seed=13", "--seeds=4"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@ON_SQLITE_PASS
+def test_a_run_goes_on_past_a_failing_seed_and_reports_every_one(tmp_path: Path) -> None:
+    hole, args = FAILING_OFTEN
+    code, report, output = simulate(tmp_path, *args, "--shrink-first=1", hole=hole)
+    assert code == 1
+    failures = report["failures"]
+    assert len(failures) >= 2, f"the seeds no longer fail more than once: {output[-3000:]}"
+    assert report["seeds"] == list(range(13, 17))
+    assert report["failed_seeds"] == [f["seed"] for f in failures]
+    assert output.count("its history's last steps:") == len(failures)
+    for failed in failures:
+        assert f"seed {failed['seed']} FAILED (history digest {failed['digest']}):" in output
+        assert failed["violations"][0]["detail"] in output
+        assert f"replay: {failed['replay']}" in output
+    # The first is shrunk; the rest keep the seed as it ran, and the run says so.
+    first, *rest = failures
+    assert first["reproduction"] is not None
+    assert all(f["reproduction"] is None for f in rest)
+    assert rest[0]["replay"] == (
+        f"python manage.py simulate --seed {rest[0]['seed']} --steps 300 --faults {','.join(rest[0]['faults'])}"
+    )
+    assert f"shrink one: --first-seed {rest[0]['seed']} --seeds 1" in output
+    assert f"{len(failures)} seed(s) broke an invariant" in output
+
+    code, stopped, _output = simulate(tmp_path, *args, "--no-shrink", "--stop-on-failure", hole=hole)
+    assert code == 1
+    assert stopped["seeds"] == list(range(13, first["seed"] + 1))
+    assert [f["seed"] for f in stopped["failures"]] == [first["seed"]]
+
+
+@pytest.mark.slow
+@ON_SQLITE_PASS
+def test_seeds_spread_over_processes_run_the_same_histories(tmp_path: Path) -> None:
+    args = ["--seeds=4", "--first-seed=41", "--steps=120"]
+    code, one, output = simulate(tmp_path, *args)
+    assert code == 0, output[-3000:]
+    code, two, output = simulate(tmp_path, *args, "--jobs=2")
+    assert code == 0, output[-3000:]
+    assert "4 seed(s) from 41, 120 steps each" in output
+    assert "on SQLite, 2 processes" in output
+    assert two["jobs"] == 2
+    assert two["digests"] == one["digests"]
+    assert two["seeds"] == one["seeds"]
+    # What each process covered is added up.
+    assert (two["moves"], two["faults"], two["steps"]) == (one["moves"], one["faults"], one["steps"])
+
+
+def _failure_reports(output: str) -> list[str]:
+    """The failures as the run tells them at its end (what comes before holds timings)."""
+    lines = output.splitlines()
+    starts = [n for n, line in enumerate(lines) if re.match(r"seed \d+ FAILED", line)]
+    assert starts, output[-3000:]
+    return lines[starts[0] :]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@ON_SQLITE_PASS
+def test_failures_found_by_several_processes_are_reported_as_by_one(tmp_path: Path) -> None:
+    hole, args = FAILING_OFTEN
+    code, one, one_said = simulate(tmp_path, *args, "--shrink-first=1", hole=hole)
+    assert code == 1
+    code, two, two_said = simulate(tmp_path, *args, "--shrink-first=1", "--jobs=2", hole=hole)
+    assert code == 1
+    assert two["failures"] == one["failures"]
+    assert two["digests"] == one["digests"]
+    assert _failure_reports(two_said) == _failure_reports(one_said)
+    code, stopped, _output = simulate(tmp_path, *args, "--no-shrink", "--stop-on-failure", "--jobs=2", hole=hole)
+    assert code == 1
+    first = one["failures"][0]["seed"]
+    assert stopped["seeds"] == list(range(13, first + 1))
+    assert [f["seed"] for f in stopped["failures"]] == [first]
 
 
 @ON_SQLITE_PASS
@@ -192,11 +428,57 @@ def test_a_few_seeds_in_this_process_hold_and_replay(tmp_path: Path, capsys: pyt
     out = tmp_path / "few.json"
     call_command("simulate", seeds=3, first_seed=5, steps=120, json_out=out)
     batch = json.loads(out.read_text())
-    assert batch["failed"] is None
+    assert batch["failures"] == []
     assert len(batch["seeds"]) == 3
     call_command("simulate", seed=6, steps=120, json_out=out)
     assert json.loads(out.read_text())["digests"]["6"] == batch["digests"]["6"]
     assert "history digest" in capsys.readouterr().out
+
+
+#: Under pytest-xdist the test process has threads of its own (execnet's); the workers forked from it
+#: run only the simulation, which takes none of their locks.
+FORKED_FROM_A_THREADED_PROCESS = pytest.mark.filterwarnings("ignore:This process .* is multi-threaded")
+
+
+@pytest.mark.usefixtures("_unblocked")
+@ON_SQLITE_PASS
+@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=FORKED_FROM_A_THREADED_PROCESS)])
+def test_a_run_reports_every_failing_seed_and_shrinks_the_first_few(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, jobs: int
+) -> None:
+    """In the test process (what the subprocesses above run is not measured by coverage), with made-up
+    histories: odd seeds break I6 once faults stop, as long as crashes are on."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    def run_seed(databases: Any, seed: int, *, steps: int, faults: Iterable[str]) -> runner.Outcome:
+        faults = tuple(sorted(faults))
+        if seed % 2 and "crash" in faults:
+            return _outcome(steps, faults, "I6", steps + 10, settling=True, seed=seed)
+        return _outcome(steps, faults, seed=seed)
+
+    monkeypatch.setattr(runner, "run_seed", run_seed)  # (a worker is a fork: it runs these too)
+    out = tmp_path / "failures.json"
+    with pytest.raises(CommandError, match=r"3 seed\(s\) broke an invariant: 5, 7, 9"):
+        call_command("simulate", seeds=6, first_seed=4, steps=50, shrink_first=2, jobs=jobs, json_out=out)
+    report = json.loads(out.read_text())
+    said = capsys.readouterr()
+    assert report["seeds"] == [4, 5, 6, 7, 8, 9]
+    assert report["failed_seeds"] == [5, 7, 9]
+    five, seven, nine = report["failures"]
+    assert five["after_faults_stopped"] is True
+    assert five["violations"] == [{"invariant": "I6", "step": 60, "detail": "seed 5 broke it"}]
+    # The first two are shrunk to crashes alone, keeping their 50 steps; the third is replayed as it ran.
+    assert five["replay"] == "python manage.py simulate --seed 5 --steps 50 --faults crash"
+    assert seven["reproduction"] == {"steps": 50, "faults": ["crash"], "tries": 9, "digest": "7/50/crash"}
+    assert nine["reproduction"] is None
+    assert nine["replay"] == f"python manage.py simulate --seed 9 --steps 50 --faults {','.join(sorted(runner.FAULTS))}"
+    for failed in report["failures"]:
+        assert f"seed {failed['seed']} FAILED (history digest {failed['digest']}):" in said.err
+        assert f"replay: {failed['replay']}" in said.err
+        assert f"seed {failed['seed']}'s step 60" in said.err
+    assert "shrunk: the lowest 2 failing seed(s) only (5, 7)" in said.err
+    assert "seed 5 failed: I6 at step 60, after faults stopped (reported at the end)" in said.out
 
 
 @pytest.fixture
@@ -208,8 +490,10 @@ def _unblocked(django_db_blocker: Any) -> Any:
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_a_run_stopped_with_sigterm_removes_its_scratch_databases() -> None:
-    """A run killed midway leaves no ledgerdash_sim_<pid>_* database behind on a shared server."""
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_run_stopped_with_sigterm_removes_its_scratch_databases(jobs: int) -> None:
+    """A run killed midway leaves no ledgerdash_sim_<pid>_* database behind on a shared server, nor
+    do its workers (theirs carry its pid too)."""
     import signal
     import time
 
@@ -221,7 +505,7 @@ def test_a_run_stopped_with_sigterm_removes_its_scratch_databases() -> None:
         "DEBUG": "true"
     }
     proc = subprocess.Popen(
-        [PYTHON, "manage.py", "simulate", "--seeds", "500", "--database", url],
+        [PYTHON, "manage.py", "simulate", "--seeds", "500", "--jobs", str(jobs), "--database", url],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     prefix = f"ledgerdash_sim_{proc.pid}_"
@@ -232,11 +516,12 @@ def test_a_run_stopped_with_sigterm_removes_its_scratch_databases() -> None:
         return [row[0] for row in rows]
 
     try:
-        for _ in range(600):
-            if len(scratch()) >= 2 or proc.poll() is not None:
+        # Each process's template and the copy of its first seed: runs are under way.
+        for _ in range(900):
+            if len(scratch()) >= 2 * jobs or proc.poll() is not None:
                 break
             time.sleep(0.2)
-        assert len(scratch()) >= 2, "the run made no databases"
+        assert len(scratch()) >= 2 * jobs, f"the run made no databases: {scratch()}"
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=120)
         said = proc.stderr.read() if proc.stderr else ""

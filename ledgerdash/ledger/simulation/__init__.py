@@ -14,5 +14,6 @@ the network and the adapter simulated tools use; :mod:`.scenario` the world
 every run starts from and what a seed draws; :mod:`.actors` agents and
 reconcilers; :mod:`.people` people and the policy author;
 :mod:`.invariants` the checks; :mod:`.database` the run's own databases;
-:mod:`.runner` runs, many runs, and shrinking a failing one.
+:mod:`.runner` a run, and shrinking a failing one; :mod:`.batch` a range of
+seeds, in one process or spread over several.
 """

@@ -7,14 +7,17 @@ each run then gets a fresh copy of it: a file copy on SQLite,
 the very same rows, ids and sequences every time, so a seed replays the same
 history exactly, in this process or any other.
 
-Names are the process's own (``ledgerdash_sim_<pid>_<random>``), so runs side
-by side never touch each other's databases; every one is dropped at the end.
+Names are the process's own (``ledgerdash_sim_<pid>_<random>``; a worker's,
+``ledgerdash_sim_<run pid>_<worker pid>_<random>``, also carry the run's), so
+runs side by side never touch each other's databases; every one is dropped
+at the end.
 Durability is traded for speed (``synchronous=OFF``, ``synchronous_commit=off``):
 the simulation kills agents and reconcilers, never the database server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -40,14 +43,16 @@ class ScratchDatabases:
     """A template database and a fresh copy of it per run, for Django's
     ``default`` connection; ``url`` None: SQLite files in a folder of their own."""
 
-    def __init__(self, url: str | None, *, prepare: Callable[[], None]) -> None:
+    def __init__(self, url: str | None, *, prepare: Callable[[], None], owner: int | None = None) -> None:
+        """``owner``: the pid of the run this process works for, when it is one of its workers."""
         from ledgerdash.settings import database_config
 
         self.url = url
         self.prepare = prepare
         self.config: dict[str, Any] = database_config(url or "sqlite:///:memory:")
         self.vendor = "postgresql" if "postgresql" in str(self.config["ENGINE"]) else "sqlite"
-        self.prefix = f"ledgerdash_sim_{os.getpid()}_{secrets.token_hex(3)}"
+        pids = f"{owner}_{os.getpid()}" if owner is not None else str(os.getpid())
+        self.prefix = f"ledgerdash_sim_{pids}_{secrets.token_hex(3)}"
         self.folder: Path | None = None
         self._saved: dict[str, Any] | None = None
         self.copies = 0
@@ -108,6 +113,17 @@ class ScratchDatabases:
         return str(self.folder / "run.sqlite3") if self.folder else f"{self.prefix}_r"
 
     def __enter__(self) -> ScratchDatabases:
+        try:
+            self._build()
+        except BaseException as error:
+            # Stopped (SIGTERM) or failed while the template was being built: what was made goes all
+            # the same, and the error told is the first one (a server gone fails the cleanup too).
+            with contextlib.suppress(Exception):
+                self.__exit__(type(error), error, error.__traceback__)
+            raise
+        return self
+
+    def _build(self) -> None:
         if self.vendor == "sqlite":
             self.folder = Path(tempfile.mkdtemp(prefix="ledgerdash-sim-"))
         else:
@@ -121,7 +137,6 @@ class ScratchDatabases:
             with connection.cursor() as cursor:
                 cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         _forget()
-        return self
 
     def fresh(self) -> str:
         """A new copy of the template for the next run, in use from now on; its name."""

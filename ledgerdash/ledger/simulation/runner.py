@@ -1,5 +1,5 @@
-"""Running simulated histories: one seed, many seeds, and the shortest
-reproduction of a failing one.
+"""Running simulated histories: one seed, and the shortest reproduction of
+a failing one (a range of seeds is :mod:`.batch`'s).
 
 A run: a fresh copy of the template database, a world whose clock and
 random numbers come from the seed, the providers, the actors the seed
@@ -69,6 +69,8 @@ class Outcome:
     digest: str
     seconds: float
     steps_run: int
+    #: Whether faults had stopped by its end: a failing run's failure came in the settling phase (or at its end).
+    settling: bool = False
     moves: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     states: Counter[str] = field(default_factory=Counter)
     injected: Counter[str] = field(default_factory=Counter)
@@ -78,9 +80,8 @@ class Outcome:
     def ok(self) -> bool:
         return not self.violations
 
-    @property
-    def first_failing_step(self) -> int:
-        return min((v.step for v in self.violations), default=0)
+    def breaks(self, invariant: str) -> bool:
+        return any(v.invariant == invariant for v in self.violations)
 
 
 class Run:
@@ -301,6 +302,7 @@ def run_seed(databases: ScratchDatabases, seed: int, *, steps: int, faults: Iter
                 digest=run.digest(),
                 seconds=time.monotonic() - started,
                 steps_run=run.world.step,
+                settling=run.settling,
             )
             run.coverage(outcome)
     finally:
@@ -311,11 +313,22 @@ def run_seed(databases: ScratchDatabases, seed: int, *, steps: int, faults: Iter
 
 @dataclass
 class Reproduction:
+    """A (seed, steps, faults) that was run and broke ``invariant``: replayed, it runs the same history."""
+
     seed: int
     steps: int
     faults: tuple[str, ...]
     invariant: str
+    #: the runs shrinking took (0: the failing run as it was)
     tries: int
+    #: the history digest of the run it reproduces
+    digest: str
+
+    @classmethod
+    def of(cls, outcome: Outcome, invariant: str = "", tries: int = 0) -> Reproduction:
+        """``outcome`` as it ran, breaking ``invariant`` (by default its first broken one)."""
+        invariant = invariant or outcome.violations[0].invariant
+        return cls(outcome.seed, outcome.steps, outcome.faults, invariant, tries, outcome.digest)
 
     def command(self, database: str | None) -> str:
         parts = ["python manage.py simulate", f"--seed {self.seed}", f"--steps {self.steps}"]
@@ -326,31 +339,36 @@ class Reproduction:
 
 
 def shrink(databases: ScratchDatabases, failed: Outcome, *, budget: int = 12) -> Reproduction:
-    """The shortest reproduction this run can find of ``failed``: the same
-    seed cut at its first failing step, then with each fault kind left out
-    while it still fails the same way."""
-    invariant = failed.violations[0].invariant
-    steps, faults, tries = failed.first_failing_step, list(failed.faults), 0
+    """The shortest reproduction of ``failed`` found within ``budget`` runs: the same seed cut at its
+    failing step, then with each fault kind left out while it still fails the same way.
 
-    def fails(candidate_steps: int, candidate_faults: list[str]) -> Outcome | None:
+    What it returns is always a candidate that was run and broke the same invariant (``failed`` itself
+    when nothing shorter did): steps are never raised past what that candidate ran with, since more
+    steps with faults on is another history. A failure that came after faults stopped keeps its steps:
+    cut short, faults would stop elsewhere, and the settling phase would be another one."""
+    invariant = failed.violations[0].invariant
+    tries = 0
+
+    def again(steps: int, faults: tuple[str, ...]) -> Outcome | None:
         nonlocal tries
         tries += 1
-        outcome = run_seed(databases, failed.seed, steps=candidate_steps, faults=candidate_faults)
-        same = [v for v in outcome.violations if v.invariant == invariant]
-        return outcome if same else None
+        outcome = run_seed(databases, failed.seed, steps=steps, faults=faults)
+        return outcome if outcome.breaks(invariant) else None
 
-    again = fails(steps, faults)
-    # None: the failure needs the settling phase that follows the steps
-    steps = failed.steps if again is None else again.first_failing_step or steps
-    for kind in list(faults):
+    def cut(outcome: Outcome) -> Outcome:
+        step = min(v.step for v in outcome.violations if v.invariant == invariant)
+        if outcome.settling or step >= outcome.steps or tries >= budget:
+            return outcome
+        return again(step, outcome.faults) or outcome
+
+    best = cut(failed)
+    for kind in failed.faults:
         if tries >= budget:
             break
-        fewer = [f for f in faults if f != kind]
-        outcome = fails(steps, fewer)
-        if outcome is not None:
-            faults = fewer
-            steps = outcome.first_failing_step or steps
-    return Reproduction(failed.seed, steps, tuple(faults), invariant, tries)
+        fewer = again(best.steps, tuple(f for f in best.faults if f != kind))
+        if fewer is not None:
+            best = cut(fewer)
+    return Reproduction.of(best, invariant, tries)
 
 
 def legal_moves() -> list[tuple[str, str, str]]:

@@ -2,12 +2,14 @@
 deterministic simulation (see :mod:`ledgerdash.ledger.simulation`).
 
     python manage.py simulate                        # seeds 1 to 200, every fault, on SQLite
-    python manage.py simulate --seeds 100000         # the long run before a release
+    python manage.py simulate --seeds 100000 --jobs 2   # the long run before a release, on two processes
     python manage.py simulate --seed 4711 --steps 90 --faults crash,pause   # replay one seed
     python manage.py simulate --database postgres://postgres@127.0.0.1/postgres
 
-Exit code 0 only if every seed held every invariant; a failing seed is
-printed with the shortest reproduction found and the command that replays it.
+Exit code 0 only if every seed held every invariant. A run goes on past a
+failing seed (unless ``--stop-on-failure``) and ends with every failing one:
+its broken invariants, its history's last steps, and the command that
+replays it (shrunk to the shortest reproduction found, for the first few).
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ledgerdash.ledger.simulation import invariants, runner, scenario
-from ledgerdash.ledger.simulation.database import ScratchDatabases
+from ledgerdash.ledger.simulation import batch, invariants, runner
+
+#: Failing seeds shrunk by default, the lowest first: each takes up to a dozen more runs, and a run that
+#: found many holes is better told about all of them soon than about a few of them shortest.
+SHRINK_FIRST = 3
 
 
 class Command(BaseCommand):
@@ -48,9 +53,24 @@ class Command(BaseCommand):
             "--database", default=None, help="a PostgreSQL server's URL (default: SQLite files of the run's own)"
         )
         parser.add_argument("--json-out", type=Path, default=None, help="also write the results here")
-        parser.add_argument("--no-shrink", action="store_true", help="report a failing seed without shrinking it")
         parser.add_argument(
-            "--keep", type=Path, default=None, help="keep a failing seed's database (SQLite: this file)"
+            "--jobs", type=int, default=1, help="spread the seeds over this many processes (default 1); same results"
+        )
+        parser.add_argument(
+            "--stop-on-failure",
+            action="store_true",
+            help="stop at the first failing seed (default: run every seed, and report every failing one at the end)",
+        )
+        parser.add_argument("--no-shrink", action="store_true", help="report failing seeds without shrinking them")
+        parser.add_argument(
+            "--shrink-first",
+            type=int,
+            default=SHRINK_FIRST,
+            help=f"shrink this many failing seeds, the lowest (default {SHRINK_FIRST}); the others are reported "
+            "with the replay line they ran with",
+        )
+        parser.add_argument(
+            "--keep", type=Path, default=None, help="keep the first failing seed's database (SQLite: this file)"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -69,43 +89,66 @@ class Command(BaseCommand):
             if options["seeds"] < 1:
                 raise CommandError("--seeds must be at least 1")
             seeds = list(range(options["first_seed"], options["first_seed"] + options["seeds"]))
+        jobs = options["jobs"]
+        if jobs < 1:
+            raise CommandError("--jobs must be at least 1")
+        jobs = min(jobs, len(seeds))
+        replaying = options["seed"] is not None
         database = options["database"]
         where = "PostgreSQL" if database else "SQLite"
         self.stdout.write(
             f"simulation: {len(seeds)} seed(s) from {seeds[0]}, {steps} steps each with faults "
-            f"({', '.join(faults) or 'none'}), on {where}"
+            f"({', '.join(faults) or 'none'}), on {where}" + (f", {jobs} processes" if jobs > 1 else "")
         )
+        if options["shrink_first"] < 0:
+            raise CommandError("--shrink-first must be 0 or more")
         started = time.monotonic()
-        results: list[runner.Outcome] = []
-        failure: runner.Outcome | None = None
-        reproduction: runner.Reproduction | None = None
-        kept = ""
-        with ScratchDatabases(database, prepare=scenario.build_world) as databases:
-            for seed in seeds:
-                outcome = runner.run_seed(databases, seed, steps=steps, faults=faults)
-                results.append(outcome)
-                if options["seed"] is not None:
-                    self._history(outcome)
-                if not outcome.ok:
-                    failure = outcome
-                    if options["keep"] is not None:
-                        kept = databases.keep(options["keep"])
-                    if options["seed"] is None and not options["no_shrink"]:
-                        reproduction = runner.shrink(databases, outcome)
-                    break
-                if len(results) % 50 == 0 and len(seeds) > 50:
-                    self.stdout.write(f"  {len(results)} seeds passed ({time.monotonic() - started:.0f} s)")
+        tally = Counter[str]()
+
+        def each(outcome: runner.Outcome) -> None:
+            tally["run"] += 1
+            tally["failed"] += not outcome.ok
+            if replaying:
+                self._history(outcome)
+            elif not outcome.ok:
+                first = outcome.violations[0]
+                when = "after faults stopped" if outcome.settling else "with faults on"
+                self.stdout.write(
+                    f"  seed {outcome.seed} failed: {first.invariant} at step {first.step}, {when} "
+                    "(reported at the end)"
+                )
+            if tally["run"] % 50 == 0 and len(seeds) > 50:
+                run, failed = tally["run"], tally["failed"]
+                so_far = f"{run} seeds run, {failed} failed" if failed else f"{run} seeds passed"
+                self.stdout.write(f"  {so_far} ({time.monotonic() - started:.0f} s)")
+
+        with batch.start(database, steps=steps, faults=faults, jobs=jobs) as runs:
+            try:
+                results, kept = runs.run(
+                    seeds, stop_on_failure=options["stop_on_failure"], each=each, keep=options["keep"]
+                )
+                failures = [outcome for outcome in results if not outcome.ok]
+                shrinking = [] if replaying or options["no_shrink"] else failures[: options["shrink_first"]]
+                reproductions = runs.shrink(shrinking)
+            except batch.WorkerFailed as exc:
+                raise CommandError(str(exc)) from exc
         seconds = time.monotonic() - started
         summary = self._summary(results, seconds)
         for line in summary["lines"]:
             self.stdout.write(line)
+        # The line each failure's replay is printed with: its shortest reproduction, or the seed as it ran.
+        replays = {failed.seed: reproductions.get(failed.seed) or runner.Reproduction.of(failed) for failed in failures}
         if options["json_out"] is not None:
-            options["json_out"].write_text(
-                json.dumps(self._report(results, failure, reproduction, database, summary), indent=2, sort_keys=True)
-            )
-        if failure is not None:
-            self._failed(failure, reproduction, database, kept, options["seed"] is not None)
-            raise CommandError(f"seed {failure.seed} broke an invariant")
+            report = self._report(results, failures, reproductions, replays, database, summary, jobs)
+            options["json_out"].write_text(json.dumps(report, indent=2, sort_keys=True))
+        if failures:
+            for n, failed in enumerate(failures):
+                self._failed(failed, reproductions.get(failed.seed), replays[failed.seed], database, replaying)
+                if n == 0 and kept:
+                    self.stderr.write(f"its database is kept: {kept}")
+            self._failures_end(failures, reproductions, shrinking)
+            seeds_failed = ", ".join(str(failed.seed) for failed in failures)
+            raise CommandError(f"{len(failures)} seed(s) broke an invariant: {seeds_failed}")
 
     def _faults(self, given: str) -> list[str]:
         if given == "all":
@@ -168,29 +211,19 @@ class Command(BaseCommand):
     def _report(
         self,
         results: list[runner.Outcome],
-        failure: runner.Outcome | None,
-        reproduction: runner.Reproduction | None,
+        failures: list[runner.Outcome],
+        reproductions: dict[int, runner.Reproduction],
+        replays: dict[int, runner.Reproduction],
         database: str | None,
         summary: dict[str, Any],
+        jobs: int,
     ) -> dict[str, Any]:
         return {
             "seeds": [o.seed for o in results],
             "digests": {str(o.seed): o.digest for o in results},
-            "failed": None
-            if failure is None
-            else {
-                "seed": failure.seed,
-                "violations": [
-                    {"invariant": v.invariant, "step": v.step, "detail": v.detail} for v in failure.violations
-                ],
-                "reproduction": None
-                if reproduction is None
-                else {
-                    "steps": reproduction.steps,
-                    "faults": list(reproduction.faults),
-                    "command": reproduction.command(database),
-                },
-            },
+            "jobs": jobs,
+            "failed_seeds": [failed.seed for failed in failures],
+            "failures": [self._failure(failed, reproductions, replays, database) for failed in failures],
             "steps": summary["steps"],
             "seconds": summary["seconds"],
             "unreached_moves": summary["unreached"],
@@ -199,12 +232,34 @@ class Command(BaseCommand):
             "faults": summary["faults"],
         }
 
+    @staticmethod
+    def _failure(
+        failed: runner.Outcome,
+        reproductions: dict[int, runner.Reproduction],
+        replays: dict[int, runner.Reproduction],
+        database: str | None,
+    ) -> dict[str, Any]:
+        shrunk = reproductions.get(failed.seed)
+        return {
+            "seed": failed.seed,
+            "steps": failed.steps,
+            "faults": list(failed.faults),
+            "digest": failed.digest,
+            "after_faults_stopped": failed.settling,
+            "violations": [{"invariant": v.invariant, "step": v.step, "detail": v.detail} for v in failed.violations],
+            # the command printed: the shortest reproduction when shrunk, else the seed as it ran
+            "replay": replays[failed.seed].command(database),
+            "reproduction": None
+            if shrunk is None
+            else {"steps": shrunk.steps, "faults": list(shrunk.faults), "tries": shrunk.tries, "digest": shrunk.digest},
+        }
+
     def _failed(
         self,
         failure: runner.Outcome,
         reproduction: runner.Reproduction | None,
+        replay: runner.Reproduction,
         database: str | None,
-        kept: str,
         replaying: bool,
     ) -> None:
         write = self.stderr.write
@@ -217,18 +272,31 @@ class Command(BaseCommand):
                 write(f"  {line}")
         if reproduction is not None:
             write(
-                f"shortest reproduction found ({reproduction.tries} replays): {reproduction.steps} steps, faults "
-                f"{', '.join(reproduction.faults) or 'none'}"
+                f"shortest reproduction found ({reproduction.tries} runs): {reproduction.steps} steps, faults "
+                f"{', '.join(reproduction.faults) or 'none'}, history digest {reproduction.digest}"
             )
-            write(f"replay: {reproduction.command(database)}")
-        else:
+        write(f"replay: {replay.command(database)}")
+
+    def _failures_end(
+        self,
+        failures: list[runner.Outcome],
+        reproductions: dict[int, runner.Reproduction],
+        shrinking: list[runner.Outcome],
+    ) -> None:
+        write = self.stderr.write
+        if len(failures) > 1:
+            write(f"{len(failures)} seeds failed: {', '.join(str(failed.seed) for failed in failures)}")
+        unshrunk = [failed.seed for failed in failures if failed.seed not in reproductions]
+        if reproductions and unshrunk:
             write(
-                f"replay: {runner.Reproduction(failure.seed, failure.steps, failure.faults, '', 0).command(database)}"
+                f"shrunk: the lowest {len(shrinking)} failing seed(s) only ({', '.join(map(str, reproductions))}); "
+                f"the others' replay lines are the seeds as they ran (shrink one: --first-seed {unshrunk[0]} --seeds 1)"
             )
-        if kept:
-            write(f"its database is kept: {kept}")
         write(f"invariants: {', '.join(f'{k} {v}' for k, v in invariants.INVARIANTS.items())}")
 
 
 def _stop(signum: int, frame: Any) -> None:
+    # Once: a second SIGTERM (a whole process group signalled, then each worker by the run) must not
+    # cut short the unwinding that drops the scratch databases.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
