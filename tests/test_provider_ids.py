@@ -362,6 +362,19 @@ def test_a_lookup_finding_another_side_effects_id_is_not_found_for_any_adapter(
 
 
 @pytest.mark.django_db
+def _twilio_sms(tenant: Tenant, url: str) -> None:
+    """The tenant's ``sms`` tool: Twilio's preset against its replica at ``url``, not idempotent, a 1 s request time."""
+    Tool.objects.create(
+        name="sms",
+        adapter=Tool.Adapter.PRESET,
+        config=config_for("twilio.message", url),
+        idempotent=False,
+        max_request_seconds=1.0,
+        dispatch_lease_seconds=1.5,
+    )
+    policy_publish(tenant=tenant, tools={**TOOLS_V1, "sms": []}, actor=Actor.system("tests"), note="sms")
+
+
 def test_twilio_the_unsent_one_of_two_alike_messages_is_not_confirmed_with_the_others_sid(tenant_a: Tenant) -> None:
     """Two calls send the same text to the same number under two keys. B is
     sent and confirmed with its SID; A's agent dies after A's DISPATCHED
@@ -371,15 +384,7 @@ def test_twilio_the_unsent_one_of_two_alike_messages_is_not_confirmed_with_the_o
     For A it is "not found", and since an SMS is not idempotent, a person
     decides, told which message was left out and why."""
     with replica_service("twilio") as url:
-        Tool.objects.create(
-            name="sms",
-            adapter=Tool.Adapter.PRESET,
-            config=config_for("twilio.message", url),
-            idempotent=False,
-            max_request_seconds=1.0,
-            dispatch_lease_seconds=1.5,
-        )
-        policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "sms": []}, actor=Actor.system("tests"), note="sms")
+        _twilio_sms(tenant_a, url)
         args = {"to": "+15550003333", "from": "+15017122661", "body": "Your code is 123456"}
         a = recording.mark_dispatched(record(tenant_a, "sms:a", tool_name="sms", args=args), actor=AGENT)
 
@@ -416,15 +421,7 @@ def test_twilio_a_match_by_content_is_ambiguous_while_an_alike_call_sent_has_no_
     search by content finds may be B's as well as A's: not evidence for A
     (and never recorded on it), so a person decides."""
     with replica_service("twilio") as url:
-        Tool.objects.create(
-            name="sms",
-            adapter=Tool.Adapter.PRESET,
-            config=config_for("twilio.message", url),
-            idempotent=False,
-            max_request_seconds=1.0,
-            dispatch_lease_seconds=1.5,
-        )
-        policy_publish(tenant=tenant_a, tools={**TOOLS_V1, "sms": []}, actor=Actor.system("tests"), note="sms")
+        _twilio_sms(tenant_a, url)
         args = {"to": "+15550004444", "from": "+15017122661", "body": "Your code is 654321"}
         a = recording.mark_dispatched(record(tenant_a, "sms:a2", tool_name="sms", args=args), actor=AGENT)
         b = recording.mark_dispatched(record(tenant_a, "sms:b2", tool_name="sms", args=args), actor=AGENT)

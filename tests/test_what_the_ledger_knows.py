@@ -61,20 +61,22 @@ def _original_acted_then_went_to_review(tenant: Tenant, sandbox: Sandbox, key: s
     return original, original.fence, str(body["id"]), t0
 
 
+def _retry_approved_over_a_risk(original: Attempt, operator: Any, approver: Any) -> Attempt:
+    """An operator asks for a retry of ``original`` (under review); an approver lets it out with a reason."""
+    retry = moves.retry_request(
+        attempt=Attempt.objects.get(pk=original.pk), actor=Actor.user(operator), reason="customer asks"
+    )
+    return moves.retry_approve(
+        attempt=retry, actor=Actor.user(approver), comment="resend", safe_because="the bank shows no charge"
+    )
+
+
 def test_a_retry_approved_before_a_late_receipt_is_not_sent_once_the_receipt_arrives(
     tenant_a: Tenant, sandbox_tools: Sandbox, operator_a: Any, approver_a: Any
 ) -> None:
     original, fence, receipt, t0 = _original_acted_then_went_to_review(tenant_a, sandbox_tools, "pay:1")
     with at(700, t0):
-        retry = moves.retry_request(
-            attempt=Attempt.objects.get(pk=original.pk), actor=Actor.user(operator_a), reason="customer asks"
-        )
-        moves.retry_approve(
-            attempt=retry,
-            actor=Actor.user(approver_a),
-            comment="resend",
-            safe_because="the customer's bank shows no charge",
-        )
+        retry = _retry_approved_over_a_risk(original, operator_a, approver_a)
     # The original's dispatcher wakes and reports the receipt it holds.
     with at(701, t0):
         report = recording.report_outcome(
@@ -129,12 +131,7 @@ def test_the_people_who_asked_for_and_approved_a_retry_not_sent_hear_of_it(
     )
     original, fence, receipt, t0 = _original_acted_then_went_to_review(tenant_a, sandbox_tools, "pay:5")
     with at(700, t0):
-        retry = moves.retry_request(
-            attempt=Attempt.objects.get(pk=original.pk), actor=Actor.user(operator_a), reason="customer asks"
-        )
-        moves.retry_approve(
-            attempt=retry, actor=Actor.user(approver_a), comment="resend", safe_because="bank shows no charge"
-        )
+        retry = _retry_approved_over_a_risk(original, operator_a, approver_a)
     with at(701, t0):
         recording.report_outcome(original, outcome="confirmed", provider_request_id=receipt, fence=fence, actor=AGENT)
     with at(702, t0):
@@ -151,12 +148,7 @@ def test_an_agent_sending_an_approved_retry_meets_the_same_gate(
 ) -> None:
     original, fence, receipt, t0 = _original_acted_then_went_to_review(tenant_a, sandbox_tools, "pay:2")
     with at(700, t0):
-        retry = moves.retry_request(
-            attempt=Attempt.objects.get(pk=original.pk), actor=Actor.user(operator_a), reason="customer asks"
-        )
-        approved = moves.retry_approve(
-            attempt=retry, actor=Actor.user(approver_a), comment="resend", safe_because="bank shows no charge"
-        )
+        approved = _retry_approved_over_a_risk(original, operator_a, approver_a)
     with at(701, t0):
         recording.record_request_id(original, receipt, fence=fence, actor=AGENT)
     with at(702, t0), pytest.raises(AlreadyHappened) as refused:
@@ -172,18 +164,13 @@ def test_a_retry_waits_while_a_request_of_its_side_effect_may_still_land(
     at work ("cannot tell"): its request may land for a while yet."""
     original, fence, _receipt, t0 = _original_acted_then_went_to_review(tenant_a, sandbox_tools, "pay:3")
     with at(700, t0):
-        retry = moves.retry_request(
-            attempt=Attempt.objects.get(pk=original.pk), actor=Actor.user(operator_a), reason="customer asks"
-        )
-        approved = moves.retry_approve(
-            attempt=retry, actor=Actor.user(approver_a), comment="resend", safe_because="bank shows no charge"
-        )
+        approved = _retry_approved_over_a_risk(original, operator_a, approver_a)
     with at(701, t0):
         recording.report_outcome(original, outcome="unknown", reason="still waiting", fence=fence, actor=AGENT)
     with at(702, t0), pytest.raises(SideEffectInFlight) as waits:
         recording.mark_dispatched(approved, actor=AGENT)
     assert waits.value.due == t0 + timedelta(seconds=701 + 2)
-    assert Attempt.objects.get(pk=retry.pk).state == S.INTENT_RECORDED
+    assert Attempt.objects.get(pk=approved.pk).state == S.INTENT_RECORDED
     assert sandbox_tools.count(original.provider_key) == 1
 
 
@@ -272,12 +259,7 @@ def test_an_approved_retry_is_held_again_by_a_freeze_and_can_be_approved_again(
     sandbox_tools.clear()
     sandbox_tools.faults("charge_card", non_idempotent=True)
     with at(700, t0):
-        retry = moves.retry_request(
-            attempt=Attempt.objects.get(pk=original.pk), actor=Actor.user(operator_a), reason="customer asks"
-        )
-        moves.retry_approve(
-            attempt=retry, actor=Actor.user(approver_a), comment="resend", safe_because="the bank shows no charge"
-        )
+        retry = _retry_approved_over_a_risk(original, operator_a, approver_a)
         _publish(tenant_a, {name: "" for name in TOOLS_V1}, "incident: every call waits")
     with at(701, t0):
         summary = Reconciler(label="r").run_pass()
