@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ledgerdash.ledger import clock, moves, recording
@@ -173,7 +173,7 @@ class SimSession(recording._InProcess):
         if self.agent.run.faults_on("pause") and world.rng.random() < 0.15:
             # Busy elsewhere before it reports: its lease may run out meanwhile.
             self.agent.run.truth.fault("pause")
-            if world.rng.random() < 0.3:
+            if world.rng.random() < 0.6:
                 self._busy_until_a_retry_is_approved(attempt)
             else:
                 busy = world.rng.choice([world.rng.uniform(0, 60), world.rng.uniform(60, 300)])
@@ -206,6 +206,11 @@ class SimSession(recording._InProcess):
         fifteen minutes): its report then arrives after the approval and
         before the retry leaves, the moment a late receipt matters most."""
         world = self.agent.world
+        provider = self.agent.run.network.providers.get(attempt.tool_name)
+        if provider is not None and "lookup_down" in provider.faults.enabled:
+            # The same outage that holds its answer back takes the provider's lookups down meanwhile:
+            # the ledger cannot find what happened, and a person may let a retry out.
+            provider.lookups_down_until = world.now + timedelta(seconds=world.rng.uniform(300, 900))
         for _ in range(int(world.rng.uniform(60, 900) / 5)):
             world.sleep(5.0, f"busy before reporting #{attempt.pk}")
             if Attempt.objects.filter(parent_id=attempt.pk, approved_at__isnull=False).exists():

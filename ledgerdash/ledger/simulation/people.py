@@ -86,7 +86,9 @@ def operator_body(run: Run, username: str) -> Callable[[Actor], None]:
             if not choices:
                 continue
             what = rng.choice(choices)
-            if allowed.verify and rng.random() < 0.5:
+            if allowed.request_retry and rng.random() < 0.3:
+                what = "request_retry"  # what a customer waiting on it asks for most
+            elif allowed.verify and rng.random() < 0.5:
                 # Most of the time an operator looks at the provider first.
                 seen = run.network.providers[attempt.tool_name].found(attempt.provider_key)
                 what = "verify" if seen is not None else rng.choice([c for c in choices if c != "verify"])
@@ -155,10 +157,12 @@ def approver_body(run: Run, username: str) -> Callable[[Actor], None]:
             original = Attempt.objects.filter(pk=attempt.parent_id).first() if attempt.parent_id is not None else None
             verdict = rules.approval_verdict(attempt, original, user)
             try:
-                if rng.random() < 0.2:
+                # A retry the ledger says would never be sent (its side effect happened) is mostly rejected.
+                never = any("the side effect happened" in refusal for refusal in verdict.refusals)
+                if rng.random() < (0.8 if never else 0.2):
                     moves.retry_reject(attempt=attempt, actor=me, comment="not needed any more", fence=attempt.fence)
                     run.truth.decided("reject")
-                elif verdict.needs_reason and rng.random() < 0.5:
+                elif verdict.needs_reason and rng.random() < 0.7:
                     moves.retry_approve(
                         attempt=attempt,
                         actor=me,
@@ -261,10 +265,19 @@ def author_body(run: Run) -> Callable[[Actor], None]:
             name = rng.choice(sorted(SCOPES))
             given = run.truth.approvals[approvals_seen:]
             approvals_seen = len(run.truth.approvals)
+            waiting = (
+                Attempt.objects.filter(tenant__slug=TENANT, state=S.FAILED_RETRYABLE)
+                .order_by("id")
+                .values_list("tool_name", flat=True)
+                .first()
+            )
             if given and rng.random() < 0.5:
                 # Stricter right after an approval: an incident freeze, or a lower threshold for its tool.
                 change = rng.choice(["freeze", "tighten"])
                 name = Attempt.objects.filter(pk=given[-1].attempt_id).values_list("tool_name", flat=True).get()
+            elif waiting is not None and rng.random() < 0.3:
+                # Between a refusal and the call sent again: the tool held, narrowed or dropped.
+                change, name = rng.choice(["hold", "narrow", "drop"]), waiting
             run.truth.fault("policy")
             tenant = Tenant.objects.get(slug=TENANT)
             if change == "timing":

@@ -142,6 +142,8 @@ class Provider:
         self.effects: list[Effect] = []
         #: key -> (first seen, the request deciding it) while the provider keeps it
         self.keys: dict[str, tuple[datetime, Request]] = {}
+        #: Until when its lookups are down (an outage), if they are.
+        self.lookups_down_until: datetime | None = None
 
     # --- requests -----------------------------------------------------------------------
 
@@ -347,7 +349,15 @@ def look_up(world: World, provider: Provider, key: str, sought: Sought | None = 
     rng = world.rng
     slow = provider.traits.lookup == "slow" or provider.faults.hit("lookup_down", 0.1)
     world.sleep(rng.uniform(0, 10.0 if slow else NETWORK), f"looking {key} up at {provider.name}")
-    down = provider.faults.hit("lookup_down", 0.6 if provider.traits.lookup == "flaky" else 0.1)
+    outage = provider.lookups_down_until
+    down = (
+        outage is not None and world.now < outage and "lookup_down" in provider.faults.enabled
+    )  # (over once faults stop)
+    if not down and provider.faults.hit("lookup_down", 0.6 if provider.traits.lookup == "flaky" else 0.1):
+        down = True
+        if rng.random() < 0.2:
+            # An outage of its lookup (a search API down for minutes), not one failed request.
+            provider.lookups_down_until = world.now + timedelta(seconds=rng.uniform(60, 900))
     if provider.traits.lookup_by == "content" and sought is not None and not down:
         # As a preset's search does (presets.common.choose): another side effect's effect is not this call's.
         matches = [e for e in provider.alike(sought.args_hash, sought.sent_after) if not sought.elsewhere(e.request_id)]
