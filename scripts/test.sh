@@ -38,20 +38,23 @@ $BIN/ruff format --check .
 echo "== mypy"
 $BIN/mypy ledgerdash reviews bench clients/python/src/ledgerdash_client
 
+# Each pass names its slowest tests at its end: where `make test`'s time goes.
+DURATIONS="--durations=15"
+
 # The floor is judged once, on both passes together: PostgreSQL-only code
 # would count as missed in either pass alone.
 COV="--cov --cov-report= --cov-fail-under=0"
 
 echo "== pytest on SQLite (with the alert tests)"
 ./scripts/promtool.sh
-# shellcheck disable=SC2086 # XDIST and COV are lists of options
-env -u DATABASE_URL $BIN/pytest $XDIST $COV -m "not postgres" "$@"
+# shellcheck disable=SC2086 # XDIST, COV and DURATIONS are lists of options
+env -u DATABASE_URL $BIN/pytest $XDIST $COV $DURATIONS -m "not postgres" "$@"
 
 echo "== pytest on PostgreSQL (with the browser tests and the failover drill)"
 ./scripts/browser.sh
 ./scripts/ha-packages.sh
 # shellcheck disable=SC2086
-DATABASE_URL=$PG_URL $BIN/pytest $XDIST $COV --cov-append -m "not bench" "$@"
+DATABASE_URL=$PG_URL $BIN/pytest $XDIST $COV --cov-append $DURATIONS -m "not bench" "$@"
 
 echo "== the PostgreSQL-only tests through PgBouncer in transaction mode (make test-pgbouncer: all of them)"
 SMOKE=1 ./scripts/test-pgbouncer.sh "$@"

@@ -22,6 +22,7 @@ Lines written to standard output:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -63,6 +64,11 @@ def _over_http(job: dict[str, Any], label: str) -> Any:
         return tool(**job["args"])
 
 
+#: How long the drill's gateway waits for its upstream MCP server to start: a loaded machine may
+#: take far longer than the gateway's default; a start that never comes still ends the case.
+UPSTREAM_START_WAIT = 120.0
+
+
 def _over_mcp(job: dict[str, Any], label: str) -> Any:
     """The agent's call as an MCP client's ``tools/call`` through the
     gateway: this process is the gateway (the one the drill kills at the
@@ -100,7 +106,9 @@ def _over_mcp(job: dict[str, Any], label: str) -> Any:
         )
         answers.append(await gateway.call_tool(None, params))  # type: ignore[arg-type]
 
-    anyio.run(gateway.serve, call)
+    # How soon the upstream process starts is the machine's load, not what the drill judges: the
+    # call waits for it as an agent's MCP client waits for a tool to be listed.
+    anyio.run(functools.partial(gateway.serve, call, start_wait=UPSTREAM_START_WAIT))
     (result,) = answers
     if not result.is_error:
         return result.structured_content
