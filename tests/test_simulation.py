@@ -233,6 +233,16 @@ def test_the_simulation_finds_a_hole_put_back(tmp_path: Path, hole: str) -> None
     assert {v["invariant"] for v in failed["violations"]} & invariants, output[-3000:]
 
 
+@ON_SQLITE_PASS
+def test_the_protocol_page_lists_each_hole_at_the_seed_the_test_runs() -> None:
+    page = (ROOT / "docs" / "protocol.md").read_text()
+    rows = re.findall(r"^\|.*\(`(\w+)`\) \| seed (\d+) \| (I\d+) \|$", page, flags=re.MULTILINE)
+    assert {hole: int(seed) for hole, seed, _invariant in rows} == {hole: seed for hole, (_, seed) in HOLES.items()}
+    for hole, _seed, invariant in rows:
+        assert invariant in HOLES[hole][0], f"{hole}: the page names {invariant}"
+    assert f"found each within {HOLE_FOUND_WITHIN} seeds" in page
+
+
 def _printed_replay(output: str) -> list[list[str]]:
     """Every ``replay:`` line the run printed, as arguments to ``manage.py simulate``."""
     prefix = "replay: python manage.py simulate "
