@@ -9,17 +9,18 @@ import gzip
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from ledgerdash.ledger import archive, audit, partitions, recording
+from ledgerdash.ledger import archive, audit, moves, partitions, recording, rules
 from ledgerdash.ledger.events import Actor, EventKind
-from ledgerdash.ledger.models import AttemptEvent, EventArchive, State, Tenant
+from ledgerdash.ledger.models import Attempt, AttemptEvent, EventArchive, Incident, State, Tenant
 from ledgerdash.ledger.store.chains import event_record
 from tests import tamper
-from tests.conftest import AGENT, record
+from tests.conftest import AGENT, RECONCILER, record
 from tests.database_roles import admin_connect, owner_url
 from tests.test_backup import manage
 
@@ -227,3 +228,36 @@ def test_an_archive_file_edited_with_its_manifest_is_still_caught(tmp_path: Path
     )
     with pytest.raises(archive.ArchiveError, match="the ledger recorded 0000000000000000"):
         archive.read_manifest(tmp_path, record_)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_what_the_ledger_heard_of_a_side_effect_outlives_the_archive_of_its_events(
+    tenant_a: Tenant, operator_a: Any, tmp_path: Path
+) -> None:
+    """The send rule and the approval weigh every late report that a side
+    effect happened; archiving the partition that holds the report must not
+    make the ledger forget it."""
+    assert _owner("event_partitions", "--make-ahead", "3", "--size", "40").returncode == 0
+    _next_event_id(10_000_000)
+    original = recording.mark_dispatched(record(tenant_a, "pay:heard"), actor=AGENT)
+    fence = original.fence
+    unknown = recording.mark_unknown(original, reason="the connection dropped", fence=fence)
+    reviewed = moves.attempt_escalate(attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="checks ran out")
+    moves.attempt_mark_failed(attempt=reviewed, actor=Actor.user(operator_a), reason="the customer saw nothing")
+    # The original dispatcher wakes: the provider acted (a receipt without a request id).
+    late = recording.report_outcome(original, outcome="confirmed", result_ref="receipt-77", fence=fence)
+    assert late.late
+    assert late.attempt.state == State.FAILED
+    assert Incident.objects.filter(attempt=original).exists()
+    heard = rules.what_happened([Attempt.objects.get(pk=original.pk)])
+    assert heard is not None
+    assert "receipt-77" in heard[0]
+
+    for n in range(20):
+        _settled(tenant_a, f"later-{n}")
+    assert all(r.ok for r in audit.verify())
+    done = _owner("archive_events", str(tmp_path), "--older-than", "0", "--limit", "2")
+    assert done.returncode == 0, done.stderr
+    assert not AttemptEvent.objects.filter(attempt_id=original.pk, kind=EventKind.LATE_REPORT).exists()
+
+    assert rules.what_happened([Attempt.objects.get(pk=original.pk)]) == heard

@@ -12,6 +12,7 @@ sandbox provider, a real process that counts what it performed.
 
 from __future__ import annotations
 
+import importlib
 from datetime import timedelta
 from typing import Any
 
@@ -27,7 +28,7 @@ from ledgerdash.ledger.policies import policy_publish
 from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash.notify import outbox, services
 from ledgerdash.notify.models import Delivery, RuleEvent
-from tests.conftest import AGENT, TOOLS_V1, as_user, record
+from tests.conftest import AGENT, RECONCILER, TOOLS_V1, as_user, record
 from tests.sandboxes import Sandbox
 
 S = State
@@ -276,3 +277,22 @@ def test_an_approved_retry_is_held_again_by_a_freeze_and_can_be_approved_again(
             safe_because="the bank shows no charge",
         )
         assert Attempt.objects.get(pk=retry.pk).state == S.INTENT_RECORDED
+
+
+def test_late_receipts_heard_before_the_upgrade_are_kept_on_their_attempts(tenant_a: Tenant, operator_a: Any) -> None:
+    """The upgrade copies every late report that said the provider acted onto its attempt."""
+    from django.apps import apps
+
+    keep = importlib.import_module("ledgerdash.ledger.migrations.0029_late_receipt_kept_on_the_attempt")
+    heard, unheard = (recording.mark_dispatched(record(tenant_a, key), actor=AGENT) for key in ("a:1", "a:2"))
+    for attempt, outcome in ((heard, "confirmed"), (unheard, "failed")):
+        fence = attempt.fence
+        unknown = recording.mark_unknown(attempt, reason="dropped", fence=fence)
+        reviewed = moves.attempt_escalate(attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="no answer")
+        moves.attempt_mark_failed(attempt=reviewed, actor=Actor.user(operator_a), reason="nothing arrived")
+        assert recording.report_outcome(attempt, outcome=outcome, result_ref="receipt-9", fence=fence).late
+    assert Attempt.objects.get(pk=heard.pk).late_receipt == "receipt-9"
+    Attempt.objects.update(late_receipt="")  # as the rows were before the upgrade
+
+    keep.keep_late_receipts(apps, None)
+    assert dict(Attempt.objects.values_list("pk", "late_receipt")) == {heard.pk: "receipt-9", unheard.pk: ""}

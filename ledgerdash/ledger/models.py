@@ -331,6 +331,11 @@ class Attempt(models.Model):
     first_dispatched_at = models.DateTimeField(null=True, blank=True)
     provider_request_id = models.CharField(max_length=255, blank=True, default="", db_default="")
     result_ref = models.CharField(max_length=1000, blank=True, default="", db_default="")
+    #: A dispatcher's late report that the provider acted (its receipt), heard
+    #: after the attempt had moved on. The late report's event says so too,
+    #: but the send rule and approvals read it here: an event's partition may
+    #: be archived while another attempt at the same side effect still moves.
+    late_receipt = models.CharField(max_length=1000, blank=True, default="", db_default="")
     #: The tool's return value, replayed to an agent that re-runs the call.
     result = models.JSONField(null=True, blank=True)
     #: When the reconciler should next look at this attempt (a lease for

@@ -204,26 +204,19 @@ SEND = SendVerdict()
 ACTED_REPORTS = ("confirmed", "request_id")
 
 
-def acted_by_report(attempt_ids: Sequence[int]) -> dict[int, str]:
-    """The attempts among ``attempt_ids`` a dispatcher's late report said
-    acted (a receipt or a request id, kept as evidence after the attempt
-    had moved on), each with that receipt."""
-    heard: dict[int, str] = {}
-    events = AttemptEvent.objects.filter(attempt_id__in=list(attempt_ids), kind=EventKind.LATE_REPORT).values_list(
-        "attempt_id", "details"
-    )
-    for attempt_id, details in events:
-        report = (details or {}).get("report") or {}
-        if report.get("outcome") in ACTED_REPORTS and attempt_id is not None:
-            heard.setdefault(attempt_id, report.get("provider_request_id") or report.get("result_ref") or "a receipt")
-    return heard
+def late_receipt(report: dict[str, Any]) -> str:
+    """The receipt a dispatcher's late report names when it says the provider
+    acted (its request id, else its result reference); "" when it does not
+    say so. Kept on the attempt (``Attempt.late_receipt``)."""
+    if report.get("outcome") not in ACTED_REPORTS:
+        return ""
+    return str(report.get("provider_request_id") or report.get("result_ref") or "a receipt")[:1000]
 
 
 def what_happened(attempts: Sequence[Attempt]) -> tuple[str, int] | None:
     """The first of ``attempts`` the ledger knows acted, and what says so:
     confirmed, a receipt recorded, a dispatcher's late report of one, or a
     lookup that found an effect under its key; None when none did."""
-    heard = acted_by_report([each.pk for each in attempts])
     for each in attempts:
         if each.state == S.OUTCOME_CONFIRMED:
             what = f"#{each.pk} is confirmed" + (
@@ -231,8 +224,8 @@ def what_happened(attempts: Sequence[Attempt]) -> tuple[str, int] | None:
             )
         elif each.provider_request_id:
             what = f"#{each.pk} has a receipt from the provider (request {each.provider_request_id})"
-        elif each.pk in heard:
-            what = f"#{each.pk}'s dispatcher reported late that the provider acted ({heard[each.pk]})"
+        elif each.late_receipt:
+            what = f"#{each.pk}'s dispatcher reported late that the provider acted ({each.late_receipt})"
         elif each.last_lookup in ("found", "mismatch"):
             what = f"the provider's lookup found an effect of #{each.pk} ({each.last_lookup})"
         else:

@@ -23,7 +23,7 @@ from ledgerdash.ledger.models import (
     Incident,
 )
 from ledgerdash.ledger.moves.base import S, get_attempt, move, pick_owner
-from ledgerdash.ledger.rules import SendVerdict
+from ledgerdash.ledger.rules import SendVerdict, late_receipt
 from ledgerdash.ledger.store import append_events
 
 
@@ -142,11 +142,15 @@ def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evide
         if incident is not None:
             events.append(incident_opened(incident, actor, now))
         lands_by = _lands_by_after_late_report(current, evidence, now, earlier=earlier)
+        # Kept on the row as well as in the event: the send rule reads it for every attempt at the side
+        # effect, long after this event's partition may have been archived.
+        heard = current.late_receipt or late_receipt(evidence.as_details())
         if incident is not None and rested_on_its_word(current, fence):
+            current.late_receipt = heard
             return _back_before_a_person(current, actor=actor, evidence=evidence, lands_by=lands_by, events=events)
-        if lands_by != current.lands_by:
-            Attempt.objects.filter(pk=current.pk).update(lands_by=lands_by)
-            current.lands_by = lands_by
+        if (lands_by, heard) != (current.lands_by, current.late_receipt):
+            Attempt.objects.filter(pk=current.pk).update(lands_by=lands_by, late_receipt=heard)
+            current.lands_by, current.late_receipt = lands_by, heard
         append_events(events, now=now)
     return current
 
@@ -168,7 +172,7 @@ def _back_before_a_person(
     may have happened (it cannot tell, or it holds a receipt). The
     settlement no longer rests on anything, so a person decides, with the
     late report and the incident beside it."""
-    updates: dict[str, Any] = {"lands_by": lands_by, "failed_because": ""}
+    updates: dict[str, Any] = {"lands_by": lands_by, "failed_because": "", "late_receipt": attempt.late_receipt}
     if evidence.provider_request_id and not attempt.provider_request_id:
         updates["provider_request_id"] = evidence.provider_request_id
     said = (
