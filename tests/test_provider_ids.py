@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import threading
 import time
@@ -88,6 +89,51 @@ def refused() -> Iterator[None]:
     with pytest.raises(IntegrityError) as caught:
         yield
     assert provider_ids.refused(caught.value), caught.value
+
+
+#: The triggers SQLite keeps on the ledger's tables. Django makes a SQLite table again to add a
+#: column that is not null, and the table's triggers go with the old one: a migration that does
+#: must make them again.
+SQLITE_TRIGGERS = {
+    "ledger_attempt": {"ledger_attempt_provider_id_inserted", "ledger_attempt_provider_id_changed"},
+    "ledger_attemptevent": {"ledger_attemptevent_no_update", "ledger_attemptevent_no_delete"},
+    "ledger_tenant": {"ledger_tenant_stripes_fixed"},
+}
+
+
+def _sqlite_triggers(cursor: Any) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for name, table in cursor.execute("SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+        found.setdefault(table, set()).add(name)
+    return found
+
+
+@pytest.mark.django_db
+def test_every_trigger_survives_the_migrations_on_sqlite() -> None:
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite makes a table again to change it; PostgreSQL alters it in place")
+    with connection.cursor() as cursor:
+        assert _sqlite_triggers(cursor) == SQLITE_TRIGGERS
+
+
+@pytest.mark.slow
+def test_migrating_back_past_a_made_again_table_keeps_its_triggers(tmp_path: Path) -> None:
+    database = tmp_path / "ledger.sqlite3"
+    env = {**os.environ, "DEBUG": "true", "DATABASE_URL": f"sqlite:///{database}"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    for target in ("0029", "0028"):
+        done = subprocess.run(
+            [PYTHON, "manage.py", "migrate", "ledger", target, "--no-input", "-v", "0"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        with sqlite3.connect(database) as db:
+            assert _sqlite_triggers(db.cursor())["ledger_attempt"] == SQLITE_TRIGGERS["ledger_attempt"], target
 
 
 @pytest.mark.django_db
