@@ -127,7 +127,8 @@ def test_a_run_on_postgresql_holds_every_invariant(tmp_path: Path) -> None:
     code, report, output = simulate(tmp_path, "--seeds=30", f"--database={_postgres_url()}")
     assert code == 0, output[-4000:]
     assert report["failures"] == []
-    assert report["faults_not_injected"] == []
+    assert report["faults_not_injected"] == []  # the archive job's included
+    assert report["faults"]["archive"] > 0
 
 
 def _commit_block(tmp_path: Path, count: int, *args: str) -> None:
@@ -432,6 +433,9 @@ def test_bad_arguments_are_refused_with_a_clear_error(tmp_path: Path) -> None:
     code, _report, output = simulate(tmp_path, "--faults=crash,meteor")
     assert code != 0
     assert "unknown fault kind(s) meteor" in output
+    code, _report, output = simulate(tmp_path, "--faults=crash,archive")
+    assert code != 0
+    assert "archive: injected on PostgreSQL only" in output
 
 
 @pytest.mark.usefixtures("_unblocked")
@@ -487,10 +491,11 @@ def test_a_run_reports_every_failing_seed_and_shrinks_the_first_few(
     # The first two are shrunk to crashes alone, keeping their 50 steps; the third is replayed as it ran.
     assert five["replay"] == "python manage.py simulate --seed 5 --steps 50 --faults crash"
     # (a failure once faults stopped keeps its steps: one try leaving out each kind of fault)
-    tries = len(runner.FAULTS)
+    on_sqlite = runner.faults_for("sqlite")
+    tries = len(on_sqlite)
     assert seven["reproduction"] == {"steps": 50, "faults": ["crash"], "tries": tries, "digest": "7/50/crash"}
     assert nine["reproduction"] is None
-    assert nine["replay"] == f"python manage.py simulate --seed 9 --steps 50 --faults {','.join(sorted(runner.FAULTS))}"
+    assert nine["replay"] == f"python manage.py simulate --seed 9 --steps 50 --faults {','.join(sorted(on_sqlite))}"
     for failed in report["failures"]:
         assert f"seed {failed['seed']} FAILED (history digest {failed['digest']}):" in said.err
         assert f"replay: {failed['replay']}" in said.err

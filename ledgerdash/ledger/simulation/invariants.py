@@ -15,6 +15,7 @@ excuses anything.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,10 @@ class Checker:
         self.tenant_id = Tenant.objects.filter(slug=TENANT).values_list("pk", flat=True).get()
         #: attempt id -> the first event by which the ledger recorded that it acted (:func:`says_it_acted`).
         self.acted_at: dict[int, int] = {}
+        #: attempt id -> who moved it to OUTCOME_CONFIRMED last, as read (the event may be archived since).
+        self.confirmed_by: dict[int, str] = {}
+        #: every transition read: (from, to, actor kind) -> times (the run's coverage).
+        self.moves: Counter[tuple[str, str, str]] = Counter()
 
     # --- the ground truth ------------------------------------------------------------------
 
@@ -120,6 +125,10 @@ class Checker:
             if attempt.state in OWNED_STATES and attempt.owner_id is None:
                 found.append(Violation("I9", step, f"#{attempt.pk} is {attempt.state} with nobody owning it"))
         for event in events:
+            if event.kind == "transition":
+                self.moves[(event.from_state or "", event.to_state, event.actor_kind)] += 1
+                if event.to_state == S.OUTCOME_CONFIRMED and event.attempt_id is not None:
+                    self.confirmed_by[event.attempt_id] = event.actor_kind
             if says_it_acted(event):
                 assert event.attempt_id is not None
                 self.acted_at.setdefault(event.attempt_id, event.pk)
@@ -268,11 +277,7 @@ class Checker:
         for attempt in attempts.values():
             if attempt.state != S.OUTCOME_CONFIRMED or (attempt.tool_name, attempt.provider_key) in keys:
                 continue
-            by = (
-                AttemptEvent.objects.filter(attempt_id=attempt.pk, kind="transition", to_state=S.OUTCOME_CONFIRMED)
-                .values_list("actor_kind", flat=True)
-                .first()
-            )
+            by = self.confirmed_by.get(attempt.pk)
             if by != "user":
                 found.append(
                     Violation("I5", step, f"#{attempt.pk} was confirmed by the {by}, but the provider has no effect")
@@ -408,7 +413,8 @@ class Checker:
                     found.append(Violation("I8", step, f"linked retry #{attempt.pk} is wider than #{parent.pk}"))
         found += self._every_effect_known(attempts, step)
         tenant = Tenant.objects.get(pk=self.tenant_id)
-        verdict = audit.verify_tenant(tenant)
+        # (archive and database walked as one chain, where partitions were archived)
+        [verdict] = audit.verify([tenant], save=False, archive_dir=self.run.archive_dir)
         if not verdict.ok:
             found.append(Violation("I13", step, f"verify_audit: {verdict.broken}"))
         return found

@@ -16,11 +16,12 @@ What each decides is counted in the run's :class:`~.actors.Truth`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 
-from ledgerdash.ledger import configuration, moves, rules
+from ledgerdash.ledger import archive, audit, configuration, moves, partitions, rules
 from ledgerdash.ledger.errors import LedgerError
 from ledgerdash.ledger.events import Actor as LedgerActor
 from ledgerdash.ledger.models import Attempt, Membership, State, Tenant, Tool
@@ -29,6 +30,7 @@ from ledgerdash.ledger.simulation.actors import Absence, ApprovalGiven
 from ledgerdash.ledger.simulation.provider import newest_event
 from ledgerdash.ledger.simulation.scenario import (
     APPROVERS,
+    ARCHIVE_PARTITION_SIZE,
     OPERATORS,
     PROVIDERS,
     SCOPES,
@@ -224,6 +226,37 @@ def admin_body(run: Run) -> Callable[[Actor], None]:
                 else:
                     Membership.objects.create(user=user, tenant=tenant, role=membership.role)
             absence.until = newest_event()
+
+    return body
+
+
+# --- the archive job --------------------------------------------------------------------------
+
+
+def archiver_body(run: Run) -> Callable[[Actor], None]:
+    """The operator's archive job (``event_partitions``, ``verify_audit``,
+    ``archive_events --older-than 0``), run every few minutes: the oldest
+    partitions whose attempts are all settled leave the database, while
+    other attempts at the same side effects still move, and a settled one
+    may be moved again by a late report. Nothing the ledger decides after
+    may change for it: what it knew stays known."""
+
+    def body(actor: Actor) -> None:
+        world, rng, folder = run.world, run.archive_rng, run.archive_dir
+        assert folder is not None
+        while not run.settling:
+            world.sleep(rng.uniform(30, 240), "between archive runs")
+            if run.settling:
+                return
+            partitions.make_ahead(ahead=2, size=ARCHIVE_PARTITION_SIZE)
+            audit.verify()
+            try:
+                done = archive.archive_oldest(folder, older_than=timedelta(0))
+            except archive.ArchiveError:
+                continue  # the oldest may not leave yet (an attempt in it still moves): next time
+            for record in done:
+                run.truth.fault("archive")
+                actor.doing = f"archived {record.name} ({record.events} events)"
 
     return body
 

@@ -15,17 +15,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import tempfile
 import time
 import traceback
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
 
 from ledgerdash.ledger import clock
-from ledgerdash.ledger.models import IN_FLIGHT_STATES, Attempt, AttemptEvent, ChainHead, Tenant
+from ledgerdash.ledger.models import IN_FLIGHT_STATES, Attempt, AttemptEvent, ChainHead
 from ledgerdash.ledger.moves import CREATE_MOVES, LEGAL_MOVES
 from ledgerdash.ledger.reconciler import Reconciler
 from ledgerdash.ledger.simulation import actors, people, scenario
@@ -49,9 +51,21 @@ FAULTS = {
     "policy": "a policy author changes tools, scopes, approval conditions, tools' timing, the tenant's state",
     "leave": "a person loses their membership or account for a while, whatever they are deciding",
     "skew": "a host's clock is off from the database server's by more than the provider-clock margin",
+    "archive": "the oldest partitions of the events are archived while attempts at the same side effects still "
+    "move (PostgreSQL only: SQLite keeps one table)",
 }
 #: Fault kinds drawn from the hosts' random numbers, not the run's (see :meth:`Run._draw_host_clocks`).
 HOST_FAULTS = frozenset({"skew"})
+#: Fault kinds only a run on PostgreSQL injects, drawn from random numbers of their own: a seed runs
+#: the same history on SQLite whether they are asked for or not.
+POSTGRESQL_FAULTS = frozenset({"archive"})
+
+
+def faults_for(vendor: str) -> list[str]:
+    """The fault kinds a run on ``vendor`` ("sqlite", "postgresql") can inject."""
+    return [kind for kind in FAULTS if vendor == "postgresql" or kind not in POSTGRESQL_FAULTS]
+
+
 #: Steps the settling phase may take before a run is called stuck.
 SETTLE_STEPS = 4000
 
@@ -96,18 +110,31 @@ class Run:
         # histories with fewer kinds of fault reach combinations all of them
         # at once would crowd out. (A draw for every kind, asked or not, so
         # leaving one out does not change the others' draws.)
-        draws = {kind: self.world.rng.random() for kind in FAULTS if kind not in HOST_FAULTS}
+        own = HOST_FAULTS | POSTGRESQL_FAULTS
+        draws = {kind: self.world.rng.random() for kind in FAULTS if kind not in own}
         # The hosts' clocks draw from random numbers of their own, so drawing them moves none of
         # the run's other draws: a seed runs the same history whatever clocks its hosts keep.
         self.hosts_rng = random.Random(f"{seed}:hosts")  # noqa: S311 - a simulation's choices, not secrets
         draws.update((kind, self.hosts_rng.random()) for kind in sorted(HOST_FAULTS))
-        self.enabled = frozenset(kind for kind in self.requested if draws[kind] < 0.75)
+        # So does the archiver (PostgreSQL only).
+        self.archive_rng = random.Random(f"{seed}:archive")  # noqa: S311
+        draws.update((kind, self.archive_rng.random()) for kind in sorted(POSTGRESQL_FAULTS))
+        possible = set(faults_for(connection.vendor))
+        self.enabled = frozenset(kind for kind in self.requested & possible if draws[kind] < 0.75)
         self.provider_faults = Faults(self.world, self.enabled)
         self.network = Network(self.world)
         self.truth = actors.Truth()
         self.settling = False
         self.plan = scenario.draw_plan(self.world)
         self.trace: list[str] = []
+        self.checker: Checker | None = None
+        #: Where the archiver writes the partitions it archives (``archive`` on): the final check walks
+        #: them with the events left in the database, as ``verify_audit --archive`` does.
+        self.archive_folder: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def archive_dir(self) -> Path | None:
+        return Path(self.archive_folder.name) if self.archive_folder is not None else None
 
     def faults_on(self, kind: str) -> bool:
         return not self.settling and kind in self.enabled
@@ -180,6 +207,10 @@ class Run:
             world.spawn("policy-author", "author", people.author_body(self), after=rng.uniform(0, 60))
         if "leave" in self.enabled:
             world.spawn("administrator", "person", people.admin_body(self), after=rng.uniform(30, 300))
+        if "archive" in self.enabled:
+            self.archive_folder = tempfile.TemporaryDirectory(prefix="ledgerdash-sim-archive-")
+            after = self.archive_rng.uniform(60, 300)
+            world.spawn("archiver", "job", people.archiver_body(self), after=after)
         world.on_resume = self._on_resume
         self.trace.append(f"{'':>5} seed {self.seed}: faults on: {', '.join(sorted(self.enabled)) or 'none'}")
         clocks = ", ".join(f"{host} {offset:+.1f} s" for host, offset in sorted(world.host_offsets.items()))
@@ -216,7 +247,7 @@ class Run:
         return agents_done and not Attempt.objects.filter(state__in=list(IN_FLIGHT_STATES)).exists()
 
     def execute(self) -> list[Violation]:
-        checker = Checker(self)
+        checker = self.checker = Checker(self)
         self.start()
         found: list[Violation] = []
         stop_actors = True
@@ -272,13 +303,11 @@ class Run:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def coverage(self, outcome: Outcome) -> None:
-        tenant = Tenant.objects.get(slug=scenario.TENANT)
-        rows = AttemptEvent.objects.filter(tenant=tenant, kind="transition").values_list(
-            "from_state", "to_state", "actor_kind"
-        )
-        for from_state, to_state, actor_kind in rows:
-            outcome.moves[(from_state or "", to_state, actor_kind)] += 1
-            outcome.states[to_state] += 1
+        # As the checker read them, step by step: some may have been archived since.
+        moves = self.checker.moves if self.checker is not None else Counter()
+        for (from_state, to_state, actor_kind), times in moves.items():
+            outcome.moves[(from_state, to_state, actor_kind)] += times
+            outcome.states[to_state] += times
         outcome.injected.update(self.truth.faults)
         outcome.injected.update(self.provider_faults.counts)
         outcome.decisions.update(self.truth.decisions)
@@ -308,6 +337,8 @@ def run_seed(databases: ScratchDatabases, seed: int, *, steps: int, faults: Iter
     finally:
         _running.remove(run.network)
         connection.close()
+        if run.archive_folder is not None:
+            run.archive_folder.cleanup()
     return outcome
 
 

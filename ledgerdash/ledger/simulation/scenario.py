@@ -32,6 +32,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from ledgerdash.ledger import clock
 from ledgerdash.ledger.events import Actor as LedgerActor
@@ -93,11 +94,28 @@ OPERATORS = ("owner", "ops-1", "ops-2")
 APPROVERS = ("approver-1", "approver-2")
 
 
+#: On PostgreSQL, the events of a run go to partitions this small (a run writes a few hundred
+#: events), from this id on: the archiver has partitions to take while attempts still move.
+ARCHIVE_PARTITION_SIZE = 16
+ARCHIVE_FROM_ID = 10_000_000
+
+
 def build_world() -> None:
     """The rows every run starts from, written once into the template, at
     one fixed instant (so the template is the same in every process)."""
     with clock.driven_by(lambda: EPOCH - timedelta(days=1), random.Random(0)):  # noqa: S311 - no secret
         _build_world()
+    if connection.vendor == "postgresql":
+        _small_partitions()
+
+
+def _small_partitions() -> None:
+    """The world's own events keep the first partition; a run's go to small ones."""
+    from ledgerdash.ledger import partitions
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT setval('{partitions.SEQUENCE}', %s, false)", [ARCHIVE_FROM_ID])
+    partitions.make_ahead(ahead=2, size=ARCHIVE_PARTITION_SIZE)
 
 
 def _build_world() -> None:

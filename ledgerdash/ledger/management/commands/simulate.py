@@ -79,7 +79,8 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, _stop)
         if options["verbosity"] < 3:
             logging.getLogger("ledgerdash").setLevel(logging.WARNING)
-        faults = self._faults(options["faults"])
+        vendor = "postgresql" if options["database"] else "sqlite"
+        faults = self._faults(options["faults"], vendor)
         steps = options["steps"]
         if steps < 1:
             raise CommandError("--steps must be at least 1")
@@ -133,7 +134,7 @@ class Command(BaseCommand):
             except batch.WorkerFailed as exc:
                 raise CommandError(str(exc)) from exc
         seconds = time.monotonic() - started
-        summary = self._summary(results, seconds)
+        summary = self._summary(results, seconds, vendor)
         for line in summary["lines"]:
             self.stdout.write(line)
         # The line each failure's replay is printed with: its shortest reproduction, or the seed as it ran.
@@ -150,15 +151,19 @@ class Command(BaseCommand):
             seeds_failed = ", ".join(str(failed.seed) for failed in failures)
             raise CommandError(f"{len(failures)} seed(s) broke an invariant: {seeds_failed}")
 
-    def _faults(self, given: str) -> list[str]:
+    def _faults(self, given: str, vendor: str) -> list[str]:
+        possible = runner.faults_for(vendor)
         if given == "all":
-            return sorted(runner.FAULTS)
+            return sorted(possible)
         if given == "none":
             return []
         kinds = sorted({kind.strip() for kind in given.split(",") if kind.strip()})
         unknown = [kind for kind in kinds if kind not in runner.FAULTS]
         if unknown:
             raise CommandError(f"unknown fault kind(s) {', '.join(unknown)}; known: {', '.join(runner.FAULTS)}")
+        elsewhere = [kind for kind in kinds if kind not in possible]
+        if elsewhere:
+            raise CommandError(f"{', '.join(elsewhere)}: injected on PostgreSQL only (--database postgres://…)")
         return kinds
 
     def _history(self, outcome: runner.Outcome) -> None:
@@ -166,7 +171,7 @@ class Command(BaseCommand):
         for line in outcome.trace:
             self.stdout.write(f"  {line}")
 
-    def _summary(self, results: list[runner.Outcome], seconds: float) -> dict[str, Any]:
+    def _summary(self, results: list[runner.Outcome], seconds: float, vendor: str) -> dict[str, Any]:
         moves: Counter[tuple[str, str, str]] = Counter()
         states: Counter[str] = Counter()
         injected: Counter[str] = Counter()
@@ -180,7 +185,7 @@ class Command(BaseCommand):
         failed = sum(1 for o in results if not o.ok)
         legal = runner.legal_moves()
         unreached = [m for m in legal if moves[m] == 0]
-        quiet = [kind for kind in runner.FAULTS if injected[kind] == 0]
+        quiet = [kind for kind in runner.faults_for(vendor) if injected[kind] == 0]
         lines = [
             f"{len(results)} seed(s), {failed} failed; {steps} steps in {seconds:.1f} s "
             f"({steps / seconds if seconds else 0:.0f} steps/s)",
@@ -191,7 +196,7 @@ class Command(BaseCommand):
             lines.append(f"  {origin:>17} -> {move[1]:<17} {move[2]:<10} {moves[move]}")
         lines.append(f"legal moves not reached: {', '.join(self._move(m) for m in unreached) or 'none'}")
         lines.append("states reached: " + ", ".join(f"{s} {n}" for s, n in sorted(states.items())))
-        lines.append("faults injected: " + ", ".join(f"{k} {injected[k]}" for k in runner.FAULTS))
+        lines.append("faults injected: " + ", ".join(f"{k} {injected[k]}" for k in runner.faults_for(vendor)))
         lines.append(f"fault kinds not injected: {', '.join(quiet) or 'none'}")
         lines.append("people's decisions: " + ", ".join(f"{k} {n}" for k, n in sorted(decisions.items())))
         return {
