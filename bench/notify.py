@@ -80,7 +80,7 @@ def _calls(tenant: Any, prefix: str, n: int) -> float:
             actor=actor,
         ).attempt
         attempt = recording.mark_dispatched(attempt, actor=actor)
-        recording.confirm(attempt, provider_request_id=f"r-{i}", actor=actor)
+        recording.confirm(attempt, provider_request_id=f"r-{prefix}-{i}", actor=actor)
     return (time.perf_counter() - started) / n
 
 

@@ -26,8 +26,8 @@ SPREAD = 900_000_000
 #: The first seed when there is no commit to derive one from.
 FALLBACK = LOWEST
 #: How many seeds of the block each pass runs (SQLite over two processes).
-ON_SQLITE = 100
-ON_POSTGRESQL = 20
+ON_SQLITE = 60
+ON_POSTGRESQL = 10
 
 
 @dataclass(frozen=True)

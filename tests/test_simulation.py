@@ -124,7 +124,7 @@ def test_the_default_run_holds_every_invariant_and_reaches_every_move_and_fault(
 @pytest.mark.timeout(1800)
 @pytest.mark.postgres
 def test_a_run_on_postgresql_holds_every_invariant(tmp_path: Path) -> None:
-    code, report, output = simulate(tmp_path, "--seeds=30", f"--database={_postgres_url()}")
+    code, report, output = simulate(tmp_path, "--seeds=15", f"--database={_postgres_url()}")
     assert code == 0, output[-4000:]
     assert report["failures"] == []
     assert report["faults_not_injected"] == []  # the archive job's included
