@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ import psycopg
 import pytest
 from django.db import DatabaseError, connection, transaction
 
-from ledgerdash.ledger import archive, audit, moves, partitions, recording, rules
+from ledgerdash.ledger import archive, audit, clock, moves, partitions, recording, rules
+from ledgerdash.ledger.errors import StaleFence
 from ledgerdash.ledger.events import Actor, EventKind
 from ledgerdash.ledger.models import Attempt, AttemptEvent, EventArchive, Incident, State, Tenant
 from ledgerdash.ledger.store.chains import event_record
@@ -261,3 +263,35 @@ def test_what_the_ledger_heard_of_a_side_effect_outlives_the_archive_of_its_even
     assert not AttemptEvent.objects.filter(attempt_id=original.pk, kind=EventKind.LATE_REPORT).exists()
 
     assert rules.what_happened([Attempt.objects.get(pk=original.pk)]) == heard
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_report_from_an_earlier_dispatch_is_kept_after_its_claim_was_archived(
+    tenant_a: Tenant, tmp_path: Path
+) -> None:
+    """Its first dispatcher paused while the reconciler sent the call again and it was confirmed;
+    the partition holding the first claim was archived; the first dispatcher's report is still
+    evidence, never refused as coming from a dispatch the ledger cannot find."""
+    assert _owner("event_partitions", "--make-ahead", "3", "--size", "40").returncode == 0
+    _next_event_id(10_000_000)
+    dispatched = recording.mark_dispatched(record(tenant_a, "mail:resent"), actor=AGENT)
+    (claimed,) = moves.attempts_claim_due(limit=1, now=dispatched.next_check_at)
+    unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    assert unknown.lands_by is not None
+    with clock.frozen_at(unknown.lands_by + timedelta(seconds=1)):
+        resent = moves.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
+    recording.confirm(resent, provider_request_id="req-resent", actor=RECONCILER)
+    for n in range(20):
+        _settled(tenant_a, f"after-{n}")
+    assert all(r.ok for r in audit.verify())
+    assert _owner("archive_events", str(tmp_path), "--older-than", "0", "--limit", "2").returncode == 0
+    assert not AttemptEvent.objects.filter(attempt_id=dispatched.pk).exists()  # its history left
+
+    report = recording.report_outcome(dispatched, outcome="unknown", reason="no answer", actor=AGENT)
+    assert report.late
+    assert report.attempt.state == State.OUTCOME_CONFIRMED
+    (event,) = AttemptEvent.objects.filter(attempt_id=dispatched.pk, kind=EventKind.LATE_REPORT)
+    assert "an earlier dispatcher" in event.reason
+    # Anyone else with an old fence is still refused.
+    with pytest.raises(StaleFence):
+        recording.report_outcome(dispatched, outcome="unknown", reason="?", actor=RECONCILER)

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce, Greatest
 
 from ledgerdash.ledger import clock, landing, provider_ids, store
@@ -214,10 +214,21 @@ def _already_reported(attempt: Attempt, fence: int, evidence: Evidence) -> bool:
 
 def _dispatched_with(attempt: Attempt, fence: int) -> bool:
     """Whether ``fence`` was handed out by one of the attempt's dispatch
-    claims (an earlier one, when the attempt was sent again since)."""
-    return AttemptEvent.objects.filter(
-        attempt_id=attempt.pk, kind=EventKind.TRANSITION, to_state=S.DISPATCHED, fence=fence
-    ).exists()
+    claims (an earlier one, when the attempt was sent again since).
+
+    The claims are events; once the oldest of the attempt's events were
+    archived (``archive_events``: a settled attempt, which a late report
+    may still reach), the ledger cannot tell from the database. A fence
+    below the last dispatch's is then taken as an earlier dispatch's, so
+    its report is kept as evidence rather than dropped; nothing but
+    evidence comes of it (only the last dispatch's report moves a settled
+    attempt). The archive is a prefix of each chain: an attempt whose
+    creation is still in the database has all its events there."""
+    events = AttemptEvent.objects.filter(attempt_id=attempt.pk, kind=EventKind.TRANSITION)
+    if events.filter(to_state=S.DISPATCHED, fence=fence).exists():
+        return True
+    history_archived = not events.filter(Q(from_state="") | Q(from_state__isnull=True)).exists()
+    return history_archived and attempt.dispatch_fence is not None and 0 < fence < attempt.dispatch_fence
 
 
 def _as_holder(

@@ -306,11 +306,15 @@ class Checker:
             if len(landed) < 2:
                 continue
             ids = {a.pk for a in chain}
-            for effect in landed[1:]:
+            for n, effect in enumerate(landed[1:], start=1):
                 request = requests[effect.request]
                 if not request.licensed:
                     continue  # outside the promise: a dispatcher sent after its lease (and it is not the ledger's send)
                 knew = sorted(a for a in ids if self.acted_at.get(a, request.ledger_seen + 1) <= request.ledger_seen)
+                if not knew and not any(requests[e.request].licensed for e in landed[:n]):
+                    # Each earlier effect came of a late send (C2 broken) the ledger had heard nothing of when
+                    # this request left: the same excuse, whichever of the two requests left first.
+                    continue
                 risked = any(
                     a.attempt_id in ids and a.with_reason and a.order < request.order for a in self.run.truth.approvals
                 )
