@@ -220,10 +220,11 @@ def _dispatched_with(attempt: Attempt, fence: int) -> bool:
     archived (``archive_events``: a settled attempt, which a late report
     may still reach), the ledger cannot tell from the database. A fence
     below the last dispatch's is then taken as an earlier dispatch's, so
-    its report is kept as evidence rather than dropped; nothing but
-    evidence comes of it (only the last dispatch's report moves a settled
-    attempt). The archive is a prefix of each chain: an attempt whose
-    creation is still in the database has all its events there."""
+    its report is kept rather than dropped, and weighs what an earlier
+    dispatch's report weighs (:func:`late_evidence`: never a refusal's
+    settlement; a receipt while a person reviews it). The archive is a
+    prefix of each chain: an attempt whose creation is still in the
+    database has all its events there."""
     events = AttemptEvent.objects.filter(attempt_id=attempt.pk, kind=EventKind.TRANSITION)
     if events.filter(to_state=S.DISPATCHED, fence=fence).exists():
         return True
