@@ -46,6 +46,22 @@ def _next_event_id(value: int) -> None:
         admin.execute("SELECT setval('ledger_attemptevent_id_seq', %s, false)", [value])
 
 
+def _small_ranges() -> None:
+    """Ranges of 40 ids from 10,000,000 on; the first range (below it) keeps the tenants' first events."""
+    assert _owner("event_partitions", "--make-ahead", "3", "--size", "40").returncode == 0
+    _next_event_id(10_000_000)
+
+
+def _archive_the_first_two(tenant: Tenant, tmp_path: Path) -> None:
+    """Enough settled attempts after what the test wrote to close its range, verified, then the first
+    two ranges archived (the tenants' first events, and the test's)."""
+    for n in range(20):
+        _settled(tenant, f"after-{n}")
+    assert all(r.ok for r in audit.verify())
+    done = _owner("archive_events", str(tmp_path), "--older-than", "0", "--limit", "2")
+    assert done.returncode == 0, done.stderr
+
+
 def test_every_partition_keeps_the_tables_protections(tenant_a: Tenant) -> None:
     names = [p.name for p in partitions.partitions()]
     assert names[0] == FIRST
@@ -131,8 +147,7 @@ def test_ranges_are_made_ahead_and_a_reached_tail_is_closed() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_archive_verify_across_and_restore(tenant_a: Tenant, tenant_striped: Tenant, tmp_path: Path) -> None:
-    assert _owner("event_partitions", "--make-ahead", "3", "--size", "40").returncode == 0
-    _next_event_id(10_000_000)  # the first range (below 10M) keeps the tenants' first events
+    _small_ranges()
     for n in range(20):
         _settled(tenant_a, f"a-{n}")
         _settled(tenant_striped, f"s-{n}")
@@ -239,8 +254,7 @@ def test_what_the_ledger_heard_of_a_side_effect_outlives_the_archive_of_its_even
     """The send rule and the approval weigh every late report that a side
     effect happened; archiving the partition that holds the report must not
     make the ledger forget it."""
-    assert _owner("event_partitions", "--make-ahead", "3", "--size", "40").returncode == 0
-    _next_event_id(10_000_000)
+    _small_ranges()
     original = recording.mark_dispatched(record(tenant_a, "pay:heard"), actor=AGENT)
     fence = original.fence
     unknown = recording.mark_unknown(original, reason="the connection dropped", fence=fence)
@@ -255,11 +269,7 @@ def test_what_the_ledger_heard_of_a_side_effect_outlives_the_archive_of_its_even
     assert heard is not None
     assert "receipt-77" in heard[0]
 
-    for n in range(20):
-        _settled(tenant_a, f"later-{n}")
-    assert all(r.ok for r in audit.verify())
-    done = _owner("archive_events", str(tmp_path), "--older-than", "0", "--limit", "2")
-    assert done.returncode == 0, done.stderr
+    _archive_the_first_two(tenant_a, tmp_path)
     assert not AttemptEvent.objects.filter(attempt_id=original.pk, kind=EventKind.LATE_REPORT).exists()
 
     assert rules.what_happened([Attempt.objects.get(pk=original.pk)]) == heard
@@ -272,8 +282,7 @@ def test_a_report_from_an_earlier_dispatch_is_kept_after_its_claim_was_archived(
     """Its first dispatcher paused while the reconciler sent the call again and it was confirmed;
     the partition holding the first claim was archived; the first dispatcher's report is still
     evidence, never refused as coming from a dispatch the ledger cannot find."""
-    assert _owner("event_partitions", "--make-ahead", "3", "--size", "40").returncode == 0
-    _next_event_id(10_000_000)
+    _small_ranges()
     dispatched = recording.mark_dispatched(record(tenant_a, "mail:resent"), actor=AGENT)
     (claimed,) = moves.attempts_claim_due(limit=1, now=dispatched.next_check_at)
     unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
@@ -281,10 +290,7 @@ def test_a_report_from_an_earlier_dispatch_is_kept_after_its_claim_was_archived(
     with clock.frozen_at(unknown.lands_by + timedelta(seconds=1)):
         resent = moves.attempt_dispatch(attempt=unknown, actor=RECONCILER, fence=unknown.fence)
     recording.confirm(resent, provider_request_id="req-resent", actor=RECONCILER)
-    for n in range(20):
-        _settled(tenant_a, f"after-{n}")
-    assert all(r.ok for r in audit.verify())
-    assert _owner("archive_events", str(tmp_path), "--older-than", "0", "--limit", "2").returncode == 0
+    _archive_the_first_two(tenant_a, tmp_path)
     assert not AttemptEvent.objects.filter(attempt_id=dispatched.pk).exists()  # its history left
 
     report = recording.report_outcome(dispatched, outcome="unknown", reason="no answer", actor=AGENT)
