@@ -244,8 +244,9 @@ def archiver_body(run: Run) -> Callable[[Actor], None]:
     def body(actor: Actor) -> None:
         world, rng, folder = run.world, run.archive_rng, run.archive_dir
         assert folder is not None
+        said = "between archive runs"
         while not run.settling:
-            world.sleep(rng.uniform(30, 240), "between archive runs")
+            world.sleep(rng.uniform(30, 240), said)  # (the trace shows what the last run archived)
             if run.settling:
                 return
             partitions.make_ahead(ahead=2, size=ARCHIVE_PARTITION_SIZE)
@@ -253,10 +254,11 @@ def archiver_body(run: Run) -> Callable[[Actor], None]:
             try:
                 done = archive.archive_oldest(folder, older_than=timedelta(0))
             except archive.ArchiveError:
-                continue  # the oldest may not leave yet (an attempt in it still moves): next time
-            for record in done:
+                done = []  # the oldest may not leave yet (an attempt in it still moves): next time
+            for _record in done:
                 run.truth.fault("archive")
-                actor.doing = f"archived {record.name} ({record.events} events)"
+            archived = ", ".join(f"{record.name} ({record.events} events)" for record in done)
+            said = f"archived {archived}; between archive runs" if done else "between archive runs"
 
     return body
 
