@@ -185,7 +185,8 @@ class Command(BaseCommand):
         failed = sum(1 for o in results if not o.ok)
         legal = runner.legal_moves()
         unreached = [m for m in legal if moves[m] == 0]
-        quiet = [kind for kind in runner.faults_for(vendor) if injected[kind] == 0]
+        kinds = runner.faults_for(vendor)
+        quiet = [kind for kind in kinds if injected[kind] == 0]
         lines = [
             f"{len(results)} seed(s), {failed} failed; {steps} steps in {seconds:.1f} s "
             f"({steps / seconds if seconds else 0:.0f} steps/s)",
@@ -196,7 +197,7 @@ class Command(BaseCommand):
             lines.append(f"  {origin:>17} -> {move[1]:<17} {move[2]:<10} {moves[move]}")
         lines.append(f"legal moves not reached: {', '.join(self._move(m) for m in unreached) or 'none'}")
         lines.append("states reached: " + ", ".join(f"{s} {n}" for s, n in sorted(states.items())))
-        lines.append("faults injected: " + ", ".join(f"{k} {injected[k]}" for k in runner.faults_for(vendor)))
+        lines.append("faults injected: " + ", ".join(f"{k} {injected[k]}" for k in kinds))
         lines.append(f"fault kinds not injected: {', '.join(quiet) or 'none'}")
         lines.append("people's decisions: " + ", ".join(f"{k} {n}" for k, n in sorted(decisions.items())))
         return {
