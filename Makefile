@@ -3,8 +3,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# The simulation's long runs (make simulate-long, simulate-long-pg).
+JOBS ?= $(shell nproc)
+SEEDS ?= 10000
+PG_SEEDS ?= 2000
+FIRST_SEED ?= 1
+SIM_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: venv bench-venv lock run check test test-pgbouncer ha-drill lint bench bench-quick bench-growth clean
+.PHONY: venv bench-venv lock run check test test-pgbouncer ha-drill simulate simulate-long simulate-long-pg lint bench bench-quick bench-growth clean
 
 ## .venv with exactly what uv.lock pins (the app and the dev tools).
 venv:
@@ -59,6 +65,21 @@ bench-quick: bench-venv
 ## an hour and 40 GB of disk here; GROWTH_EVENTS and GROWTH_TENANTS set its size.
 bench-growth: bench-venv
 	.venv-bench/bin/python -m bench --only growth
+
+## The simulation's default run (seeds 1 to 200, every fault kind, SQLite) over the cores: exits 1
+## unless every seed holds every invariant and the run reaches every legal move and fault kind
+## (make test runs the few of its seeds that reach them all). About five minutes on 2 cores.
+simulate: venv
+	@DEBUG=true $(PY) manage.py simulate --jobs $(JOBS) --reach-all
+
+## The long runs before a release, each seed from FIRST_SEED on: SEEDS (10,000) on SQLite, about
+## three hours on 2 cores; PG_SEEDS (2,000) on PostgreSQL (SIM_DATABASE_URL, default the local
+## server; databases ledgerdash_sim_* of the run's own), about two hours.
+simulate-long: venv
+	@DEBUG=true $(PY) manage.py simulate --seeds $(SEEDS) --first-seed $(FIRST_SEED) --jobs $(JOBS) --reach-all
+simulate-long-pg: venv
+	@DEBUG=true $(PY) manage.py simulate --seeds $(PG_SEEDS) --first-seed $(FIRST_SEED) --jobs $(JOBS) \
+		--reach-all --database $(SIM_DATABASE_URL)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -17,12 +17,14 @@ import json
 import os
 import re
 import subprocess
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.management import CommandError, call_command
 
 from ledgerdash.ledger.simulation import runner
 from ledgerdash.ledger.simulation.invariants import Violation
@@ -107,16 +109,63 @@ def _postgres_url() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.longest
-@pytest.mark.timeout(2400)  # four minutes alone; a loaded machine may take several times that
+@pytest.mark.timeout(1200)
 @ON_SQLITE_PASS
-def test_the_default_run_holds_every_invariant_and_reaches_every_move_and_fault(tmp_path: Path) -> None:
-    code, report, output = simulate(tmp_path)
-    assert code == 0, output[-4000:]
+def test_the_default_runs_covering_seeds_hold_every_invariant_and_reach_every_move_and_fault(tmp_path: Path) -> None:
+    """A few of the default run's seeds that reach every move and fault kind (``make simulate`` runs
+    all 200): since each seed's history is its own, the default run reaches them all as well."""
+    covering = ",".join(map(str, sim_seeds.COVERING))
+    code, report, output = simulate(tmp_path, f"--seed-list={covering}", "--reach-all", "--jobs=2")
+    measure = "measure the covering seeds again: python manage.py simulate --jobs 2 (tests/sim_seeds.py)"
+    assert code == 0, f"{measure}\n{output[-4000:]}"
     assert report["failures"] == []
-    assert len(report["seeds"]) == 200
-    assert report["unreached_moves"] == [], output[-3000:]
-    assert report["faults_not_injected"] == []
+    assert report["seeds"] == sorted(sim_seeds.COVERING)
+    assert report["unreached_moves"] == [], measure
+    assert report["faults_not_injected"] == [], measure
+    assert max(sim_seeds.COVERING) <= 200, "the covering seeds come from the default run's"
+
+
+@ON_SQLITE_PASS
+def test_a_run_told_to_reach_everything_fails_when_it_does_not(tmp_path: Path) -> None:
+    code, report, output = simulate(tmp_path, "--seed-list=3,5", "--faults=crash", "--steps=40", "--reach-all")
+    assert code == 1, output[-3000:]
+    assert report["failures"] == []
+    assert report["seeds"] == [3, 5]
+    assert "pause" in report["faults_not_injected"]
+    assert "the run did not reach everything it must (--reach-all)" in output
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("7,x", "--seed-list takes seeds separated by commas, e.g. 7,23,45 (not '7,x')"),
+        (",", "--seed-list names no seed"),
+        ("7,7", "--seed-list names a seed twice"),
+    ],
+)
+def test_a_seed_list_it_cannot_read_is_refused_with_what_it_takes(given: str, said: str) -> None:
+    # Refused before the run touches anything: no database, no signal handler, no log level.
+    with pytest.raises(CommandError) as refused:
+        call_command("simulate", f"--seed-list={given}")
+    assert str(refused.value) == said
+
+
+def test_the_covering_seeds_are_the_fewest_the_greedy_choice_finds() -> None:
+    def outcome(seed: int, moves: list[tuple[str, str, str]], faults: list[str]) -> runner.Outcome:
+        return runner.Outcome(seed, 10, (), [], [], "", 0.0, 10, moves=Counter(moves), injected=Counter(faults))
+
+    legal = runner.legal_moves()
+    a, b, c = legal[:3]
+    outcomes = [
+        outcome(1, [a], ["crash"]),
+        outcome(2, [a, b], []),
+        outcome(3, [b], ["crash"]),
+        outcome(4, [c], ["pause"]),
+        outcome(5, [("NOT", "A", "move")], ["pause"]),
+    ]
+    # 2 adds the most, then 4 (c and pause), then 1 and 3 tie on crash (the lower wins); 5's move is no legal one.
+    assert runner.covering(outcomes) == [1, 2, 4]
+    assert runner.covering([]) == []
 
 
 @pytest.mark.slow

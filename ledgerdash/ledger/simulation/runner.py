@@ -407,3 +407,24 @@ def legal_moves() -> list[tuple[str, str, str]]:
     moves = [(str(f), str(t), str(a)) for (f, t), actors_ in LEGAL_MOVES.items() for a in sorted(actors_)]
     moves += [("", str(state), str(a)) for state, actors_ in CREATE_MOVES.items() for a in sorted(actors_)]
     return sorted(moves)
+
+
+def reached(outcome: Outcome) -> set[str]:
+    """The legal moves ``outcome``'s history made and the fault kinds it injected, each as a name."""
+    legal = set(legal_moves())
+    return {f"move {m[0] or '(created)'}->{m[1]} by {m[2]}" for m in outcome.moves if m in legal} | {
+        f"fault {kind}" for kind, n in outcome.injected.items() if n
+    }
+
+
+def covering(outcomes: Iterable[Outcome]) -> list[int]:
+    """Few seeds among ``outcomes`` that together reach every move and fault kind the whole run reached:
+    the seed that adds most of what is still missing, again and again (the lowest seed on a tie)."""
+    each = {outcome.seed: reached(outcome) for outcome in outcomes}
+    missing = set().union(*each.values())
+    chosen: list[int] = []
+    while missing:
+        seed = max(sorted(each), key=lambda s: len(each[s] & missing))
+        chosen.append(seed)
+        missing -= each[seed]
+    return sorted(chosen)

@@ -5,8 +5,12 @@ deterministic simulation (see :mod:`ledgerdash.ledger.simulation`).
     python manage.py simulate --seeds 100000 --jobs 2   # the long run before a release, on two processes
     python manage.py simulate --seed 4711 --steps 90 --faults crash,pause   # replay one seed
     python manage.py simulate --database postgres://postgres@127.0.0.1/postgres
+    python manage.py simulate --seed-list 7,23,45 --reach-all   # a few seeds that must reach every move
 
-Exit code 0 only if every seed held every invariant. A run goes on past a
+Exit code 0 only if every seed held every invariant (and, with
+``--reach-all``, the run reached every legal move and fault kind). The
+summary names a few of the run's seeds that reached everything it reached
+(``make test`` runs such a set from the default run's seeds). A run goes on past a
 failing seed (unless ``--stop-on-failure``) and ends with every failing one:
 its broken invariants, its history's last steps, and the command that
 replays it (shrunk to the shortest reproduction found, for the first few).
@@ -43,6 +47,16 @@ class Command(BaseCommand):
         parser.add_argument(
             "--seed", type=int, default=None, help="run this one seed (a replay), and print its history"
         )
+        parser.add_argument(
+            "--seed-list",
+            default=None,
+            help="run these seeds, comma-separated (instead of a range), e.g. the covering ones a summary names",
+        )
+        parser.add_argument(
+            "--reach-all",
+            action="store_true",
+            help="fail unless the run reaches every legal move and injects every fault kind",
+        )
         parser.add_argument("--steps", type=int, default=300, help="steps with faults on, per seed (default 300)")
         parser.add_argument(
             "--faults",
@@ -74,11 +88,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        # Stopped with SIGTERM (a CI timeout, systemd, kill), unwind as on an exit, so the run's
-        # scratch databases and folders are removed rather than left on a shared server.
-        signal.signal(signal.SIGTERM, _stop)
-        if options["verbosity"] < 3:
-            logging.getLogger("ledgerdash").setLevel(logging.WARNING)
         vendor = "postgresql" if options["database"] else "sqlite"
         faults = self._faults(options["faults"], vendor)
         steps = options["steps"]
@@ -86,6 +95,8 @@ class Command(BaseCommand):
             raise CommandError("--steps must be at least 1")
         if options["seed"] is not None:
             seeds = [options["seed"]]
+        elif options["seed_list"] is not None:
+            seeds = self._seed_list(options["seed_list"])
         else:
             if options["seeds"] < 1:
                 raise CommandError("--seeds must be at least 1")
@@ -94,11 +105,17 @@ class Command(BaseCommand):
         if jobs < 1:
             raise CommandError("--jobs must be at least 1")
         jobs = min(jobs, len(seeds))
+        # Stopped with SIGTERM (a CI timeout, systemd, kill), unwind as on an exit, so the run's
+        # scratch databases and folders are removed rather than left on a shared server.
+        signal.signal(signal.SIGTERM, _stop)
+        if options["verbosity"] < 3:
+            logging.getLogger("ledgerdash").setLevel(logging.WARNING)
         replaying = options["seed"] is not None
         database = options["database"]
         where = "PostgreSQL" if database else "SQLite"
+        which = f"({','.join(map(str, seeds))})" if options["seed_list"] is not None else f"from {seeds[0]}"
         self.stdout.write(
-            f"simulation: {len(seeds)} seed(s) from {seeds[0]}, {steps} steps each with faults "
+            f"simulation: {len(seeds)} seed(s) {which}, {steps} steps each with faults "
             f"({', '.join(faults) or 'none'}), on {where}" + (f", {jobs} processes" if jobs > 1 else "")
         )
         if options["shrink_first"] < 0:
@@ -150,6 +167,23 @@ class Command(BaseCommand):
             self._failures_end(failures, reproductions, shrinking)
             seeds_failed = ", ".join(str(failed.seed) for failed in failures)
             raise CommandError(f"{len(failures)} seed(s) broke an invariant: {seeds_failed}")
+        if options["reach_all"] and (summary["unreached"] or summary["quiet"]):
+            raise CommandError(
+                "the run did not reach everything it must (--reach-all): see 'legal moves not reached' and "
+                "'fault kinds not injected' above"
+            )
+
+    @staticmethod
+    def _seed_list(given: str) -> list[int]:
+        try:
+            seeds = [int(part) for part in given.split(",") if part.strip()]
+        except ValueError:
+            raise CommandError(f"--seed-list takes seeds separated by commas, e.g. 7,23,45 (not {given!r})") from None
+        if not seeds:
+            raise CommandError("--seed-list names no seed")
+        if len(set(seeds)) != len(seeds):
+            raise CommandError("--seed-list names a seed twice")
+        return sorted(seeds)
 
     def _faults(self, given: str, vendor: str) -> list[str]:
         possible = runner.faults_for(vendor)
@@ -200,6 +234,11 @@ class Command(BaseCommand):
         lines.append("faults injected: " + ", ".join(f"{k} {injected[k]}" for k in kinds))
         lines.append(f"fault kinds not injected: {', '.join(quiet) or 'none'}")
         lines.append("people's decisions: " + ", ".join(f"{k} {n}" for k, n in sorted(decisions.items())))
+        cover = runner.covering(results)
+        if len(results) > 1:
+            lines.append(
+                f"seeds that together reach every move and fault kind this run reached: {','.join(map(str, cover))}"
+            )
         return {
             "lines": lines,
             "steps": steps,
@@ -208,6 +247,7 @@ class Command(BaseCommand):
             "quiet": quiet,
             "moves": {self._move(m): n for m, n in sorted(moves.items())},
             "faults": dict(sorted(injected.items())),
+            "covering_seeds": cover,
         }
 
     @staticmethod
@@ -236,6 +276,7 @@ class Command(BaseCommand):
             "faults_not_injected": summary["quiet"],
             "moves": summary["moves"],
             "faults": summary["faults"],
+            "covering_seeds": summary["covering_seeds"],
         }
 
     @staticmethod
