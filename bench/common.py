@@ -224,11 +224,22 @@ def setup_django(database_url: str) -> None:
     """Configure Django in this process (the orchestrator) against the bench database,
     with the static files collected first: the dashboard pages it renders in this process
     and the servers it starts both need them."""
-    run_manage(["collectstatic", "--noinput", "-v", "0"], database_url)
+    collect_static(database_url)
     os.environ.update(django_env(database_url))
     import django
 
     django.setup()
+
+
+#: Whether this process collected the bench's static files already: they do not change within a run.
+_STATIC_COLLECTED: list[bool] = []
+
+
+def collect_static(database_url: str) -> None:
+    """``collectstatic`` into the bench's own folder, once per process."""
+    if not _STATIC_COLLECTED:
+        run_manage(["collectstatic", "--noinput", "-v", "0"], database_url)
+        _STATIC_COLLECTED.append(True)
 
 
 def run_manage(args: Sequence[str], database_url: str, *, timeout: float = 600) -> str:
@@ -353,7 +364,7 @@ def start_gunicorn(
     environment), once it answers ``/healthz``; stop it with
     :func:`ledgerdash.processes.stop_group`. ``app``: another WSGI
     application served the same way (the recording benchmark's HTTP floor)."""
-    run_manage(["collectstatic", "--noinput", "-v", "0"], database_url)
+    collect_static(database_url)
     env = django_env(database_url, DJANGO_SETTINGS_MODULE=settings_module, GUNICORN_THREADS=str(threads), **extra_env)
     # This interpreter's gunicorn (the benchmark's environment has the app's packages): the
     # orchestrator and the server run the same code, and no other environment need exist.

@@ -14,12 +14,16 @@ from ledgerdash.ledger.drill.cases import fixed_plan
 from ledgerdash.ledger.drill.providers import PROVIDERS
 from tests.live import manage
 
-#: One after another on one worker (each starts a replica, agents and reconcilers of its own),
-#: beside the sandbox's drills on another.
 pytestmark = [
-    pytest.mark.xdist_group("provider-drill"),
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="the SQLite run"),
+]
+
+#: Each drill starts a replica, agents and reconcilers of its own: they run in two lines of three,
+#: one after another on each of two workers (begun first: minutes each line), beside the rest.
+DRILLS = [
+    pytest.param(name, marks=[pytest.mark.xdist_group(f"provider-drill-{n % 2}"), pytest.mark.longest])
+    for n, name in enumerate(sorted(PROVIDERS))
 ]
 
 
@@ -34,7 +38,7 @@ def test_a_provider_drill_plans_only_the_kinds_the_provider_can_be() -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("provider", sorted(PROVIDERS))
+@pytest.mark.parametrize("provider", DRILLS)
 def test_the_drill_passes_against_the_providers_replica(provider: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update({"DEBUG": "true", "LEDGERDASH_VAR_DIR": str(tmp_path), "DATABASE_URL": ""})

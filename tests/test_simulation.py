@@ -111,18 +111,21 @@ def _postgres_url() -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 @ON_SQLITE_PASS
-def test_the_default_runs_covering_seeds_hold_every_invariant_and_reach_every_move_and_fault(tmp_path: Path) -> None:
-    """A few of the default run's seeds that reach every move and fault kind (``make simulate`` runs
-    all 200): since each seed's history is its own, the default run reaches them all as well."""
-    covering = ",".join(map(str, sim_seeds.COVERING))
-    code, report, output = simulate(tmp_path, f"--seed-list={covering}", "--reach-all", "--jobs=2")
+def test_the_default_runs_covering_and_hole_seeds_hold_every_invariant_and_reach_every_move_and_fault(
+    tmp_path: Path,
+) -> None:
+    """The few of the default run's seeds that reach every move and fault kind (``make simulate``
+    runs all 200), which the default run then reaches as well, since each seed's history is its own;
+    and the seeds at which a hole put back is found, which must hold with the hole mended."""
+    seeds = sorted(set(sim_seeds.COVERING) | {seed for _, seed in HOLES.values()})
+    code, report, output = simulate(tmp_path, f"--seed-list={','.join(map(str, seeds))}", "--reach-all", "--jobs=2")
     measure = "measure the covering seeds again: python manage.py simulate --jobs 2 (tests/sim_seeds.py)"
     assert code == 0, f"{measure}\n{output[-4000:]}"
     assert report["failures"] == []
-    assert report["seeds"] == sorted(sim_seeds.COVERING)
+    assert report["seeds"] == seeds
     assert report["unreached_moves"] == [], measure
     assert report["faults_not_injected"] == [], measure
-    assert max(sim_seeds.COVERING) <= 200, "the covering seeds come from the default run's"
+    assert max(seeds) <= 200, "the covering and hole seeds come from the default run's"
 
 
 @ON_SQLITE_PASS

@@ -2,7 +2,7 @@
 deterministic simulation (see :mod:`ledgerdash.ledger.simulation`).
 
     python manage.py simulate                        # seeds 1 to 200, every fault, on SQLite
-    python manage.py simulate --seeds 100000 --jobs 2   # the long run before a release, on two processes
+    python manage.py simulate --seeds 10000 --jobs 2    # the long run before a release, on two processes
     python manage.py simulate --seed 4711 --steps 90 --faults crash,pause   # replay one seed
     python manage.py simulate --database postgres://postgres@127.0.0.1/postgres
     python manage.py simulate --seed-list 7,23,45 --reach-all   # a few seeds that must reach every move
