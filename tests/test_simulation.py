@@ -27,6 +27,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 
 from ledgerdash.ledger.simulation import runner
+from ledgerdash.ledger.simulation.database import TEMPLATES_ENV, code_digest
 from ledgerdash.ledger.simulation.invariants import Violation
 from tests import sim_seeds
 from tests.live import PYTHON, ROOT
@@ -78,6 +79,8 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.pop("DATABASE_URL", None)  # the simulation makes databases of its own
     env.update({"DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)})
+    # The runs here migrate the same code: each copies the migrated database the first one kept.
+    env.setdefault(TEMPLATES_ENV, str(ROOT / "var" / "sim-templates"))
     return env
 
 
@@ -251,11 +254,15 @@ def test_make_test_prints_this_commits_seeds_at_its_start() -> None:
 @pytest.mark.slow
 @ON_SQLITE_PASS
 def test_a_seed_replays_the_same_history_in_another_process(tmp_path: Path) -> None:
-    code, batch, output = simulate(tmp_path, "--seeds=3", "--first-seed=41")
+    """In another process, with other hash seeds, from the migrated database a process before kept or
+    from one it migrated itself."""
+    kept = tmp_path / "kept"
+    code, batch, output = simulate(tmp_path, "--seeds=3", "--first-seed=41", env={**_env(), TEMPLATES_ENV: str(kept)})
     assert code == 0, output[-3000:]
+    assert [path.name for path in kept.glob("migrated-*")] == [f"migrated-{code_digest()}.sqlite3"]
     digests = []
-    for hash_seed in ("1", "2"):
-        env = {**_env(), "PYTHONHASHSEED": hash_seed}
+    for hash_seed, templates in (("1", str(kept)), ("2", "")):
+        env = {**_env(), "PYTHONHASHSEED": hash_seed, TEMPLATES_ENV: templates}
         code, alone, output = simulate(tmp_path, "--seed=42", env=env)
         assert code == 0, output[-3000:]
         digests.append(alone["digests"]["42"])

@@ -11,6 +11,11 @@ Names are the process's own (``ledgerdash_sim_<pid>_<random>``; a worker's,
 ``ledgerdash_sim_<run pid>_<worker pid>_<random>``, also carry the run's), so
 runs side by side never touch each other's databases; every one is dropped
 at the end.
+On SQLite, a process may copy the migrated database another process of
+the same code left in the folder ``LEDGERDASH_SIM_TEMPLATES`` names,
+rather than migrate again (the test suite sets it: its dozens of runs
+migrate the same code); the copy is keyed by a digest of the code and
+of Django's and SQLite's versions, so code that changed is migrated anew.
 Durability is traded for speed (``synchronous=OFF``, ``synchronous_commit=off``):
 the simulation kills agents and reconcilers, never the database server.
 """
@@ -18,9 +23,12 @@ the simulation kills agents and reconcilers, never the database server.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import secrets
 import shutil
+import sqlite3
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +39,26 @@ from django.core.management import call_command
 from django.db import connections
 
 from ledgerdash.ledger import store
+
+#: The folder where a run on SQLite keeps the migrated database for the next process of the same code.
+TEMPLATES_ENV = "LEDGERDASH_SIM_TEMPLATES"
+#: The code whose migrations make the database (every app of the project's lives here).
+CODE = Path(__file__).resolve().parents[3]
+
+
+def code_digest() -> str:
+    """What the migrated database depends on: every Python file of the project (its migrations may
+    read SQL from its modules), every installed app's migrations, and Django's and SQLite's versions."""
+    import django
+    from django.apps import apps
+
+    files = {*(CODE / "ledgerdash").rglob("*.py"), *(CODE / "reviews").rglob("*.py")}
+    for app in apps.get_app_configs():
+        files.update((Path(app.path) / "migrations").glob("*.py"))
+    digest = hashlib.sha256(f"{django.__version__} {sqlite3.sqlite_version}".encode())
+    for path in sorted(files):
+        digest.update(str(path).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def _forget() -> None:
@@ -129,7 +157,11 @@ class ScratchDatabases:
         else:
             self._admin(f'CREATE DATABASE "{self.template}"')
         self._use(self.template)
-        call_command("migrate", verbosity=0, interactive=False)
+        kept = os.environ.get(TEMPLATES_ENV, "")
+        if self.vendor == "sqlite" and kept:
+            self._migrated_from(Path(kept))
+        else:
+            call_command("migrate", verbosity=0, interactive=False)
         self.prepare()
         if self.vendor == "sqlite":
             from django.db import connection
@@ -137,6 +169,33 @@ class ScratchDatabases:
             with connection.cursor() as cursor:
                 cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         _forget()
+
+    def _migrated_from(self, folder: Path) -> None:
+        """The template migrated: a copy of the one ``folder`` keeps for this code, made first when it
+        keeps none (one process at a time: the others wait for it, then copy it). Only the newest
+        code's is kept."""
+        folder.mkdir(parents=True, exist_ok=True)
+        kept = folder / f"migrated-{code_digest()}.sqlite3"
+        with (folder / "lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not kept.exists():
+                call_command("migrate", verbosity=0, interactive=False)
+                from django.db import connection
+
+                with connection.cursor() as cursor:
+                    cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                _forget()
+                part = kept.with_suffix(".part")
+                shutil.copyfile(self.template, part)
+                part.replace(kept)
+                for other in folder.glob("migrated-*.sqlite3"):
+                    if other != kept:
+                        other.unlink(missing_ok=True)
+                return
+        _forget()
+        for suffix in ("-wal", "-shm"):
+            Path(self.template + suffix).unlink(missing_ok=True)
+        shutil.copyfile(kept, self.template)
 
     def fresh(self) -> str:
         """A new copy of the template for the next run, in use from now on; its name."""
