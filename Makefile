@@ -68,7 +68,7 @@ bench-growth: bench-venv
 
 ## The simulation's default run (seeds 1 to 200, every fault kind, SQLite) over the cores: exits 1
 ## unless every seed holds every invariant and the run reaches every legal move and fault kind
-## (make test runs the few of its seeds that reach them all). About five minutes on 2 cores.
+## (make test runs the few of its seeds that reach them all). About three minutes on 2 cores.
 simulate: venv
 	@DEBUG=true $(PY) manage.py simulate --jobs $(JOBS) --reach-all
 

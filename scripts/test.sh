@@ -62,7 +62,8 @@ SMOKE=1 ./scripts/test-pgbouncer.sh "$@"
 echo "== the benchmark smoke tests, on PostgreSQL beside the peers (.venv-bench)"
 ./scripts/venv.sh bench
 # One module a worker: the quick benchmark's tests share its one run.
-DATABASE_URL=$PG_URL .venv-bench/bin/pytest -n "${WORKERS:-auto}" --dist loadfile -m bench "$@"
+# shellcheck disable=SC2086
+DATABASE_URL=$PG_URL .venv-bench/bin/pytest -n "${WORKERS:-auto}" --dist loadfile $DURATIONS -m bench "$@"
 
 echo "== coverage of the SQLite and PostgreSQL passes"
 $BIN/coverage report

@@ -409,14 +409,26 @@ def test_a_shrunk_reproduction_is_one_that_was_run_and_failed(monkeypatch: pytes
 #: A hole put back, and four seeds of which it makes more than one fail (10 and 12).
 OFTEN_FROM = 10
 FAILING_OFTEN = ("lookup_lag", [f"--first-seed={OFTEN_FROM}", "--seeds=4"])
+#: The two tests that read the run of those seeds in one process share it, on one worker.
+FAILING_OFTEN_GROUP = pytest.mark.xdist_group("failing-often")
+
+
+@pytest.fixture(scope="module")
+def failing_often(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, Any], str]:
+    """The run of :data:`FAILING_OFTEN` in one process, the first failure shrunk: exit code, report, output."""
+    hole, args = FAILING_OFTEN
+    return simulate(tmp_path_factory.mktemp("often"), *args, "--shrink-first=1", hole=hole)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
+@FAILING_OFTEN_GROUP
 @ON_SQLITE_PASS
-def test_a_run_goes_on_past_a_failing_seed_and_reports_every_one(tmp_path: Path) -> None:
+def test_a_run_goes_on_past_a_failing_seed_and_reports_every_one(
+    tmp_path: Path, failing_often: tuple[int, dict[str, Any], str]
+) -> None:
     hole, args = FAILING_OFTEN
-    code, report, output = simulate(tmp_path, *args, "--shrink-first=1", hole=hole)
+    code, report, output = failing_often
     assert code == 1
     failures = report["failures"]
     assert len(failures) >= 2, f"the seeds no longer fail more than once: {output[-3000:]}"
@@ -470,10 +482,13 @@ def _failure_reports(output: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
+@FAILING_OFTEN_GROUP
 @ON_SQLITE_PASS
-def test_failures_found_by_several_processes_are_reported_as_by_one(tmp_path: Path) -> None:
+def test_failures_found_by_several_processes_are_reported_as_by_one(
+    tmp_path: Path, failing_often: tuple[int, dict[str, Any], str]
+) -> None:
     hole, args = FAILING_OFTEN
-    code, one, one_said = simulate(tmp_path, *args, "--shrink-first=1", hole=hole)
+    code, one, one_said = failing_often
     assert code == 1
     code, two, two_said = simulate(tmp_path, *args, "--shrink-first=1", "--jobs=2", hole=hole)
     assert code == 1
@@ -487,14 +502,12 @@ def test_failures_found_by_several_processes_are_reported_as_by_one(tmp_path: Pa
     assert [f["seed"] for f in stopped["failures"]] == [first]
 
 
-@ON_SQLITE_PASS
-def test_bad_arguments_are_refused_with_a_clear_error(tmp_path: Path) -> None:
-    code, _report, output = simulate(tmp_path, "--faults=crash,meteor")
-    assert code != 0
-    assert "unknown fault kind(s) meteor" in output
-    code, _report, output = simulate(tmp_path, "--faults=crash,archive")
-    assert code != 0
-    assert "archive: injected on PostgreSQL only" in output
+def test_bad_arguments_are_refused_with_a_clear_error() -> None:
+    # Refused before the run touches anything, as a seed list it cannot read is.
+    with pytest.raises(CommandError, match=r"unknown fault kind\(s\) meteor"):
+        call_command("simulate", "--faults=crash,meteor")
+    with pytest.raises(CommandError, match="archive: injected on PostgreSQL only"):
+        call_command("simulate", "--faults=crash,archive")
 
 
 @pytest.mark.usefixtures("_unblocked")
