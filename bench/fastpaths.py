@@ -15,9 +15,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bench.common import Target, django_env, median, percentile, say, start_gunicorn, table
+from bench.common import Target, collect_static, django_env, median, percentile, say, start_gunicorn, table
 from bench.peers import SCOPES, TOOL
 from bench.recording import HTTP_THREADS, HTTP_WORKERS, Pool
 from ledgerdash.processes import stop_group
@@ -85,28 +86,45 @@ def run(ctx: Any) -> dict[str, Any]:
     servers: dict[str, Any] = {}
     pools: dict[tuple[str, str], Pool] = {}
     latencies: dict[tuple[str, str], list[float]] = {(s, path): [] for s in SETTINGS for path in ("in process", "HTTP")}
+    off_of = {s: "" if s == ALL_ON else ",".join((s, *ALSO_OFF.get(s, ()))) for s in SETTINGS}
+    ports = {setting: _free_port() for setting in SETTINGS}
+
+    def serve(setting: str) -> Any:
+        return start_gunicorn(
+            database_url,
+            workers=HTTP_WORKERS,
+            threads=HTTP_THREADS,
+            port=ports[setting],
+            LEDGER_FAST_PATHS_OFF=off_of[setting],
+        )
+
     try:
+        # Every setting's server and agents start at once (untimed): one after another, starting
+        # them took longer than measuring them, one core idle meanwhile.
+        collect_static(database_url)  # once, before the servers need it
+        with ThreadPoolExecutor(max_workers=len(SETTINGS)) as starting:
+            started = {setting: starting.submit(serve, setting) for setting in SETTINGS}
+            for setting, future in started.items():
+                with contextlib.suppress(Exception):
+                    servers[setting] = future.result()
+            for future in started.values():
+                future.result()  # the first server that could not start says why
         for index, setting in enumerate(SETTINGS):
-            off = "" if setting == ALL_ON else ",".join((setting, *ALSO_OFF.get(setting, ())))
-            port = _free_port()
-            servers[setting] = start_gunicorn(
-                database_url, workers=HTTP_WORKERS, threads=HTTP_THREADS, port=port, LEDGER_FAST_PATHS_OFF=off
-            )
             cfg = {
-                "env": django_env(database_url, LEDGER_FAST_PATHS_OFF=off),
+                "env": django_env(database_url, LEDGER_FAST_PATHS_OFF=off_of[setting]),
                 "tenants": tenants[setting],
                 "tokens": _tokens(tenants[setting]["ledgerdash HTTP"]),
-                "base_url": f"http://127.0.0.1:{port}",
+                "base_url": f"http://127.0.0.1:{ports[setting]}",
                 "run": f"{run_id}-{index}",
                 "warmup": 20,
             }
             for path, peer in (("in process", "ledgerdash"), ("HTTP", "ledgerdash HTTP")):
-                pool = Pool(peer, 1, cfg)
-                pool.wait_ready(300)
-                if pool.error:
-                    raise RuntimeError(f"{setting}, {path}: {pool.error.splitlines()[0]}")
-                pool.release()
-                pools[setting, path] = pool
+                pools[setting, path] = Pool(peer, 1, cfg)
+        for (setting, path), pool in pools.items():
+            pool.wait_ready(300)
+            if pool.error:
+                raise RuntimeError(f"{setting}, {path}: {pool.error.splitlines()[0]}")
+            pool.release()
         for round_no in range(rounds):
             order = SETTINGS[round_no % len(SETTINGS) :] + SETTINGS[: round_no % len(SETTINGS)]
             ctx.dbs.analyze()
