@@ -192,10 +192,11 @@ class ScratchDatabases:
                     if other != kept:
                         other.unlink(missing_ok=True)
                 return
-        _forget()
-        for suffix in ("-wal", "-shm"):
-            Path(self.template + suffix).unlink(missing_ok=True)
-        shutil.copyfile(kept, self.template)
+            # Still under the lock: a process of newer code cannot remove it midway.
+            _forget()
+            for suffix in ("-wal", "-shm"):
+                Path(self.template + suffix).unlink(missing_ok=True)
+            shutil.copyfile(kept, self.template)
 
     def fresh(self) -> str:
         """A new copy of the template for the next run, in use from now on; its name."""
