@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import venv
 from pathlib import Path
 
 import pytest
@@ -78,11 +77,42 @@ def test_the_client_imports_and_runs_without_the_server() -> None:
     assert _run_agent(sys.executable, ROOT) == CLIENT_MODULES
 
 
+#: The Pythons the client supports (clients/python/pyproject.toml), oldest first.
+SUPPORTED = ("3.10", "3.11", "3.12", "3.13")
+
+
+def _interpreter(version: str) -> str | None:
+    """An interpreter of ``version``: this one, one pyenv installed, or one on ``PATH`` (not a pyenv
+    shim, which answers only for the versions pyenv was told to use)."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+        return sys.executable
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for candidate in sorted(root.glob(f"{version}.*"), reverse=True):
+        if (candidate / "bin" / "python").exists():
+            return str(candidate / "bin" / "python")
+    found = shutil.which(f"python{version}")
+    return found if found and "/shims/" not in found else None
+
+
+def test_the_client_says_the_oldest_python_it_supports() -> None:
+    assert 'requires-python = ">=3.10"' in (PACKAGE / "pyproject.toml").read_text()
+
+
 @pytest.mark.slow
-def test_pip_installs_the_client_alone_into_a_fresh_virtualenv(tmp_path: Path) -> None:
-    """``pip install ./clients/python``: the client and nothing else, and an agent runs with it."""
+@pytest.mark.skipif(
+    os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="runs in the SQLite pass (no database)"
+)
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_pip_installs_the_client_alone_into_a_fresh_virtualenv(tmp_path: Path, version: str) -> None:
+    """``pip install ./clients/python`` with each Python the client supports: the client and nothing
+    else, and an agent runs with it."""
+    interpreter = _interpreter(version)
+    if interpreter is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no Python {version} here (PATH or pyenv): the client must be tried on each it supports")
+        pytest.skip(f"no Python {version} here (PATH or pyenv)")
     env_dir = tmp_path / "agent-env"
-    venv.create(env_dir, with_pip=True)
+    subprocess.run([interpreter, "-m", "venv", str(env_dir)], check=True, timeout=300)
     python = env_dir / "bin" / "python"
     before = _installed(python)
     # A copy: building writes beside the sources (build/, egg-info), which is not the checkout's business.

@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from ledgerdash_client import errorcodes, keys, toolcalls
 from ledgerdash_client.httpconn import Connections, MaybeSent, NotSent
@@ -71,6 +71,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("ledgerdash_client")
+#: What a wrapped tool returns (a TypeVar, not ``def tool[T]``: the client runs on Python 3.10).
+T = TypeVar("T")
 
 ENV_URL = "LEDGERDASH_URL"
 ENV_TOKEN = "LEDGERDASH_TOKEN"  # noqa: S105 - the variable's name, not a token
@@ -611,7 +613,7 @@ def _session() -> _OverHttp:
     return _OverHttp(context)
 
 
-def tool[T](
+def tool(
     name: str,
     *,
     key: str | Callable[[dict[str, Any]], str],

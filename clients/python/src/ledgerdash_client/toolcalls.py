@@ -34,12 +34,17 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from ledgerdash_client import crashpoints
 from ledgerdash_client.outcomes import NothingHappened, PermanentFailure
 
 log = logging.getLogger("ledgerdash.recording")
+# Type variables are declared the old way, not as ``def wrap[T]``: the client runs on Python 3.10.
+#: What a wrapped tool returns.
+T = TypeVar("T")
+#: What a tool returns, inside the wrapper.
+R = TypeVar("R")
 
 CONFIRMED = "OUTCOME_CONFIRMED"
 NO_RECEIPT = (
@@ -67,7 +72,11 @@ class AttemptView(Protocol):
     def args(self) -> Any: ...
 
 
-class Session[A: AttemptView](Protocol):
+#: One side's attempt (a model row in process, a JSON view over HTTP).
+A = TypeVar("A", bound=AttemptView)
+
+
+class Session(Protocol, Generic[A]):
     """One task's way to the ledger: what a wrapped call needs from it. ``A``
     is that side's attempt (a model row in process, a JSON view over HTTP)."""
 
@@ -205,7 +214,7 @@ def call_arguments(signature: inspect.Signature, bound: inspect.BoundArguments) 
     return arguments
 
 
-def wrap[T](
+def wrap(
     fn: Callable[..., T],
     *,
     name: str,
@@ -249,7 +258,7 @@ def _best_effort(what: str, call: ToolCall, report: Callable[[], Any]) -> None:
         log.exception("could not report attempt %s as %s; the reconciler will settle it", call.attempt.pk, what)
 
 
-def _run[R](fn: Callable[..., R], call: ToolCall, bound: inspect.BoundArguments) -> R:
+def _run(fn: Callable[..., R], call: ToolCall, bound: inspect.BoundArguments) -> R:
     ledger, attempt, fence = call.session, call.attempt, call.fence
     try:
         with _Heartbeat(call, ledger.heartbeat_interval(attempt), ledger.heartbeat_done):
