@@ -114,10 +114,11 @@ def _is_decision(event: AttemptEvent) -> bool:
     return event.actor_kind == "user" or event.kind == EventKind.APPROVAL_REFUSED
 
 
-def _report_context(request: HttpRequest, attempt: Attempt, *, incident: bool, pdf: bool = False) -> dict[str, Any]:
-    """What a report shows; in a PDF, a bounded part of it (see reviews.pdf_bounds)."""
+def _report_context(request: HttpRequest, attempt: Attempt, *, whole: bool, pdf: bool = False) -> dict[str, Any]:
+    """What a report shows (``whole``: every attempt at the side effect); in a PDF, a bounded part of it
+    (see reviews.pdf_bounds)."""
     chain = queries.chain_of(attempt)
-    subjects = chain if incident else [attempt]
+    subjects = chain if whole else [attempt]
     timeline = list(queries.events_of_chain(subjects))
     drill = _drill_case(attempt)
     (status,) = queries.chain_status(request.user, tenants=[attempt.tenant])
@@ -159,7 +160,7 @@ def _report_context(request: HttpRequest, attempt: Attempt, *, incident: bool, p
         shown_decisions = pdf_bounds.pick(decisions, pdf_bounds.ROWS, label=event_seq)
     return {
         "attempt": attempt,
-        "incident": incident,
+        "side_effect": whole,
         "subjects": [item if isinstance(item, pdf_bounds.Gap) else subject(item) for item in shown_subjects],
         "chain": shown_chain,
         "chain_total": len(chain),
@@ -246,13 +247,13 @@ def _record_reading(request: HttpRequest, response: HttpResponse, tenant_id: int
     return response
 
 
-def _report(request: HttpRequest, pk: int, *, incident: bool, pdf: bool) -> HttpResponse:
+def _report(request: HttpRequest, pk: int, *, whole: bool, pdf: bool) -> HttpResponse:
     attempt = attempt_for_user(request, pk)
-    context = _report_context(request, attempt, incident=incident, pdf=pdf)
+    context = _report_context(request, attempt, whole=whole, pdf=pdf)
     template = "reviews/audit_report.html"
-    kind = "incident" if incident else "attempt"
+    kind = "side effect" if whole else "attempt"
     if pdf:
-        response = _pdf(request, template, context, f"ledgerdash-{kind}-{attempt.pk}.pdf")
+        response = _pdf(request, template, context, f"ledgerdash-{kind.replace(' ', '-')}-{attempt.pk}.pdf")
     else:
         response = render(request, template, context)
     return _record_reading(request, response, attempt.tenant_id, report=kind, attempt=attempt.pk)
@@ -262,27 +263,27 @@ def _report(request: HttpRequest, pk: int, *, incident: bool, pdf: bool) -> Http
 @require_safe
 def attempt_report(request: HttpRequest, pk: int) -> HttpResponse:
     """One attempt for the record: facts, arguments, decisions, timeline."""
-    return _report(request, pk, incident=False, pdf=False)
+    return _report(request, pk, whole=False, pdf=False)
 
 
 @login_required
 @require_safe
 def attempt_report_pdf(request: HttpRequest, pk: int) -> HttpResponse:
-    return _report(request, pk, incident=False, pdf=True)
+    return _report(request, pk, whole=False, pdf=True)
 
 
 @login_required
 @require_safe
-def incident_report(request: HttpRequest, pk: int) -> HttpResponse:
+def side_effect_report(request: HttpRequest, pk: int) -> HttpResponse:
     """Every attempt at the side effect ``pk`` belongs to (its linked chain),
     with one timeline across them."""
-    return _report(request, pk, incident=True, pdf=False)
+    return _report(request, pk, whole=True, pdf=False)
 
 
 @login_required
 @require_safe
-def incident_report_pdf(request: HttpRequest, pk: int) -> HttpResponse:
-    return _report(request, pk, incident=True, pdf=True)
+def side_effect_report_pdf(request: HttpRequest, pk: int) -> HttpResponse:
+    return _report(request, pk, whole=True, pdf=True)
 
 
 def _drill(request: HttpRequest, pk: int, *, pdf: bool) -> HttpResponse:

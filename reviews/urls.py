@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.urls import path
+from django.views.generic import RedirectView
 
 from reviews import (
     account_views,
@@ -54,8 +55,17 @@ urlpatterns = [
     path("drills/<int:pk>/", drills.drill_detail, name="drill"),
     path("attempts/<int:pk>/report/", audit_views.attempt_report, name="attempt_report"),
     path("attempts/<int:pk>/report.pdf", audit_views.attempt_report_pdf, name="attempt_report_pdf"),
-    path("attempts/<int:pk>/incident/", audit_views.incident_report, name="incident_report"),
-    path("attempts/<int:pk>/incident.pdf", audit_views.incident_report_pdf, name="incident_report_pdf"),
+    path("attempts/<int:pk>/side-effect/", audit_views.side_effect_report, name="side_effect_report"),
+    path("attempts/<int:pk>/side-effect.pdf", audit_views.side_effect_report_pdf, name="side_effect_report_pdf"),
+    # Where the side effect's report was before it had its name (an incident is something else): for bookmarks.
+    path(
+        "attempts/<int:pk>/incident/",
+        RedirectView.as_view(pattern_name="reviews:side_effect_report", permanent=True),
+    ),
+    path(
+        "attempts/<int:pk>/incident.pdf",
+        RedirectView.as_view(pattern_name="reviews:side_effect_report_pdf", permanent=True),
+    ),
     path("drills/<int:pk>/report/", audit_views.drill_report, name="drill_report"),
     path("drills/<int:pk>/report.pdf", audit_views.drill_report_pdf, name="drill_report_pdf"),
 ]

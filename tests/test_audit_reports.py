@@ -50,8 +50,8 @@ def urls(pk: int) -> list[str]:
         for name in (
             "reviews:attempt_report",
             "reviews:attempt_report_pdf",
-            "reviews:incident_report",
-            "reviews:incident_report_pdf",
+            "reviews:side_effect_report",
+            "reviews:side_effect_report_pdf",
         )
     ]
 
@@ -74,12 +74,12 @@ def test_the_attempt_report_has_facts_decisions_and_timeline(incident: tuple[Att
     assert "<script" not in page
 
 
-def test_the_incident_report_has_every_attempt_of_the_chain_on_one_timeline(
+def test_the_side_effect_report_has_every_attempt_of_the_chain_on_one_timeline(
     incident: tuple[Attempt, Attempt], viewer_a: Any
 ) -> None:
     original, retry = incident
-    page = as_user(viewer_a).get(reverse("reviews:incident_report", args=[original.pk])).content.decode()
-    assert "Incident: 2 attempts at" in page
+    page = as_user(viewer_a).get(reverse("reviews:side_effect_report", args=[original.pk])).content.decode()
+    assert "Side effect: 2 attempts at" in page
     assert f'id="facts-{original.pk}"' in page
     assert f'id="facts-{retry.pk}"' in page
     events = AttemptEvent.objects.filter(attempt__in=[original, retry]).order_by("seq")
@@ -87,6 +87,25 @@ def test_the_incident_report_has_every_attempt_of_the_chain_on_one_timeline(
     positions = [timeline.index(e.hash) for e in events]
     assert positions == sorted(positions)  # chain order across both attempts
     assert "superseded by approved linked retry" in page
+
+
+def test_an_attempt_page_names_the_side_effects_report_for_what_it_is(
+    incident: tuple[Attempt, Attempt], viewer_a: Any
+) -> None:
+    """No "incident" where there is none: the report over the linked chain is named for what it holds, and
+    its earlier address (bookmarks, links in mail) leads there."""
+    original, _retry = incident
+    client = as_user(viewer_a)
+    page = client.get(reverse("reviews:attempt", args=[original.pk])).content.decode()
+    report = reverse("reviews:side_effect_report", args=[original.pk])
+    header = page.split('<p class="sub">')[1].split("</p>")[0]
+    assert f'<a href="{report}">every attempt at this side effect</a>' in header
+    assert "incident" not in header
+    assert "incident-banner" not in page  # and the ledger opened none on it
+    for old, new in ((f"/attempts/{original.pk}/incident/", report), (f"/attempts/{original.pk}/incident.pdf", None)):
+        moved = client.get(old)
+        assert moved.status_code == 301
+        assert moved["Location"] == (new or reverse("reviews:side_effect_report_pdf", args=[original.pk]))
 
 
 def test_reports_escape_attacker_controlled_arguments(tenant_a: Tenant, viewer_a: Any) -> None:
@@ -148,7 +167,7 @@ def test_reading_a_report_is_recorded_in_the_tenants_chain(
         assert (event.attempt_id, event.actor_user_id, event.details["attempt"]) == (None, viewer_a.pk, retry.pk)
         pdf = url.endswith(".pdf")
         assert event.details["format"] == ("pdf" if pdf else "html")
-        assert event.details["report"] == ("incident" if "incident" in url else "attempt")
+        assert event.details["report"] == ("side effect" if "side-effect" in url else "attempt")
         assert event.reason.endswith("downloaded as PDF" if pdf else "viewed")
     assert ledger_snapshot()[2] == attempts_before
 
@@ -168,7 +187,7 @@ def test_the_attempt_page_links_to_its_reports(incident: tuple[Attempt, Attempt]
     retry = incident[1]
     page = as_user(viewer_a).get(reverse("reviews:attempt", args=[retry.pk])).content.decode()
     assert reverse("reviews:attempt_report", args=[retry.pk]) in page
-    assert reverse("reviews:incident_report", args=[retry.pk]) in page
+    assert reverse("reviews:side_effect_report", args=[retry.pk]) in page
 
 
 # --- crash-drill runs -------------------------------------------------------------------------
@@ -237,7 +256,7 @@ def test_the_drill_report_shows_each_case_with_its_evidence(drill_run: tuple[Dri
     assert "killed after the request left" in page
     assert "nothing performed twice" in page
     assert f"{attempt.idempotency_key}: 1 effect at the provider" in page
-    assert reverse("reviews:incident_report", args=[attempt.pk]) in page
+    assert reverse("reviews:side_effect_report", args=[attempt.pk]) in page
     pdf = as_user(viewer_a).get(reverse("reviews:drill_report_pdf", args=[run.pk]))
     assert pdf.content.startswith(b"%PDF-")
     read = AttemptEvent.objects.filter(tenant=run.tenant, kind="report").order_by("seq")

@@ -253,13 +253,13 @@ def test_hostile_strings_keep_every_page_in_shape(people: Any, hostile: Hostile)
     key = sub.locator("code.key").bounding_box()
     owner = sub.locator(".owner").bounding_box()
     report = sub.get_by_role("link", name="this attempt").bounding_box()
-    incident = sub.get_by_role("link", name="the incident").bounding_box()
+    whole = sub.get_by_role("link", name="every attempt at this side effect").bounding_box()
     assert key is not None
     assert owner is not None
     assert report is not None
-    assert incident is not None
+    assert whole is not None
     assert abs(key["y"] - report["y"]) < 12, "the header line should fit on one line at 1440 px"
-    assert key["x"] + key["width"] <= owner["x"] <= report["x"] < incident["x"]
+    assert key["x"] + key["width"] <= owner["x"] <= report["x"] < whole["x"]
     # ... and the key reads in its own order: "refund:", the marker, then "7002:dnes".
     order = page.evaluate(
         """() => {

@@ -70,7 +70,7 @@ def test_an_owner_who_no_longer_exists_is_named_by_id(tenant_a: Tenant, operator
     )
 
 
-@pytest.mark.parametrize("view", ["reviews:attempt", "reviews:attempt_report", "reviews:incident_report"])
+@pytest.mark.parametrize("view", ["reviews:attempt", "reviews:attempt_report", "reviews:side_effect_report"])
 def test_usernames_are_read_in_one_query_however_many_owner_events(
     tenant_a: Tenant, operator_a: Any, approver_a: Any, viewer_a: Any, view: str
 ) -> None:

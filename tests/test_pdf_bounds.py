@@ -36,11 +36,11 @@ def pdf_pages(pdf: bytes) -> int:
     return len(PdfReader(io.BytesIO(pdf)).pages)
 
 
-def pdf_html(user: Any, attempt: Attempt, *, incident: bool = False) -> str:
+def pdf_html(user: Any, attempt: Attempt, *, whole: bool = False) -> str:
     """The HTML the PDF is made from."""
     request = RequestFactory().get("/")
     request.user = user
-    context = audit_views._report_context(request, attempt, incident=incident, pdf=True)
+    context = audit_views._report_context(request, attempt, whole=whole, pdf=True)
     return render_to_string("reviews/audit_report.html", {**context, "pdf": True}, request=request)
 
 
@@ -97,10 +97,10 @@ def test_the_worst_valid_attempt_still_renders_a_bounded_pdf(tenant_a: Tenant, o
     for i in range(100):
         moves.attempt_comment(attempt=linked, actor=actor, text=f"{i:03d}" + "y" * 3997)
     client = as_user(viewer_a)
-    for name in ("reviews:attempt_report_pdf", "reviews:incident_report_pdf"):
+    for name in ("reviews:attempt_report_pdf", "reviews:side_effect_report_pdf"):
         response = client.get(reverse(name, args=[linked.pk]))
         assert response.status_code == 200
         assert pdf_pages(response.content) <= 16, name
-    html = pdf_html(viewer_a, linked, incident=True)
+    html = pdf_html(viewer_a, linked, whole=True)
     assert "left out of this PDF" in html
     assert html.count('class="subject"') <= pdf_bounds.SUBJECTS
