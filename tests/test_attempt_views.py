@@ -43,6 +43,19 @@ def test_the_detail_page_shows_keys_hashes_policy_and_the_timeline(tenant_a: Ten
     assert "&quot;ap@example.com&quot;" in page  # the arguments, as JSON text
 
 
+def test_the_lookups_count_says_since_when_it_counts(tenant_a: Tenant, viewer_a: Any) -> None:
+    """A person asked to check again: the count starts over while the last answer stays, and the page
+    says both rather than "0 lookups, the last said mismatch"."""
+    attempt = attempt_in(S.DISPATCHED, tenant_a)
+    Attempt.objects.filter(pk=attempt.pk).update(check_count=0, last_lookup="mismatch")
+    page = as_user(viewer_a).get(url("attempt", attempt)).content.decode()
+    said = page.split("<dt>Provider lookups</dt><dd>")[1].split("</dd>")[0]
+    assert said == (
+        'the last said <strong><bdi class="u">mismatch</bdi></strong>; 0 since it was last sent or asked to be '
+        "checked again"
+    )
+
+
 def test_under_htmx_the_detail_renders_only_its_region(tenant_a: Tenant, viewer_a: Any) -> None:
     attempt = attempt_in(S.UNKNOWN, tenant_a)
     response = as_user(viewer_a).get(url("attempt", attempt), headers=HTMX)
