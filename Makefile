@@ -72,9 +72,9 @@ bench-growth: bench-venv
 simulate: venv
 	@DEBUG=true $(PY) manage.py simulate --jobs $(JOBS) --reach-all
 
-## The long runs before a release, each seed from FIRST_SEED on: SEEDS (10,000) on SQLite, about
-## three hours on 2 cores; PG_SEEDS (2,000) on PostgreSQL (SIM_DATABASE_URL, default the local
-## server; databases ledgerdash_sim_* of the run's own), about two hours.
+## The long runs before a release, each seed from FIRST_SEED on: SEEDS (10,000) on SQLite, two and
+## a half to three hours on 2 cores; PG_SEEDS (2,000) on PostgreSQL (SIM_DATABASE_URL, default the local
+## server; databases ledgerdash_sim_* of the run's own), an hour or more.
 simulate-long: venv
 	@DEBUG=true $(PY) manage.py simulate --seeds $(SEEDS) --first-seed $(FIRST_SEED) --jobs $(JOBS) --reach-all
 simulate-long-pg: venv
