@@ -409,18 +409,15 @@ def legal_moves() -> list[tuple[str, str, str]]:
     return sorted(moves)
 
 
-def reached(outcome: Outcome) -> set[str]:
-    """The legal moves ``outcome``'s history made and the fault kinds it injected, each as a name."""
-    legal = set(legal_moves())
-    return {f"move {m[0] or '(created)'}->{m[1]} by {m[2]}" for m in outcome.moves if m in legal} | {
-        f"fault {kind}" for kind, n in outcome.injected.items() if n
-    }
-
-
 def covering(outcomes: Iterable[Outcome]) -> list[int]:
-    """Few seeds among ``outcomes`` that together reach every move and fault kind the whole run reached:
-    the seed that adds most of what is still missing, again and again (the lowest seed on a tie)."""
-    each = {outcome.seed: reached(outcome) for outcome in outcomes}
+    """Few seeds among ``outcomes`` that together reach every legal move and fault kind the whole run
+    reached: the seed that adds most of what is still missing, again and again (the lowest seed on a tie)."""
+    legal = set(legal_moves())
+    each: dict[int, set[tuple[str, ...]]] = {
+        outcome.seed: {m for m in outcome.moves if m in legal}
+        | {("fault", kind) for kind, n in outcome.injected.items() if n}
+        for outcome in outcomes
+    }
     missing = set().union(*each.values())
     chosen: list[int] = []
     while missing:
