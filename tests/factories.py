@@ -44,9 +44,14 @@ def recorded_in_chain(tenant: Tenant, stripe: int, key: str) -> Attempt:
     raise AssertionError(f"no attempt of {tenant.slug} landed in chain {stripe}")
 
 
-def attempt_in(state: str, tenant: Tenant, *, key: str = "k-1", requester: Any = None, approver: Any = None) -> Attempt:
+def attempt_in(
+    state: str, tenant: Tenant, *, key: str = "k-1", requester: Any = None, approver: Any = None, silent: bool = False
+) -> Attempt:
     """An attempt of ``tenant`` in ``state``. RECONCILED needs two users (a
-    requester and an approver) since it is reached by approving a retry."""
+    requester and an approver) since it is reached by approving a retry.
+    UNKNOWN (and what is reached through it) comes from its dispatcher's
+    report that it cannot tell, or, ``silent``, from its lease running out
+    (then a refusal its dispatcher reports late still settles it)."""
     attempt = record(tenant, key)
     if state == State.INTENT_RECORDED:
         return attempt
@@ -60,7 +65,12 @@ def attempt_in(state: str, tenant: Tenant, *, key: str = "k-1", requester: Any =
         return recording.fail_retryable(attempt, reason="rejected before acting", actor=AGENT)
     if state == State.FAILED:
         return recording.fail(attempt, reason="refused", actor=AGENT)
-    attempt = landed_already(recording.mark_unknown(attempt, reason="timeout", actor=AGENT))
+    if silent:
+        (claimed,) = moves.attempts_claim_due(limit=1, now=attempt.next_check_at)
+        attempt = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    else:
+        attempt = recording.mark_unknown(attempt, reason="timeout", actor=AGENT)
+    attempt = landed_already(attempt)
     if state == State.UNKNOWN:
         return attempt
     attempt = moves.attempt_escalate(attempt=attempt, actor=RECONCILER, fence=attempt.fence, reason="not idempotent")

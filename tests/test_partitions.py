@@ -301,3 +301,32 @@ def test_a_report_from_an_earlier_dispatch_is_kept_after_its_claim_was_archived(
     # Anyone else with an old fence is still refused.
     with pytest.raises(StaleFence):
         recording.report_outcome(dispatched, outcome="unknown", reason="?", actor=RECONCILER)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("first", ["on time", "late"])
+def test_a_report_sent_again_after_its_event_was_archived_is_still_a_replay(
+    tenant_a: Tenant, tmp_path: Path, first: str
+) -> None:
+    """The dispatcher's answer was lost; it paused, and sent the same report again after the
+    partition holding the event that applied it was archived. The ledger still knows the report:
+    nothing is written twice."""
+    _small_ranges()
+    dispatched = recording.mark_dispatched(record(tenant_a, f"sms:again-{first}"), actor=AGENT)
+    fence = dispatched.fence
+    if first == "late":
+        recording.report_outcome(dispatched, outcome="unknown", reason="timed out", fence=fence, actor=AGENT)
+    applied = recording.report_outcome(
+        dispatched, outcome="confirmed", provider_request_id="req-again", fence=fence, actor=AGENT
+    )
+    assert applied.attempt.state == State.OUTCOME_CONFIRMED
+    assert applied.late == (first == "late")
+    _archive_the_first_two(tenant_a, tmp_path)
+    assert not AttemptEvent.objects.filter(attempt_id=dispatched.pk).exists()  # its history left
+
+    again = recording.report_outcome(
+        dispatched, outcome="confirmed", provider_request_id="req-again", fence=fence, actor=AGENT
+    )
+    assert again.replayed
+    assert not AttemptEvent.objects.filter(attempt_id=dispatched.pk).exists()
+    assert Attempt.objects.get(pk=dispatched.pk).fence == applied.attempt.fence

@@ -217,7 +217,7 @@ def test_every_move_is_allowed_exactly_when_the_table_says(
     state: str, op_name: str, tenant_a: Any, users: dict[str, Any]
 ) -> None:
     op = OPS[op_name]
-    attempt = attempt_in(state, tenant_a, requester=users["operator"], approver=users["approver"])
+    attempt = attempt_in(state, tenant_a, requester=users["operator"], approver=users["approver"], silent=True)
     before_events = AttemptEvent.objects.count()
     if op.dispatcher_report and state == S.FAILED and op.to == S.OUTCOME_CONFIRMED:
         # It failed on this dispatcher's own word; its receipt withdraws that word: a person decides.
@@ -715,8 +715,16 @@ def test_a_late_report_sent_twice_is_recorded_once(tenant_a: Any) -> None:
     assert [e.kind for e in events_of(dispatched)].count("late_report") == 1
 
 
+def _under_review_after_its_lease(tenant: Any) -> Attempt:
+    """An attempt whose dispatcher went silent: its lease ran out, the lookups ran out, a person decides."""
+    dispatched = recording.mark_dispatched(record(tenant, "k-review"), actor=AGENT)
+    (claimed,) = moves.attempts_claim_due(limit=1, now=dispatched.next_check_at)
+    unknown = moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    return moves.attempt_escalate(attempt=unknown, actor=RECONCILER, fence=unknown.fence, reason="checks ran out")
+
+
 def test_a_late_report_that_settled_an_attempt_under_review_is_a_replay_when_sent_again(tenant_a: Any) -> None:
-    reviewed = attempt_in(S.MANUAL_REVIEW, tenant_a, key="k-review")
+    reviewed = _under_review_after_its_lease(tenant_a)
     dispatched_with = reviewed.dispatch_fence
     first = recording.report_outcome(
         reviewed, outcome="failed_retryable", reason="rejected before acting", fence=dispatched_with, actor=AGENT
@@ -742,3 +750,43 @@ def test_a_report_sent_again_after_recovery_moved_the_attempt_on_is_still_a_repl
     again = recording.report_outcome(dispatched, outcome="unknown", reason="timed out", fence=fence, actor=AGENT)
     assert again.replayed
     assert len(events_of(dispatched)) == before
+
+
+@pytest.mark.parametrize("refusal", ["failed", "failed_retryable"])
+def test_a_refusal_after_its_own_dispatchers_unknown_settles_nothing(tenant_a: Any, refusal: str) -> None:
+    """The dispatcher said it could not tell whether its request landed, and later reported a
+    refusal: that is the refusal of a later request of the same dispatch (its SDK sent it again),
+    and says nothing of the first request's fate. The report is kept; the reconciler goes on
+    looking the side effect up, and the time its first request may land stays as it was."""
+    dispatched = recording.mark_dispatched(record(tenant_a), actor=AGENT)
+    fence = dispatched.fence
+    unknown = recording.report_outcome(dispatched, outcome="unknown", reason="timed out", fence=fence, actor=AGENT)
+    assert unknown.attempt.state == S.UNKNOWN
+    refused = recording.report_outcome(dispatched, outcome=refusal, reason="declined", fence=fence, actor=AGENT)
+    assert refused.late
+    now = Attempt.objects.get(pk=dispatched.pk)
+    assert (now.state, now.lands_by, now.failed_because) == (S.UNKNOWN, unknown.attempt.lands_by, "")
+    last = events_of(dispatched)[-1]
+    assert (last.kind, last.details["report"]["outcome"]) == ("late_report", refusal)
+    # Sent again, it is a replay.
+    assert recording.report_outcome(dispatched, outcome=refusal, reason="declined", fence=fence, actor=AGENT).replayed
+
+
+def test_a_refusal_after_its_dispatchers_late_unknown_leaves_the_attempt_with_a_person(tenant_a: Any) -> None:
+    reviewed = _under_review_after_its_lease(tenant_a)
+    fence = reviewed.dispatch_fence
+    said = recording.report_outcome(reviewed, outcome="unknown", reason="timed out", fence=fence, actor=AGENT)
+    assert said.late
+    assert said.attempt.state == S.MANUAL_REVIEW
+    refused = recording.report_outcome(reviewed, outcome="failed", reason="declined", fence=fence, actor=AGENT)
+    assert refused.late
+    assert Attempt.objects.get(pk=reviewed.pk).state == S.MANUAL_REVIEW
+    assert [e.kind for e in events_of(reviewed)][-2:] == ["late_report", "late_report"]
+
+
+def test_a_refusal_without_an_unknown_before_it_still_settles_an_attempt_under_review(tenant_a: Any) -> None:
+    reviewed = _under_review_after_its_lease(tenant_a)
+    refused = recording.report_outcome(
+        reviewed, outcome="failed", reason="declined", fence=reviewed.dispatch_fence, actor=AGENT
+    )
+    assert refused.attempt.state == S.FAILED

@@ -296,3 +296,24 @@ def test_late_receipts_heard_before_the_upgrade_are_kept_on_their_attempts(tenan
 
     keep.keep_late_receipts(apps, None)
     assert dict(Attempt.objects.values_list("pk", "late_receipt")) == {heard.pk: "receipt-9", unheard.pk: ""}
+
+
+def test_dispatches_that_said_unknown_before_the_upgrade_are_kept_on_their_attempts(tenant_a: Tenant) -> None:
+    """The upgrade copies, from the events, which dispatch of each attempt said it could not tell
+    whether its request landed: on time, or late."""
+    from django.apps import apps
+
+    keep = importlib.import_module("ledgerdash.ledger.migrations.0030_reports_heard_kept_on_the_attempt")
+    late, silent = (recording.mark_dispatched(record(tenant_a, key), actor=AGENT) for key in "ab")
+    for claimed in moves.attempts_claim_due(limit=2, now=late.next_check_at + timedelta(seconds=1)):
+        moves.attempt_expire_lease(attempt=claimed, actor=RECONCILER, fence=claimed.fence)
+    on_time = recording.mark_dispatched(record(tenant_a, "c"), actor=AGENT)
+    sent_with = {attempt.pk: attempt.fence for attempt in (on_time, late, silent)}
+    recording.mark_unknown(on_time, reason="timed out", fence=on_time.fence)
+    assert recording.report_outcome(late, outcome="unknown", reason="timed out", fence=late.fence).late
+    said = dict(Attempt.objects.values_list("pk", "said_unknown_fence"))
+    assert said == {on_time.pk: sent_with[on_time.pk], late.pk: sent_with[late.pk], silent.pk: None}
+    Attempt.objects.update(said_unknown_fence=None)  # as the rows were before the upgrade
+
+    keep.keep_said_unknown(apps, None)
+    assert dict(Attempt.objects.values_list("pk", "said_unknown_fence")) == said

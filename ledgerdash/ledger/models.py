@@ -336,6 +336,16 @@ class Attempt(models.Model):
     #: but the send rule and approvals read it here: an event's partition may
     #: be archived while another attempt at the same side effect still moves.
     late_receipt = models.CharField(max_length=1000, blank=True, default="", db_default="")
+    #: The dispatcher reports heard on this attempt, the most recent first
+    #: (each its dispatch fence and a digest of what it said): the same report
+    #: sent again is known as a replay even after the events that applied it
+    #: were archived.
+    reports_heard = models.JSONField(default=list, db_default=[], blank=True)
+    #: The dispatch whose dispatcher reported that it could not tell whether
+    #: its request landed. A refusal it reports later is the refusal of a
+    #: later request of that dispatch (its SDK sent it again) and settles
+    #: nothing: the first request may have acted.
+    said_unknown_fence = models.PositiveBigIntegerField(null=True, blank=True)
     #: The tool's return value, replayed to an agent that re-runs the call.
     result = models.JSONField(null=True, blank=True)
     #: When the reconciler should next look at this attempt (a lease for

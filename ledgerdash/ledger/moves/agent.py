@@ -46,7 +46,10 @@ from ledgerdash.ledger.moves.evidence import (
     Evidence,
     Outcome,
     Report,
+    heard_before,
+    hearing,
     late_evidence,
+    said_unknown,
     taken_id_evidence,
 )
 from ledgerdash.ledger.moves.gate import dispatch_unless_known, hold_again
@@ -194,6 +197,8 @@ def _already_reported(attempt: Attempt, fence: int, evidence: Evidence) -> bool:
     an event of the attempt records it, applied on the spot (the move from
     DISPATCHED that took the dispatch's fence one further), applied late,
     or kept as late evidence."""
+    if heard_before(attempt, fence, evidence):
+        return True  # (the row keeps it: the events below may have been archived)
     said = evidence.as_details()
     wanted = OUTCOME_STATE[Outcome(evidence.outcome)]
     events = AttemptEvent.objects.filter(
@@ -445,6 +450,7 @@ def _apply_report(
                 "result": result,
                 "result_source": result_source,
                 "lands_by": now,
+                **hearing(target, fence, evidence),
             },
             details=info,
             now=now,
@@ -466,10 +472,14 @@ def _apply_report(
                 "next_check_at": (details or {}).get("check_at") or now,
                 "last_error": clean_text(reason),
                 "lands_by": lands_by,
+                **hearing(target, fence, evidence),
             },
             details=_as_late(evidence, fence) if late else None,
             now=now,
         )
+    if target.state == S.UNKNOWN and said_unknown(target, target.dispatch_fence):
+        # Its dispatcher said it could not tell; this refusal is of a later request of it.
+        return late_evidence(target, fence=target.dispatch_fence or fence, actor=actor, evidence=evidence)
     if evidence.outcome == Outcome.FAILED_RETRYABLE:
         return move(
             target,
@@ -482,6 +492,7 @@ def _apply_report(
                 + max(backoff(target.dispatch_count), timedelta(seconds=(details or {}).get("retry_after") or 0)),
                 "last_error": clean_text(reason),
                 "lands_by": now,
+                **hearing(target, fence, evidence),
             },
             details={**(details or {}), **(_as_late(evidence, fence) if late else {})} or None,
             now=now,
@@ -492,7 +503,12 @@ def _apply_report(
         actor=actor,
         fence=None,
         reason=reason or "provider refused the request",
-        updates={"last_error": clean_text(reason), "failed_because": FailedBecause.PROVIDER, "lands_by": now},
+        updates={
+            "last_error": clean_text(reason),
+            "failed_because": FailedBecause.PROVIDER,
+            "lands_by": now,
+            **hearing(target, fence, evidence),
+        },
         details=_as_late(evidence, fence) if late else None,
         now=now,
     )

@@ -14,6 +14,7 @@ from django.db import models, transaction
 
 from ledgerdash.ledger import clock, landing
 from ledgerdash.ledger.authority import authority_of
+from ledgerdash.ledger.canonical import canonical_bytes, sha256_hex
 from ledgerdash.ledger.errors import RequestIdTaken
 from ledgerdash.ledger.events import Actor, EventDraft, EventKind, clean_text
 from ledgerdash.ledger.models import (
@@ -73,6 +74,38 @@ class Evidence:
         return out
 
 
+#: How many of an attempt's reports it keeps (``Attempt.reports_heard``): a dispatcher
+#: sends a handful; the same report sent again comes soon after the first.
+REPORTS_KEPT = 16
+
+
+def report_mark(fence: int, evidence: Evidence) -> str:
+    """One dispatcher's report, named by its dispatch fence and a digest of what it said."""
+    return f"{fence}:{sha256_hex(canonical_bytes(evidence.as_details()))[:24]}"
+
+
+def heard_before(attempt: Attempt, fence: int, evidence: Evidence) -> bool:
+    """Whether the attempt's row keeps this very report (sent again after a lost answer)."""
+    return report_mark(fence, evidence) in (attempt.reports_heard or [])
+
+
+def hearing(attempt: Attempt, fence: int, evidence: Evidence) -> dict[str, Any]:
+    """What the attempt's row keeps of a report it heard now: the report's mark, and, when
+    its dispatcher says it cannot tell whether its request landed, that dispatch."""
+    heard = [report_mark(fence, evidence), *(attempt.reports_heard or [])]
+    kept: dict[str, Any] = {"reports_heard": list(dict.fromkeys(heard))[:REPORTS_KEPT]}
+    if evidence.outcome == Outcome.UNKNOWN:
+        kept["said_unknown_fence"] = max(fence, attempt.said_unknown_fence or 0)
+    return kept
+
+
+def said_unknown(attempt: Attempt, fence: int | None) -> bool:
+    """Whether the dispatcher holding ``fence`` said it could not tell whether its request
+    landed: a refusal it reports since is of a later request of that dispatch (its SDK
+    sent it again), and says nothing of the first request's fate."""
+    return fence is not None and attempt.said_unknown_fence == fence
+
+
 def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evidence) -> Attempt:
     """Record the original dispatcher's report about an attempt that has
     moved on (a person is deciding it, or it was settled), never dropping it.
@@ -86,6 +119,8 @@ def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evide
     incident is opened for people: a duplicate when another attempt at the
     same side effect was sent as well.
     """
+    if heard_before(attempt, fence, evidence):
+        return attempt
     last_dispatch = attempt.dispatch_fence == fence
     if attempt.state in (S.MANUAL_REVIEW, S.FAILED_RETRYABLE) and evidence.outcome in (
         Outcome.CONFIRMED,
@@ -104,10 +139,12 @@ def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evide
                     "provider_request_id": evidence.provider_request_id or attempt.provider_request_id,
                     "result_ref": evidence.result_ref,
                     "lands_by": clock.now(),
+                    **hearing(attempt, fence, evidence),
                 },
                 details={"late_report": evidence.as_details(), "dispatch_fence": fence},
             )
-        if evidence.outcome != Outcome.CONFIRMED and last_dispatch:
+        if evidence.outcome != Outcome.CONFIRMED and last_dispatch and not said_unknown(attempt, fence):
+            # (after "unknown", a refusal from the same dispatch is of a later request of it)
             return move(
                 attempt,
                 to_state=S.FAILED,
@@ -119,12 +156,15 @@ def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evide
                     "failed_because": FailedBecause.PROVIDER,
                     "last_error": clean_text(evidence.reason),
                     "lands_by": clock.now(),
+                    **hearing(attempt, fence, evidence),
                 },
                 details={"late_report": evidence.as_details(), "dispatch_fence": fence},
             )
     now = clock.now()
     with transaction.atomic():
         current = get_attempt(attempt.pk, lock=True)
+        if heard_before(current, fence, evidence):
+            return current
         earlier = current.dispatch_fence != fence
         incident = _incident_for_late_report(current, evidence, earlier=earlier)
         events = [
@@ -144,13 +184,16 @@ def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evide
         lands_by = _lands_by_after_late_report(current, evidence, now, earlier=earlier)
         # Kept on the row as well as in the event: the send rule reads it for every attempt at the side
         # effect, long after this event's partition may have been archived.
-        heard = current.late_receipt or late_receipt(evidence.as_details())
+        kept = {
+            "lands_by": lands_by,
+            "late_receipt": current.late_receipt or late_receipt(evidence.as_details()),
+            **hearing(current, fence, evidence),
+        }
         if incident is not None and rested_on_its_word(current, fence):
-            current.late_receipt = heard
-            return _back_before_a_person(current, actor=actor, evidence=evidence, lands_by=lands_by, events=events)
-        if (lands_by, heard) != (current.lands_by, current.late_receipt):
-            Attempt.objects.filter(pk=current.pk).update(lands_by=lands_by, late_receipt=heard)
-            current.lands_by, current.late_receipt = lands_by, heard
+            return _back_before_a_person(current, actor=actor, evidence=evidence, kept=kept, events=events)
+        Attempt.objects.filter(pk=current.pk).update(**kept)
+        for name, value in kept.items():
+            setattr(current, name, value)
         append_events(events, now=now)
     return current
 
@@ -165,14 +208,14 @@ def rested_on_its_word(attempt: Attempt, fence: int) -> bool:
 
 
 def _back_before_a_person(
-    attempt: Attempt, *, actor: Actor, evidence: Evidence, lands_by: datetime | None, events: list[EventDraft]
+    attempt: Attempt, *, actor: Actor, evidence: Evidence, kept: dict[str, Any], events: list[EventDraft]
 ) -> Attempt:
     """FAILED -> MANUAL_REVIEW: the ledger settled ``attempt`` as not
     happened on its dispatcher's word, and the same dispatcher now says it
     may have happened (it cannot tell, or it holds a receipt). The
     settlement no longer rests on anything, so a person decides, with the
     late report and the incident beside it."""
-    updates: dict[str, Any] = {"lands_by": lands_by, "failed_because": "", "late_receipt": attempt.late_receipt}
+    updates: dict[str, Any] = {**kept, "failed_because": ""}
     if evidence.provider_request_id and not attempt.provider_request_id:
         updates["provider_request_id"] = evidence.provider_request_id
     said = (
@@ -206,7 +249,10 @@ def _lands_by_after_late_report(
     if evidence.outcome == Outcome.UNKNOWN:
         timing = authority_of(attempt.tenant_id, attempt.tool_name).timing
         return landing.after_unknown(attempt.lands_by, now, timing, late=True)
-    return attempt.lands_by if earlier else now
+    refusal = evidence.outcome in (Outcome.FAILED, Outcome.FAILED_RETRYABLE)
+    if earlier or (refusal and said_unknown(attempt, attempt.dispatch_fence)):
+        return attempt.lands_by  # (a refusal after "unknown" is of a later request: the first may land still)
+    return now
 
 
 def _incident_for_late_report(attempt: Attempt, evidence: Evidence, *, earlier: bool) -> Incident | None:
