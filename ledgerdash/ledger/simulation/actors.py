@@ -173,8 +173,11 @@ class SimSession(recording._InProcess):
         if self.agent.run.faults_on("pause") and world.rng.random() < 0.15:
             # Busy elsewhere before it reports: its lease may run out meanwhile.
             self.agent.run.truth.fault("pause")
-            if world.rng.random() < 0.6:
+            chance = world.rng.random()
+            if chance < 0.6:
                 self._busy_until_a_retry_is_approved(attempt)
+            elif chance < 0.8:
+                self._busy_until_the_reconciler_looks(attempt)
             else:
                 busy = world.rng.choice([world.rng.uniform(0, 60), world.rng.uniform(60, 300)])
                 world.sleep(busy, f"busy before reporting #{attempt.pk}")
@@ -203,7 +206,7 @@ class SimSession(recording._InProcess):
 
     def _busy_until_a_retry_is_approved(self, attempt: Attempt) -> None:
         """Busy until a person approved a retry of ``attempt`` (or for up to
-        fifteen minutes): its report then arrives after the approval and
+        half an hour): its report then arrives after the approval and
         before the retry leaves, the moment a late receipt matters most."""
         world = self.agent.world
         provider = self.agent.run.network.providers.get(attempt.tool_name)
@@ -211,10 +214,33 @@ class SimSession(recording._InProcess):
             # The same outage that holds its answer back takes the provider's lookups down meanwhile:
             # the ledger cannot find what happened, and a person may let a retry out.
             provider.lookups_down_until = world.now + timedelta(seconds=world.rng.uniform(300, 900))
-        for _ in range(int(world.rng.uniform(60, 900) / 5)):
-            world.sleep(5.0, f"busy before reporting #{attempt.pk}")
-            if Attempt.objects.filter(parent_id=attempt.pk, approved_at__isnull=False).exists():
+        if Attempt.objects.filter(parent_id=attempt.pk, approved_at__isnull=False).exists():
+            return
+        awaiting = self.agent.run.awaiting_retry
+        if self.agent.actor is not None:
+            awaiting[attempt.pk] = self.agent.actor  # an approver who lets a retry of it out wakes it
+        try:
+            world.sleep(
+                world.rng.uniform(300, 1800), f"busy before reporting #{attempt.pk}, until a retry of it is let out"
+            )
+        finally:
+            awaiting.pop(attempt.pk, None)
+
+    def _busy_until_the_reconciler_looks(self, attempt: Attempt) -> None:
+        """Busy past its lease until the reconciler has taken ``attempt`` over (or for twenty
+        seconds more): its report then arrives while the reconciler looks it up at the provider,
+        and, in an outage that also takes the provider's lookups down for a minute or two, while
+        it waits to look again."""
+        world = self.agent.world
+        lease_left = max(0.0, (self.agent.lease_end - world.now).total_seconds()) if self.agent.lease_end else 0.0
+        provider = self.agent.run.network.providers.get(attempt.tool_name)
+        if provider is not None and "lookup_down" in provider.faults.enabled:
+            provider.lookups_down_until = world.now + timedelta(seconds=lease_left + world.rng.uniform(60, 120))
+        world.sleep(lease_left, f"busy before reporting #{attempt.pk}")
+        for _ in range(40):
+            if not Attempt.objects.filter(pk=attempt.pk, state=S.DISPATCHED).exists():
                 return
+            world.sleep(0.5, f"busy before reporting #{attempt.pk}")
 
     def confirm(
         self, attempt: Attempt, *, fence: int, provider_request_id: str, result_ref: str, result: Any, storable: bool
@@ -503,6 +529,11 @@ class AgentState:
             world.sleep(max(0.0, wait) + 0.001, "waiting for the side effect's requests to land")
             return True
         if isinstance(exc, RetryPending) and exc.attempt is not None and exc.attempt.next_check_at is not None:
+            author, tool = self.run.author, getattr(exc.attempt, "tool_name", None)
+            if author is not None and tool and self.run.faults_on("policy") and rng.random() < 0.3:
+                # The policy changes between the refusal and the call sent again (the author is woken).
+                self.run.author_called = str(tool)
+                world.wake(author)
             # Call again the moment its back-off is over (racing the reconciler to it).
             world.sleep(max(0.0, (exc.attempt.next_check_at - world.now).total_seconds()) + 0.001, "backing off")
             return True

@@ -189,6 +189,12 @@ def _approved(run: Run, attempt: Attempt, *, with_reason: bool) -> None:
     run.truth.approvals.append(
         ApprovalGiven(attempt.pk, run.world.step, next(run.world.happened), dict(approvals), with_reason)
     )
+    # The original's dispatcher, busy until a retry of it was let out, reports now: after the
+    # approval, before the retry leaves.
+    waiter = run.awaiting_retry.pop(attempt.parent_id, None) if attempt.parent_id is not None else None
+    if waiter is not None:
+        run.trace.append(f"{'':>22}{waiter.name} wakes: a retry of #{attempt.parent_id} was approved")
+        run.world.wake(waiter)
 
 
 # --- an administrator -------------------------------------------------------------------------
@@ -306,7 +312,11 @@ def author_body(run: Run) -> Callable[[Actor], None]:
                 .values_list("tool_name", flat=True)
                 .first()
             )
-            if given and rng.random() < 0.5:
+            called, run.author_called = run.author_called, None
+            if called is not None:
+                # Woken between a refusal and the call sent again: the tool held, narrowed or dropped.
+                change, name = rng.choice(["hold", "narrow", "drop"]), called
+            elif given and rng.random() < 0.5:
                 # Stricter right after an approval: an incident freeze, or a lower threshold for its tool.
                 change = rng.choice(["freeze", "tighten"])
                 name = Attempt.objects.filter(pk=given[-1].attempt_id).values_list("tool_name", flat=True).get()

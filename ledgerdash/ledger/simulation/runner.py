@@ -128,6 +128,11 @@ class Run:
         self.plan = scenario.draw_plan(self.world)
         self.trace: list[str] = []
         self.checker: Checker | None = None
+        #: Agents busy before reporting on an attempt until a retry of it is approved, by the attempt's id.
+        self.awaiting_retry: dict[int, Actor] = {}
+        #: The policy author, and the tool an agent backing off from a refusal woke it for.
+        self.author: Actor | None = None
+        self.author_called: str | None = None
         #: Where the archiver writes the partitions it archives (``archive`` on): the final check walks
         #: them with the events left in the database, as ``verify_audit --archive`` does.
         self.archive_folder: tempfile.TemporaryDirectory[str] | None = None
@@ -204,7 +209,7 @@ class Run:
         for name in scenario.APPROVERS:
             world.spawn(name, "person", people.approver_body(self, name), after=rng.uniform(0, 60))
         if "policy" in self.enabled:
-            world.spawn("policy-author", "author", people.author_body(self), after=rng.uniform(0, 60))
+            self.author = world.spawn("policy-author", "author", people.author_body(self), after=rng.uniform(0, 60))
         if "leave" in self.enabled:
             world.spawn("administrator", "person", people.admin_body(self), after=rng.uniform(30, 300))
         if "archive" in self.enabled:

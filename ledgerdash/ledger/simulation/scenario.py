@@ -48,8 +48,8 @@ ADAPTER = "ledgerdash.ledger.simulation.provider.SimulatedAdapter"
 PROVIDERS: dict[str, Traits] = {
     "sim.email": Traits(idempotent=True, retention=3600, processing=2.0),
     "sim.charge": Traits(idempotent=False, retention=None, processing=3.0),
-    "sim.ticket": Traits(idempotent=True, retention=None, processing=2.0, lookup="flaky", declines=0.1),
-    "sim.deploy": Traits(idempotent=False, retention=None, processing=8.0, acts_late=True, lookup="slow", declines=0.1),
+    "sim.ticket": Traits(idempotent=True, retention=None, processing=2.0, lookup="flaky", declines=0.2),
+    "sim.deploy": Traits(idempotent=False, retention=None, processing=8.0, acts_late=True, lookup="slow", declines=0.2),
     "sim.sms": Traits(idempotent=True, retention=120, processing=1.0, refuses=0.3, declines=0.2),
     "sim.task": Traits(idempotent=False, retention=None, processing=2.0, works_while_caller_waits=True),
 }
