@@ -305,6 +305,26 @@ BAD = [
         id="unknown-role",
     ),
     pytest.param(
+        FULL.replace("max_request_seconds = 10.0", "max_request_seconds = -3"),
+        'tools."mail.send".max_request_seconds: must be above 0, not -3',
+        id="request-time-negative",
+    ),
+    pytest.param(
+        FULL.replace("max_checks = 4", "max_checks = 4\nbackoff_base_seconds = 0"),
+        'tools."mail.send".backoff_base_seconds: must be above 0, not 0',
+        id="back-off-zero",
+    ),
+    pytest.param(
+        FULL.replace("max_checks = 4", "max_checks = 4\nmax_dispatches = 0"),
+        'tools."mail.send".max_dispatches: must be 1 or more, not 0',
+        id="no-dispatch",
+    ),
+    pytest.param(
+        FULL.replace("max_checks = 4", "max_checks = 4\nlookup_lag_seconds = -1.5"),
+        'tools."mail.send".lookup_lag_seconds: must not be negative',
+        id="lag-negative",
+    ),
+    pytest.param(
         FULL.replace("dispatch_lease_seconds = 30.0", "dispatch_lease_seconds = 5.0"),
         'tools."mail.send".dispatch_lease_seconds: the dispatch lease (5s) must exceed the maximum request time',
         id="tool-clean",
@@ -351,6 +371,21 @@ def test_bad_input_names_where_it_is_and_writes_nothing(tmp_path: Path, text: st
         assert message in str(raised.value)
         assert "nothing was written" in str(raised.value)
     assert written() == before
+
+
+@pytest.mark.django_db
+def test_a_tool_without_a_lookup_is_applied_with_a_warning(tmp_path: Path) -> None:
+    """Its unknowns will always need a person: the plan says so, and the file still applies."""
+    blind = TOOL.replace('lookup_url = "https://mail.example.com/v1/messages?key={key}"\n', "")
+    assert blind != TOOL
+    path = write(tmp_path, blind)
+    for action in ("plan", "apply"):
+        out = run(action, path)
+        assert (
+            'warning: tools."mail.send".config: no lookup_url: the reconciler cannot look this tool\'s calls up'
+        ) in out
+    assert Tool.objects.filter(name="mail.send").exists()
+    assert "warning" not in run("plan", write(tmp_path, TOOL, "seeing.toml"))
 
 
 # --- export -----------------------------------------------------------------------------------

@@ -85,6 +85,8 @@ class Step:
 class Plan:
     source: str
     steps: list[Step]
+    #: What applies as written but will cost people later (said, never refused).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def changes(self) -> list[Step]:
@@ -103,7 +105,7 @@ class Plan:
         body = [s.describe() for s in self.steps if s.action != KEPT]
         if kept:
             body += ["not in the file: kept (never deleted):"] + [f"  {s.what}" for s in kept]
-        return [*body, self.summary()]
+        return [*body, *(f"warning: {w}" for w in self.warnings), self.summary()]
 
 
 def make_plan(desired: Desired) -> Plan:
@@ -125,7 +127,23 @@ def make_plan(desired: Desired) -> Plan:
         steps += _channel_steps(tenant)
         steps += _rule_steps(tenant)
     steps += _kept_steps(desired)
-    return Plan(desired.source, steps)
+    return Plan(desired.source, steps, _tool_warnings(desired, tools))
+
+
+def _tool_warnings(desired: Desired, tools: dict[str, Tool]) -> list[str]:
+    """A tool the file describes whose calls the reconciler cannot look up at
+    the provider (an HTTP tool without a ``lookup_url``): every call whose
+    outcome its agent could not tell (a crash, a timeout) will wait for a person."""
+    warnings = []
+    for spec in desired.tools:
+        tool = tools[spec.name]
+        if tool.adapter == "http" and not (tool.config or {}).get("lookup_url"):
+            warnings.append(
+                f"{spec.where}.config: no lookup_url: the reconciler cannot look this tool's calls up, so every "
+                "call whose outcome its agent could not tell (a crash, a timeout) goes to a person "
+                "(docs/providers.md says what a lookup answers)"
+            )
+    return warnings
 
 
 def _show(value: Any) -> str:

@@ -85,9 +85,14 @@ def _channel_kind(kind: str) -> str:
 
 
 Count = Annotated[int, Field(ge=0)]
+#: A number of times something is done at least once.
+AtLeastOnce = Annotated[int, Field(ge=1)]
+#: A length of time that must pass (as the database's checks on a tool require).
+Seconds = Annotated[float, Field(gt=0)]
 #: ``""`` for none: the setting's default, for ever, or nobody.
 OptionalCount = Annotated[Count | None, BeforeValidator(_empty_is_none)]
-OptionalNumber = Annotated[float | None, BeforeValidator(_empty_is_none)]
+OptionalSeconds = Annotated[Seconds | None, BeforeValidator(_empty_is_none)]
+OptionalWait = Annotated[Annotated[float, Field(ge=0)] | None, BeforeValidator(_empty_is_none)]
 Username = Annotated[str, AfterValidator(_username)]
 
 
@@ -104,12 +109,12 @@ class ToolTable(_Table):
     config: dict[str, Any] | None = None
     idempotent: bool | None = None
     key_retention_seconds: OptionalCount = None
-    max_request_seconds: float | None = None
-    dispatch_lease_seconds: OptionalNumber = None
-    lookup_lag_seconds: OptionalNumber = None
-    backoff_base_seconds: float | None = None
+    max_request_seconds: Seconds | None = None
+    dispatch_lease_seconds: OptionalSeconds = None
+    lookup_lag_seconds: OptionalWait = None
+    backoff_base_seconds: Seconds | None = None
     max_checks: Count | None = None
-    max_dispatches: Count | None = None
+    max_dispatches: AtLeastOnce | None = None
     enabled: bool | None = None
     claim_with_intent: bool | None = None
 
@@ -217,7 +222,10 @@ def _message(error: Any, loc: tuple[str | int, ...]) -> str:
         wanted = setting.description if setting is not None and setting.description else _WANTED[kind]
         return f"must be {wanted}, not {_kind(value)}"
     if kind == "greater_than_equal":
-        return "must not be negative"
+        least = (error.get("ctx") or {}).get("ge", 0)
+        return "must not be negative" if least == 0 else f"must be {least:g} or more, not {value!r}"
+    if kind == "greater_than":
+        return f"must be above {(error.get('ctx') or {}).get('gt', 0):g}, not {value!r}"
     if kind == "timezone_aware":
         return "needs an offset (Z for UTC, or +02:00)"
     return str(error["msg"])  # ours (PydanticCustomError) say it as the file would
