@@ -239,6 +239,30 @@ def test_arguments_that_are_not_json_are_refused_before_sending(stub: Stub) -> N
     assert stub.seen == []
 
 
+def test_a_body_over_the_limit_is_refused_before_sending(stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server refuses a body over its limit by closing the connection while it is being sent,
+    which would read as a server down: the client refuses it first, saying what to raise."""
+    big = {"text": "x" * (600 * 1024)}
+    with pytest.raises(ledger.BodyTooLarge) as refused:
+        _client(stub.url).record_intent(task_id="t", tool_name="x", idempotency_key="k", args=big)
+    assert stub.seen == []
+    assert refused.value.status == 413
+    assert "over the limit of 524288" in str(refused.value)
+    assert "max_body_bytes" in str(refused.value)
+    assert "LEDGERDASH_MAX_BODY_BYTES" in str(refused.value)
+    assert "nothing was sent" in str(refused.value)
+    # Where the ledger allows more, the client is told so.
+    _client(stub.url, max_body_bytes=1024 * 1024).record_intent(
+        task_id="t", tool_name="x", idempotency_key="k", args=big
+    )
+    monkeypatch.setenv("LEDGERDASH_MAX_BODY_BYTES", str(1024 * 1024))
+    _client(stub.url).record_intent(task_id="t", tool_name="x", idempotency_key="k", args=big)
+    assert len(stub.seen) == 2
+    monkeypatch.setenv("LEDGERDASH_MAX_BODY_BYTES", "a lot")
+    with pytest.raises(ledger.ConfigurationError, match="LEDGERDASH_MAX_BODY_BYTES='a lot': a whole number of bytes"):
+        _client(stub.url)
+
+
 # --- against the real app -------------------------------------------------------------------
 
 
@@ -266,6 +290,15 @@ def _send_email_tool(provider: Provider, name: str = "send_email") -> Any:
         return response
 
     return send_email
+
+
+@pytest.mark.postgres
+def test_ten_megabytes_of_arguments_are_refused_as_too_large_not_as_a_server_down(
+    live: ledger.LedgerClient,
+) -> None:
+    with pytest.raises(ledger.BodyTooLarge):
+        live.record_intent(task_id="t", tool_name="send_email", idempotency_key="k", args={"x": "y" * 10_000_000})
+    assert not Attempt.objects.exists()
 
 
 @pytest.mark.postgres

@@ -9,6 +9,8 @@ export type * from "./api.js";
 export declare const ENV_URL: "LEDGERDASH_URL";
 export declare const ENV_TOKEN: "LEDGERDASH_TOKEN";
 export declare const ENV_AGENT: "LEDGERDASH_AGENT";
+export declare const ENV_MAX_BODY: "LEDGERDASH_MAX_BODY_BYTES";
+export declare const MAX_BODY_BYTES: number;
 
 export declare function errorFor(
   status: number,
@@ -27,6 +29,11 @@ export interface LedgerClientOptions {
   timeoutMs?: number;
   retries?: number;
   backoffMs?: number;
+  /**
+   * The largest request body to send (default: LEDGERDASH_MAX_BODY_BYTES, else 512 KiB, the ledger's own
+   * default): a larger one is refused with BodyTooLarge before it is sent.
+   */
+  maxBodyBytes?: number;
   fetch?: typeof globalThis.fetch;
 }
 

@@ -31,7 +31,15 @@ import {
   PermanentFailure,
   retryAfterOf,
 } from "./base.js";
-import { AttemptInFlight, ClaimLost, ERRORS, InvalidArgs, InvalidKey, ResultUnavailable } from "./errors.js";
+import {
+  AttemptInFlight,
+  BodyTooLarge,
+  ClaimLost,
+  ERRORS,
+  InvalidArgs,
+  InvalidKey,
+  ResultUnavailable,
+} from "./errors.js";
 
 export * from "./base.js";
 export * from "./errors.js";
@@ -39,6 +47,9 @@ export * from "./errors.js";
 export const ENV_URL = "LEDGERDASH_URL";
 export const ENV_TOKEN = "LEDGERDASH_TOKEN";
 export const ENV_AGENT = "LEDGERDASH_AGENT";
+export const ENV_MAX_BODY = "LEDGERDASH_MAX_BODY_BYTES";
+/** The largest request body the ledger takes unless its operator raised it (LEDGER_API_MAX_BODY_BYTES). */
+export const MAX_BODY_BYTES = 512 * 1024;
 const API_PATH = "/api/v1";
 const CONFIRMED = "OUTCOME_CONFIRMED";
 const NO_RECEIPT =
@@ -59,6 +70,16 @@ const BY_STATUS = {
 
 function env(name) {
   return globalThis.process?.env?.[name] ?? "";
+}
+
+function maxBodyFromEnv() {
+  const given = env(ENV_MAX_BODY).trim();
+  if (!given) return MAX_BODY_BYTES;
+  const value = /^\d+$/.test(given) ? Number(given) : 0;
+  if (value < 1024) {
+    throw new ConfigurationError(`${ENV_MAX_BODY}=${JSON.stringify(given)}: a whole number of bytes, 1024 or more`);
+  }
+  return value;
 }
 
 /** The typed error for an error answer: by its code, else its status. */
@@ -116,7 +137,7 @@ export class LedgerClient {
    * @param {string} [options.baseUrl] the server (LEDGERDASH_URL)
    * @param {string} [options.token] an API token (LEDGERDASH_TOKEN)
    */
-  constructor({ baseUrl, token, agent, timeoutMs = 10000, retries = 4, backoffMs = 200, fetch } = {}) {
+  constructor({ baseUrl, token, agent, timeoutMs = 10000, retries = 4, backoffMs = 200, maxBodyBytes, fetch } = {}) {
     baseUrl = baseUrl || env(ENV_URL);
     token = token || env(ENV_TOKEN);
     if (!baseUrl) throw new ConfigurationError(`no ledger URL: pass baseUrl or set ${ENV_URL}`);
@@ -136,6 +157,7 @@ export class LedgerClient {
     this.timeoutMs = timeoutMs;
     this.retries = Math.max(0, retries);
     this.backoffMs = backoffMs;
+    this.maxBodyBytes = maxBodyBytes || maxBodyFromEnv();
     this._token = token;
     this._fetch = fetch ?? globalThis.fetch.bind(globalThis);
   }
@@ -161,6 +183,16 @@ export class LedgerClient {
       } catch (error) {
         throw new InvalidArgs(`not JSON: ${error.message}`, { status: 0, body: { code: "invalid_args" } });
       }
+    }
+    const size = data === undefined ? 0 : new TextEncoder().encode(data).length;
+    if (size > this.maxBodyBytes) {
+      // A server refuses a body over its limit by closing the connection while it is sent, which reads
+      // as a server down: refuse it here, where it is certain nothing was sent.
+      const message =
+        `the request body is ${size} bytes, over the limit of ${this.maxBodyBytes} (the ledger's ` +
+        `LEDGER_API_MAX_BODY_BYTES; where the ledger allows more, pass maxBodyBytes or set ${ENV_MAX_BODY}); ` +
+        "nothing was sent";
+      throw new BodyTooLarge(message, { status: 413, body: { code: "body_too_large", message } });
     }
     const headers = {
       Authorization: `Bearer ${this._token}`,

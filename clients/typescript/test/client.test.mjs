@@ -6,6 +6,7 @@ import { after, before, beforeEach, describe, test } from "node:test";
 
 import {
   AttemptInFlight,
+  BodyTooLarge,
   ConfigurationError,
   IdempotencyConflict,
   InvalidKey,
@@ -276,5 +277,33 @@ describe("the tool wrapper", () => {
     assert.deepEqual(beats[0].body, { fence: 1 });
     const settled = seen.findIndex((r) => r.path === "/attempts/7/outcome");
     assert.ok(seen.slice(settled).every((r) => r.path !== "/attempts/7/heartbeat"), "no beat after the outcome");
+  });
+});
+
+describe("a body over the limit", () => {
+  test("is refused before sending, saying what to raise", async () => {
+    script["POST /attempts"] = [[201, { attempt: {}, created: true }]];
+    const big = { text: "x".repeat(600 * 1024) };
+    await assert.rejects(
+      client().recordIntent({ taskId: "t", toolName: "x", idempotencyKey: "k", args: big }),
+      (error) =>
+        error instanceof BodyTooLarge &&
+        error.status === 413 &&
+        /over the limit of 524288/.test(error.message) &&
+        /maxBodyBytes/.test(error.message) &&
+        /nothing was sent/.test(error.message),
+    );
+    assert.equal(seen.length, 0);
+    await client({ maxBodyBytes: 1024 * 1024 }).recordIntent({ taskId: "t", toolName: "x", idempotencyKey: "k", args: big });
+    assert.equal(seen.length, 1);
+  });
+
+  test("an unreadable limit in the environment is a configuration error", () => {
+    process.env.LEDGERDASH_MAX_BODY_BYTES = "a lot";
+    try {
+      assert.throws(() => client(), ConfigurationError);
+    } finally {
+      delete process.env.LEDGERDASH_MAX_BODY_BYTES;
+    }
   });
 });

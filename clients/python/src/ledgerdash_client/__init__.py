@@ -77,6 +77,10 @@ T = TypeVar("T")
 ENV_URL = "LEDGERDASH_URL"
 ENV_TOKEN = "LEDGERDASH_TOKEN"  # noqa: S105 - the variable's name, not a token
 ENV_AGENT = "LEDGERDASH_AGENT"
+ENV_MAX_BODY = "LEDGERDASH_MAX_BODY_BYTES"
+#: The largest request body the ledger takes unless its operator raised it
+#: (the server's ``LEDGER_API_MAX_BODY_BYTES``, 512 KiB by default).
+MAX_BODY_BYTES = 512 * 1024
 API_PATH = "/api/v1"
 
 
@@ -242,6 +246,19 @@ class Recorded:
         return self.created and self.attempt.state == "DISPATCHED"
 
 
+def _max_body_from_env() -> int:
+    given = os.environ.get(ENV_MAX_BODY, "").strip()
+    if not given:
+        return MAX_BODY_BYTES
+    try:
+        value = int(given)
+    except ValueError:
+        value = 0
+    if value < 1024:
+        raise ConfigurationError(f"{ENV_MAX_BODY}={given!r}: a whole number of bytes, 1024 or more")
+    return value
+
+
 def _default_agent() -> str:
     return os.environ.get(ENV_AGENT) or f"{socket.gethostname()}:{os.getpid()}"
 
@@ -259,6 +276,7 @@ class LedgerClient:
         timeout: float = 10.0,
         retries: int = 4,
         backoff: float = 0.2,
+        max_body_bytes: int | None = None,
     ) -> None:
         base_url = base_url or os.environ.get(ENV_URL, "")
         token = token or os.environ.get(ENV_TOKEN, "")
@@ -276,6 +294,7 @@ class LedgerClient:
         self.timeout = timeout
         self.retries = max(0, retries)
         self.backoff = backoff
+        self.max_body_bytes = max_body_bytes or _max_body_from_env()
         self._connections = Connections(self.base_url)
 
     def __repr__(self) -> str:
@@ -314,6 +333,15 @@ class LedgerClient:
                 raise ERRORS["invalid_args"](
                     f"not JSON: {exc}", status=0, body={"code": "invalid_args", "message": str(exc)}
                 ) from None
+        if data is not None and len(data) > self.max_body_bytes:
+            # A server refuses a body over its limit by closing the connection while it is sent, which
+            # reads as a server down: refuse it here, where it is certain nothing was sent.
+            message = (
+                f"the request body is {len(data)} bytes, over the limit of {self.max_body_bytes} "
+                f"(the ledger's LEDGER_API_MAX_BODY_BYTES; where the ledger allows more, pass max_body_bytes or "
+                f"set {ENV_MAX_BODY}); nothing was sent"
+            )
+            raise ERRORS["body_too_large"](message, status=413, body={"code": "body_too_large", "message": message})
         headers = {
             "Authorization": f"Bearer {self._token}",
             "Accept": "application/json",
