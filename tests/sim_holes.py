@@ -47,7 +47,7 @@ def late_report() -> None:
             except StaleFence:
                 pass
         fresh = agent.get_attempt(attempt.pk)
-        if agent._already_reported(fresh, fence, evidence):
+        if agent.already_reported(fresh, fence, evidence):
             return agent.Report(fresh, replayed=True)
         if fresh.fence == fence:
             return agent.Report(op(fresh))

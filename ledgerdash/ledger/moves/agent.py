@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, Value, When
 from django.db.models.functions import Coalesce, Greatest
 
 from ledgerdash.ledger import clock, landing, provider_ids, store
@@ -28,7 +28,6 @@ from ledgerdash.ledger.events import Actor, EventDraft, EventKind, clean_text
 from ledgerdash.ledger.models import (
     ActorKind,
     Attempt,
-    AttemptEvent,
     FailedBecause,
     ResultSource,
 )
@@ -42,11 +41,11 @@ from ledgerdash.ledger.moves.base import (
     validate_ref,
 )
 from ledgerdash.ledger.moves.evidence import (
-    OUTCOME_STATE,
     Evidence,
     Outcome,
     Report,
-    heard_before,
+    already_reported,
+    dispatched_with,
     hearing,
     late_evidence,
     said_unknown,
@@ -192,51 +191,6 @@ def _late_report_allowed(attempt: Attempt, fence: int, actor: Actor) -> bool:
     )
 
 
-def _already_reported(attempt: Attempt, fence: int, evidence: Evidence) -> bool:
-    """This very report landed before (sent again after a lost answer):
-    an event of the attempt records it, applied on the spot (the move from
-    DISPATCHED that took the dispatch's fence one further), applied late,
-    or kept as late evidence."""
-    if heard_before(attempt, fence, evidence):
-        return True  # (the row keeps it: the events below may have been archived)
-    said = evidence.as_details()
-    wanted = OUTCOME_STATE[Outcome(evidence.outcome)]
-    events = AttemptEvent.objects.filter(
-        attempt_id=attempt.pk, actor_kind=ActorKind.AGENT, kind__in=[EventKind.TRANSITION, EventKind.LATE_REPORT]
-    ).values_list("kind", "from_state", "to_state", "fence", "details")
-    for kind, from_state, to_state, event_fence, details in events:
-        details = details or {}
-        if details.get("dispatch_fence") == fence and said in (details.get("report"), details.get("late_report")):
-            return True
-        if kind == EventKind.TRANSITION and (from_state, to_state, event_fence) == (S.DISPATCHED, wanted, fence + 1):
-            if evidence.outcome != Outcome.CONFIRMED:
-                return True
-            return (
-                not evidence.provider_request_id or evidence.provider_request_id == details.get("provider_request_id")
-            ) and (not evidence.result_ref or evidence.result_ref == details.get("result_ref"))
-    return False
-
-
-def _dispatched_with(attempt: Attempt, fence: int) -> bool:
-    """Whether ``fence`` was handed out by one of the attempt's dispatch
-    claims (an earlier one, when the attempt was sent again since).
-
-    The claims are events; once the oldest of the attempt's events were
-    archived (``archive_events``: a settled attempt, which a late report
-    may still reach), the ledger cannot tell from the database. A fence
-    below the last dispatch's is then taken as an earlier dispatch's, so
-    its report is kept rather than dropped, and weighs what an earlier
-    dispatch's report weighs (:func:`late_evidence`: never a refusal's
-    settlement; a receipt while a person reviews it). The archive is a
-    prefix of each chain: an attempt whose creation is still in the
-    database has all its events there."""
-    events = AttemptEvent.objects.filter(attempt_id=attempt.pk, kind=EventKind.TRANSITION)
-    if events.filter(to_state=S.DISPATCHED, fence=fence).exists():
-        return True
-    history_archived = not events.filter(Q(from_state="") | Q(from_state__isnull=True)).exists()
-    return history_archived and attempt.dispatch_fence is not None and 0 < fence < attempt.dispatch_fence
-
-
 def _as_holder(
     attempt: Attempt, fence: int, actor: Actor, op: Callable[[Attempt], Attempt], evidence: Evidence
 ) -> Report:
@@ -255,7 +209,7 @@ def _as_holder(
         except (StaleFence, IllegalTransition):
             pass  # the caller's copy is out of date: what the row says decides
     fresh = get_attempt(attempt.pk)
-    if _already_reported(fresh, fence, evidence):
+    if already_reported(fresh, fence, evidence):
         return Report(fresh, replayed=True)
     if fresh.fence == fence:
         return Report(op(fresh))
@@ -264,7 +218,7 @@ def _as_holder(
             return Report(op(fresh), late=True)
         except IllegalTransition:
             pass  # no move fits this report now: it is evidence all the same
-    if actor.kind == ActorKind.AGENT and (fresh.dispatch_fence == fence or _dispatched_with(fresh, fence)):
+    if actor.kind == ActorKind.AGENT and (fresh.dispatch_fence == fence or dispatched_with(fresh, fence)):
         return Report(late_evidence(fresh, fence=fence, actor=actor, evidence=evidence), late=True)
     raise StaleFence(StaleFence.MESSAGE.format(attempt_id=attempt.pk, current=fresh.fence, given=fence))
 
@@ -336,7 +290,7 @@ def _record_request_id(*, attempt: Attempt, fence: int, request_id: str, actor: 
             return op(fresh)
         except IllegalTransition:
             pass  # no longer dispatched or unknown: evidence all the same
-    if actor.kind == ActorKind.AGENT and (fresh.dispatch_fence == fence or _dispatched_with(fresh, fence)):
+    if actor.kind == ActorKind.AGENT and (fresh.dispatch_fence == fence or dispatched_with(fresh, fence)):
         # The attempt moved on; the request id is evidence all the same.
         return late_evidence(
             fresh, fence=fence, actor=actor, evidence=Evidence("request_id", provider_request_id=request_id)

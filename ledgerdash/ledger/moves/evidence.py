@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import models, transaction
+from django.db.models import Q
 
 from ledgerdash.ledger import clock, landing
 from ledgerdash.ledger.authority import authority_of
@@ -18,6 +19,7 @@ from ledgerdash.ledger.canonical import canonical_bytes, sha256_hex
 from ledgerdash.ledger.errors import RequestIdTaken
 from ledgerdash.ledger.events import Actor, EventDraft, EventKind, clean_text
 from ledgerdash.ledger.models import (
+    ActorKind,
     Attempt,
     AttemptEvent,
     FailedBecause,
@@ -104,6 +106,51 @@ def said_unknown(attempt: Attempt, fence: int | None) -> bool:
     landed: a refusal it reports since is of a later request of that dispatch (its SDK
     sent it again), and says nothing of the first request's fate."""
     return fence is not None and attempt.said_unknown_fence == fence
+
+
+def already_reported(attempt: Attempt, fence: int, evidence: Evidence) -> bool:
+    """This very report landed before (sent again after a lost answer):
+    an event of the attempt records it, applied on the spot (the move from
+    DISPATCHED that took the dispatch's fence one further), applied late,
+    or kept as late evidence."""
+    if heard_before(attempt, fence, evidence):
+        return True  # (the row keeps it: the events below may have been archived)
+    said = evidence.as_details()
+    wanted = OUTCOME_STATE[Outcome(evidence.outcome)]
+    events = AttemptEvent.objects.filter(
+        attempt_id=attempt.pk, actor_kind=ActorKind.AGENT, kind__in=[EventKind.TRANSITION, EventKind.LATE_REPORT]
+    ).values_list("kind", "from_state", "to_state", "fence", "details")
+    for kind, from_state, to_state, event_fence, details in events:
+        details = details or {}
+        if details.get("dispatch_fence") == fence and said in (details.get("report"), details.get("late_report")):
+            return True
+        if kind == EventKind.TRANSITION and (from_state, to_state, event_fence) == (S.DISPATCHED, wanted, fence + 1):
+            if evidence.outcome != Outcome.CONFIRMED:
+                return True
+            return (
+                not evidence.provider_request_id or evidence.provider_request_id == details.get("provider_request_id")
+            ) and (not evidence.result_ref or evidence.result_ref == details.get("result_ref"))
+    return False
+
+
+def dispatched_with(attempt: Attempt, fence: int) -> bool:
+    """Whether ``fence`` was handed out by one of the attempt's dispatch
+    claims (an earlier one, when the attempt was sent again since).
+
+    The claims are events; once the oldest of the attempt's events were
+    archived (``archive_events``: a settled attempt, which a late report
+    may still reach), the ledger cannot tell from the database. A fence
+    below the last dispatch's is then taken as an earlier dispatch's, so
+    its report is kept rather than dropped, and weighs what an earlier
+    dispatch's report weighs (:func:`late_evidence`: never a refusal's
+    settlement; a receipt while a person reviews it). The archive is a
+    prefix of each chain: an attempt whose creation is still in the
+    database has all its events there."""
+    events = AttemptEvent.objects.filter(attempt_id=attempt.pk, kind=EventKind.TRANSITION)
+    if events.filter(to_state=S.DISPATCHED, fence=fence).exists():
+        return True
+    history_archived = not events.filter(Q(from_state="") | Q(from_state__isnull=True)).exists()
+    return history_archived and attempt.dispatch_fence is not None and 0 < fence < attempt.dispatch_fence
 
 
 def late_evidence(attempt: Attempt, *, fence: int, actor: Actor, evidence: Evidence) -> Attempt:
