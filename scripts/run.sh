@@ -12,7 +12,8 @@ export DEBUG=${DEBUG:-true}
 VAR=${LEDGERDASH_VAR_DIR:-var}
 mkdir -p "$VAR"
 
-$PY manage.py migrate --noinput
+echo "== migrating the database ($VAR)"
+$PY manage.py migrate --noinput --verbosity 0
 $PY manage.py collectstatic --noinput --verbosity 0
 
 pids=""
@@ -31,6 +32,7 @@ until $PY -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], tim
     sleep 0.1
 done
 
+echo "== loading the demo"
 $PY manage.py demo --sandbox-url "http://127.0.0.1:$SANDBOX_PORT"
 
 # Run a background worker, and again whenever it exits, until make run stops.

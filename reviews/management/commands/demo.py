@@ -29,7 +29,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ledgerdash.ledger import clock, config, moves, recording
+from ledgerdash.ledger import audit, clock, config, moves, recording
 from ledgerdash.ledger.authority import current_policy
 from ledgerdash.ledger.drill.runner import (
     IDEMPOTENT_TOOL,
@@ -118,6 +118,10 @@ class Command(BaseCommand):
                 drill.sandbox.faults("drill.send_email", lookup_5xx=True)
         self._operator_asks_for_a_retry(users)
         self._the_team_shares_the_work(users, slugs)
+        # What an operator's nightly verify_audit does: the overview then shows each chain verified.
+        results = audit.verify()
+        whole = sum(1 for result in results if result.ok)
+        self.stdout.write(f"  the tenants' hash chains verified: {whole} of {len(results)} whole")
 
     def _agents_at_work(self, users: dict[str, Any]) -> None:
         """Real agents at work through the sandbox provider: a few hundred
