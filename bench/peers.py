@@ -279,7 +279,7 @@ MINIMAL_CONFIRM = f"""
 WITH changed AS (
     UPDATE ledger_attempt SET fence = fence + 1, state = 'OUTCOME_CONFIRMED', updated_at = %(now)s,
         last_note = 'outcome confirmed', provider_request_id = %(request_id)s, result_ref = '', result = NULL,
-        result_source = 'tool', lands_by = %(now)s, next_check_at = NULL
+        result_source = 'tool', lands_by = %(now)s, next_check_at = NULL, reports_heard = %(heard)s
     WHERE id = %(id)s AND tenant_id = %(tenant)s AND state = 'DISPATCHED' AND fence = 1
     RETURNING id
 ), {_APPEND}"""
@@ -311,7 +311,7 @@ _TYPES = {
     "details": "jsonb", "content_hash": "varchar", "request_id": "varchar", "now": "timestamptz",
     "lease": "timestamptz", "lease_seconds": "float8", "max_request": "float8",
     "from_state2": "varchar", "to_state2": "varchar", "fence2": "bigint", "reason2": "text", "details2": "jsonb",
-    "content_hash2": "varchar", "stripe": "smallint", "api_token": "bigint",
+    "content_hash2": "varchar", "stripe": "smallint", "api_token": "bigint", "heard": "jsonb",
 }  # fmt: skip
 
 
@@ -508,7 +508,14 @@ class MinimalPeer:
             "reason": "outcome confirmed",
             "details": {"provider_request_id": request_id, "result_ref": ""},
         }
-        params = {**self._base(attempt), "request_id": request_id}
+        import rfc8785
+        from psycopg.types.json import Jsonb
+
+        # The report the ledger keeps on the row (so the same report sent again is known as a replay):
+        # the dispatch's fence and the digest of what it said.
+        said = rfc8785.dumps({"outcome": "confirmed", "provider_request_id": request_id})
+        heard = [f"1:{hashlib.sha256(said).hexdigest()[:24]}"]
+        params = {**self._base(attempt), "request_id": request_id, "heard": Jsonb(heard)}
         self._step(self.CONFIRM, params, step, "stale fence")
 
     def call(

@@ -20,6 +20,7 @@ from ledgerdash.ledger import audit, recording
 from ledgerdash.ledger.drill.runner import database_url
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant, Tool
+from ledgerdash.ledger.moves.evidence import Evidence, report_mark
 from ledgerdash.ledger.policies import policy_publish
 from tests.conftest import together
 
@@ -69,6 +70,9 @@ def _attempt_row(attempt_id: int) -> dict[str, Any]:
     row = Attempt.objects.filter(pk=attempt_id).values().get()
     assert row["first_dispatched_at"] is not None
     row["first_dispatched_at"] = "set"
+    # The confirmation kept on the row names the call's own request id: the same report, call by call.
+    confirmed = report_mark(1, Evidence("confirmed", provider_request_id=row["provider_request_id"]))
+    row["reports_heard"] = ["<its confirmation>" if mark == confirmed else mark for mark in row["reports_heard"]]
     return {k: v for k, v in row.items() if k not in PER_CALL}
 
 
