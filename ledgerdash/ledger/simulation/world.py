@@ -30,6 +30,7 @@ import heapq
 import itertools
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -40,8 +41,12 @@ from django.db import connection
 #: Where every run's clock starts.
 EPOCH = datetime(2030, 1, 1, tzinfo=UTC)
 #: Seconds the scheduler waits for an actor to hand the baton back before it
-#: calls the run hung (an actor blocked on something outside the simulation).
+#: calls the run hung (an actor blocked on something outside the simulation),
+#: counted in slices of the process's running time: a slice the process spent
+#: stopped (SIGSTOP) or starved counts as twice its length, not as the hours
+#: it may have been, so the verdict does not depend on what the machine did.
 WATCHDOG_SECONDS = 120.0
+WATCHDOG_SLICE = 0.25
 
 
 #: What :attr:`World.on_resume` answers to kill the actor there.
@@ -253,8 +258,17 @@ class World:
     def _resume(self, actor: Actor) -> None:
         self.current = actor
         actor.go.release()
-        if not self._baton.acquire(timeout=WATCHDOG_SECONDS):
-            raise Hung(f"{actor.name} did not hand the baton back within {WATCHDOG_SECONDS:g} s while {actor.doing}")
+        waited = 0.0
+        while True:
+            began = time.monotonic()
+            if self._baton.acquire(timeout=WATCHDOG_SLICE):
+                break
+            waited += min(time.monotonic() - began, 2 * WATCHDOG_SLICE)
+            if waited >= WATCHDOG_SECONDS:
+                raise Hung(
+                    f"{actor.name} did not hand the baton back within {WATCHDOG_SECONDS:g} s of running time "
+                    f"while {actor.doing}"
+                )
         self.current = None
 
     def stop(self) -> None:
