@@ -63,6 +63,8 @@ from reviews.shortcuts import (
 def home(request: HtmxHttpRequest) -> HttpResponse:
     tenants = tenants_or_403(request)
     tenant_ids = [t.pk for t in tenants]
+    if is_partial(request) and request.GET.get("region") == "drills":
+        return render_region(request, "reviews/home.html", "drills", _latest_drills(request, tenant_ids))
     counts = queries.queue_counts(request.user, tenant_ids=tenant_ids)
     roles = tenancy.roles_by_tenant(request.user)
     approving = roles_at_least(Role.APPROVER)
@@ -73,10 +75,15 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
         "paused": refresh_paused(request),
     }
     if not is_partial(request):
-        context["latest_drills"] = list(queries.drill_runs_for(request.user, tenant_ids=tenant_ids)[:3])
+        context.update(_latest_drills(request, tenant_ids))
         context["chains"] = queries.chain_status(request.user, tenants=tenants)
         context["administers"] = Role.ADMIN in roles.values()
     return render_region(request, "reviews/home.html", "counts", context)
+
+
+def _latest_drills(request: HtmxHttpRequest, tenant_ids: list[int]) -> dict[str, Any]:
+    runs = list(queries.drill_runs_for(request.user, tenant_ids=tenant_ids)[:3])
+    return {"latest_drills": runs, "drills_running": any(run.ok is None for run in runs)}
 
 
 def _list_title(state: str) -> str:

@@ -25,15 +25,15 @@ trap cleanup EXIT INT TERM
 
 $PY -m ledgerdash.sandbox --port "$SANDBOX_PORT" --db "$VAR/sandbox.sqlite3" >"$VAR/sandbox.log" 2>&1 &
 pids="$pids $!"
-i=0
+deadline=$(($(date +%s) + 60))
 until $PY -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=1)" \
         "http://127.0.0.1:$SANDBOX_PORT/health" 2>/dev/null; do
-    i=$((i + 1)); [ $i -lt 100 ] || { echo "the sandbox provider did not start; see $VAR/sandbox.log"; exit 1; }
+    [ "$(date +%s)" -lt "$deadline" ] || { echo "the sandbox provider did not start; see $VAR/sandbox.log"; exit 1; }
     sleep 0.1
 done
 
 echo "== loading the demo"
-$PY manage.py demo --sandbox-url "http://127.0.0.1:$SANDBOX_PORT"
+$PY manage.py demo --defer-drills --sandbox-url "http://127.0.0.1:$SANDBOX_PORT"
 
 # Run a background worker, and again whenever it exits, until make run stops.
 # Its current process id is kept in $VAR/<name>.pid.
@@ -56,10 +56,30 @@ supervise() {
     pids="$pids $!"
 }
 
-supervise reconciler $PY manage.py reconcile --interval 5
 supervise notify $PY manage.py notify --interval 5
+
+.venv/bin/gunicorn ledgerdash.wsgi --bind "$HOST:$PORT" --workers 2 --log-level warning &
+web=$!
+pids="$pids $web"
+deadline=$(($(date +%s) + 120))
+until $PY -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+        "http://127.0.0.1:$PORT/readyz" 2>/dev/null; do
+    kill -0 "$web" 2>/dev/null || { echo "the web server stopped; see the lines above"; exit 1; }
+    [ "$(date +%s)" -lt "$deadline" ] || { echo "the web server did not answer within two minutes"; exit 1; }
+    sleep 0.2
+done
 
 echo
 echo "ledgerdash: http://$HOST:$PORT/ (log in with a demo user above; Ctrl-C stops)"
 echo "sandbox provider: http://127.0.0.1:$SANDBOX_PORT/ ; reconciler log: $VAR/reconciler.log; notifications log: $VAR/notify.log"
-.venv/bin/gunicorn ledgerdash.wsgi --bind "$HOST:$PORT" --workers 2 --access-logfile - --log-level warning
+
+# The demo's crash drills kill real agents (a minute or two); the overview shows their progress.
+# The reconciler starts once they are done, so it never races a drill's own recovery pass.
+echo "== crash drills for the demo: running, progress on the overview (log: $VAR/demo.log)"
+if $PY manage.py demo --drills --sandbox-url "http://127.0.0.1:$SANDBOX_PORT" >"$VAR/demo.log" 2>&1; then
+    echo "== $(tail -n 1 "$VAR/demo.log")"
+else
+    echo "== the demo's crash drills stopped early: see $VAR/demo.log (the rest of the demo is loaded)"
+fi
+supervise reconciler $PY manage.py reconcile --interval 5
+wait "$web"

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from ledgerdash.ledger import moves
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, Incident, State, Tenant
+from ledgerdash.ledger.models import Attempt, DrillRun, Incident, State, Tenant
 from reviews import queries
 from tests.conftest import as_user
 from tests.factories import attempt_in, linked_retry
@@ -100,3 +100,25 @@ def test_an_operator_has_nothing_awaiting_their_approval(tenant_a: Tenant, opera
     assert queries.first_things(operator_a, [tenant_a]).my_approvals == 0
     page = as_user(operator_a).get(reverse("reviews:approvals") + "?for=me").content.decode()
     assert "Nothing awaits approval" in page
+
+
+def test_a_running_crash_drill_shows_its_progress_until_it_ends(tenant_a: Tenant, operator_a: Any) -> None:
+    """A drill that runs (the demo's, after make run serves) shows cases done of cases planned, and its
+    section fetches itself again while it runs; once it ends the answer stops the polling."""
+    run = DrillRun.objects.create(tenant=tenant_a, database="sqlite", iterations=21, cases_total=5)
+    client = as_user(operator_a)
+    page = client.get(HOME).content.decode()
+    section = page.split('id="drills"')[1].split("</section>")[0]
+    assert '<progress max="21" value="5"' in section
+    assert "5 of 21" in section
+    assert 'hx-trigger="every 2s"' in section
+    DrillRun.objects.filter(pk=run.pk).update(cases_total=6, cases_failed=1)
+    region = client.get(HOME + "?region=drills", headers={"HX-Request": "true"}).content.decode()
+    assert region.lstrip().startswith("<section")  # the region alone, not the page
+    assert "6 of 21" in region
+    assert "(1 failed)" in region
+    DrillRun.objects.filter(pk=run.pk).update(ok=False, cases_total=21, cases_failed=1, finished_at=timezone.now())
+    region = client.get(HOME + "?region=drills", headers={"HX-Request": "true"}).content.decode()
+    assert "hx-trigger" not in region
+    assert "<progress" not in region
+    assert "FAILED" in region

@@ -64,6 +64,15 @@ class TracebacksOnly(logging.Filter):
         return record.exc_info is not None
 
 
+class NotFontSubsetting(logging.Filter):
+    """Drop WeasyPrint's note that it subsets fonts with fontTools for want of
+    HarfBuzz-Subset (a library Debian 12 does not package): the PDF is the
+    same, and a worker would otherwise print it for each font as it starts."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "instead of HarfBuzz-Subset" not in record.getMessage()
+
+
 def config(log_format: str, level: str) -> dict[str, Any]:
     """The ``LOGGING`` dictionary of a process."""
     return {
@@ -73,6 +82,7 @@ def config(log_format: str, level: str) -> dict[str, Any]:
         "filters": {
             "request_id": {"()": "ledgerdash.ops.logs.RequestIdFilter"},
             "tracebacks_only": {"()": "ledgerdash.ops.logs.TracebacksOnly"},
+            "not_font_subsetting": {"()": "ledgerdash.ops.logs.NotFontSubsetting"},
         },
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": log_format, "filters": ["request_id"]}},
         "root": {"handlers": ["console"], "level": level.upper()},
@@ -80,7 +90,7 @@ def config(log_format: str, level: str) -> dict[str, Any]:
             "django.db.backends": {"level": "WARNING"},
             "django.request": {"filters": ["tracebacks_only"]},
             # WeasyPrint reports each step of every PDF it renders (a worker renders one as it starts).
-            "weasyprint": {"level": "WARNING"},
+            "weasyprint": {"level": "WARNING", "filters": ["not_font_subsetting"]},
             "fontTools": {"level": "WARNING"},
         },
     }

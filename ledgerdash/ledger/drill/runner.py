@@ -261,22 +261,35 @@ class Drill:
 
     # running ----------------------------------------------------------------------------------
 
-    def run(self, plan: list[Planned], *, mode: str, seed: int | None) -> DrillRun:
+    def run(self, plan: list[Planned], *, mode: str, seed: int | None, queued: DrillRun | None = None) -> DrillRun:
+        """Run ``plan`` as one drill; ``queued``, a run announced before (shown as running, no case
+        done yet), becomes this run."""
         if any(p.via == HTTP for p in plan):
             self._web()
-        run = DrillRun.objects.create(
-            tenant=self.tenant,
-            mode=mode,
-            seed=seed,
-            iterations=len(plan),
-            database=connection.vendor,
-            host=socket.gethostname(),
-        )
+        fields = {
+            "tenant": self.tenant,
+            "mode": mode,
+            "seed": seed,
+            "iterations": len(plan),
+            "database": connection.vendor,
+            "host": socket.gethostname(),
+        }
+        if queued is None:
+            run = DrillRun.objects.create(**fields)
+        else:
+            run = queued
+            for name, value in {**fields, "started_at": timezone.now()}.items():
+                setattr(run, name, value)
+            run.save()
         prefix = f"drill:{run.pk}-{self.nonce}:"
         reports = []
         for number, planned in enumerate(plan, start=1):
             report = self.run_case(planned, case_id=f"{number:03d}-{planned.label}", prefix=prefix, run_id=run.pk)
             reports.append(report)
+            # Progress for the pages that show a running drill: cases done so far, and failed.
+            DrillRun.objects.filter(pk=run.pk).update(
+                cases_total=len(reports), cases_failed=sum(1 for r in reports if not r.ok)
+            )
             verdict = "ok" if report.ok else "FAILED: " + "; ".join(c.name for c in report.checks if not c.held)
             self.progress(f"{report.id:<34} {planned.crash_at or '-':<20} {verdict}")
         failed = [r for r in reports if not r.ok]

@@ -13,6 +13,9 @@ approver (two wait), and a team of operators on an on-call rotation shares
 the stuck work.
 
 Runs once: a database that already has the demo tenants is left alone.
+``--defer-drills`` loads everything but the crash drills (seconds), and
+``--drills`` runs them afterwards: ``make run`` serves the dashboard between
+the two, and the overview shows the drills' progress.
 """
 
 from __future__ import annotations
@@ -35,13 +38,14 @@ from ledgerdash.ledger.drill.runner import (
     IDEMPOTENT_TOOL,
     NON_IDEMPOTENT_TOOL,
     Drill,
+    Planned,
     fixed_plan,
     leave_unknown,
     random_plan,
 )
 from ledgerdash.ledger.errors import AwaitingApproval, LedgerError, NothingHappened, PermanentFailure
 from ledgerdash.ledger.events import Actor
-from ledgerdash.ledger.models import Attempt, OnCallShift, State, Tenant
+from ledgerdash.ledger.models import Attempt, DrillRun, OnCallShift, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 
 PASSWORD = "ledgerdash-demo"  # noqa: S105 - published on purpose: demo users only, refused with DEBUG off
@@ -77,6 +81,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--force", action="store_true", help="load even with DEBUG off (the demo users have a published password)"
         )
+        parser.add_argument(
+            "--defer-drills",
+            action="store_true",
+            help="load all but the crash drills (a minute or more), which `demo --drills` then runs",
+        )
+        parser.add_argument(
+            "--drills", action="store_true", help="run the demo's crash drills, once the rest of the demo is loaded"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["verbosity"] < 2:
@@ -85,43 +97,71 @@ class Command(BaseCommand):
             raise CommandError("refusing to create demo users with a known password while DEBUG is off (use --force)")
         demo = config.parse_file(DEMO_FILE)
         slugs = [tenant.slug for tenant in demo.tenants]
-        if Tenant.objects.filter(slug__in=slugs).exists():
+        loaded = Tenant.objects.filter(slug__in=slugs).exists()
+        if options["drills"]:
+            if not loaded:
+                raise CommandError("the demo is not loaded yet: run `manage.py demo --defer-drills` first")
+            self._drills(slugs, options["sandbox_url"])
+            return
+        if loaded:
             self.stdout.write("demo data already loaded")
         else:
             self._load(demo, slugs, options["sandbox_url"])
-            self.stdout.write(self.style.SUCCESS("demo data loaded from real crash-drill runs"))
+            if options["defer_drills"]:
+                for tenant, plan in self._drill_plans():
+                    # Shown on the overview as running, no case done, until `demo --drills` runs it.
+                    DrillRun.objects.create(tenant=Tenant.objects.get(slug=tenant), iterations=len(plan), mode="")
+                self.stdout.write(self.style.SUCCESS("demo data loaded; its crash drills run next (demo --drills)"))
+            else:
+                self._drills(slugs, options["sandbox_url"])
+                self.stdout.write(self.style.SUCCESS("demo data loaded from real crash-drill runs"))
         self.stdout.write(f"demo users (password {PASSWORD!r}):")
         for username, _role, what in PEOPLE:
             self.stdout.write(f"  {username:<9} {what}")
 
     def _load(self, demo: config.Desired, slugs: list[str], sandbox_url: str | None) -> None:
+        """Everything but the crash drills: seconds, so a first start answers soon."""
         users = self._people()
         config.apply(demo, actor=Actor.user(users["admin"]))
-        self.stdout.write("crashing agents for the demo (the crash drill, against the sandbox provider)…")
+        self._on_call(users, slugs)
         with Drill(tenant="acme", sandbox_url=sandbox_url) as drill:
-            # The cases whose agents run in process and leave work for people;
-            # `manage.py crashdrill` runs all of them.
-            plan = [p for p in fixed_plan() if p.via == "process" and p.letter in DEMO_CASES]
-            run = drill.run(plan, mode="fixed", seed=None)
-            self.stdout.write(
-                f"  acme: drill #{run.pk}, {run.cases_total - run.cases_failed}/{run.cases_total} cases held"
-            )
-            left = leave_unknown(drill, count=8, run_id=run.pk)
+            left = leave_unknown(drill, count=8, run_id=0)
             self.stdout.write(f"  acme: {len(left)} agents killed while the provider's lookup API is down")
             self._agents_at_work(users)
-        with Drill(tenant="globex", sandbox_url=sandbox_url) as drill:
-            run = drill.run(random_plan(6, seed=1), mode="random", seed=1)
-            self.stdout.write(f"  globex: drill #{run.pk}, random seed 1, {run.cases_total} cases")
-        if sandbox_url:
-            # Keep the lookup API "down" so the UNKNOWN queue stays live for the demo.
-            with contextlib.suppress(OSError):
-                drill.sandbox.faults("drill.send_email", lookup_5xx=True)
-        self._operator_asks_for_a_retry(users)
         self._the_team_shares_the_work(users, slugs)
-        # What an operator's nightly verify_audit does: the overview then shows each chain verified.
+        self._verify_chains()
+
+    def _verify_chains(self) -> None:
+        """What an operator's nightly verify_audit does: the overview then shows each chain verified."""
         results = audit.verify()
         whole = sum(1 for result in results if result.ok)
         self.stdout.write(f"  the tenants' hash chains verified: {whole} of {len(results)} whole")
+
+    def _drills(self, slugs: list[str], sandbox_url: str | None) -> None:
+        """The crash drills (real agent processes killed at each crash point; each case's progress
+        shows on the overview), then the work they leave for people."""
+        if DrillRun.objects.filter(tenant__slug__in=slugs).exclude(finished_at=None).exists():
+            self.stdout.write("the demo's crash drills have already run: their reports are on the overview")
+            return
+        users = {user.username: user for user in get_user_model().objects.filter(username__in=[p[0] for p in PEOPLE])}
+        self.stdout.write("crashing agents for the demo (the crash drill, against the sandbox provider)…")
+        runs = []
+        for tenant, plan in self._drill_plans():
+            queued = DrillRun.objects.filter(tenant__slug=tenant, finished_at=None, cases_total=0).first()
+            mode, seed = ("fixed", None) if tenant == "acme" else ("random", 1)
+            with Drill(tenant=tenant, sandbox_url=sandbox_url) as drill:
+                runs.append(drill.run(plan, mode=mode, seed=seed, queued=queued))
+            self.stdout.write(f"  {tenant}: drill #{runs[-1].pk}, {runs[-1].cases_total} cases")
+        if sandbox_url:
+            # Keep the lookup API "down" so the UNKNOWN queue stays live for the demo.
+            with contextlib.suppress(OSError):
+                drill.sandbox.faults(IDEMPOTENT_TOOL, lookup_5xx=True)
+        self._operator_asks_for_a_retry(users)
+        self._the_team_shares_the_work(users, slugs)
+        self._verify_chains()
+        cases = sum(run.cases_total for run in runs)
+        held = cases - sum(run.cases_failed for run in runs)
+        self.stdout.write(f"the demo's crash drills are done: {held} of {cases} cases held every assertion")
 
     def _agents_at_work(self, users: dict[str, Any]) -> None:
         """Real agents at work through the sandbox provider: a few hundred
@@ -164,9 +204,15 @@ class Command(BaseCommand):
                 charge(order=order, amount_cents=amount, to="shop@example.com")
         self.stdout.write("  acme: two large charges wait for an approver")
 
-    def _the_team_shares_the_work(self, users: dict[str, Any], slugs: list[str]) -> None:
-        """An on-call rotation, and the stuck work spread over the operators
-        as they would claim it (each an owner event)."""
+    @staticmethod
+    def _drill_plans() -> list[tuple[str, list[Planned]]]:
+        """acme: the cases whose agents run in process and leave work for people (`manage.py
+        crashdrill` runs all of them); globex: random cases of seed 1."""
+        acme = [p for p in fixed_plan() if p.via == "process" and p.letter in DEMO_CASES]
+        return [("acme", acme), ("globex", random_plan(6, seed=1))]
+
+    def _on_call(self, users: dict[str, Any], slugs: list[str]) -> None:
+        """An on-call rotation: eight-hour shifts around the demo's start."""
         now = timezone.now()
         start = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=16)
         for tenant in Tenant.objects.filter(slug__in=slugs):
@@ -177,6 +223,10 @@ class Command(BaseCommand):
                     starts_at=start + timedelta(hours=8 * shift),
                     ends_at=start + timedelta(hours=8 * (shift + 1)),
                 )
+
+    def _the_team_shares_the_work(self, users: dict[str, Any], slugs: list[str]) -> None:
+        """The stuck work spread over the operators as they would claim it
+        (each an owner event)."""
         stuck = Attempt.objects.filter(tenant__slug__in=slugs, state__in=[State.UNKNOWN, State.MANUAL_REVIEW]).order_by(
             "id"
         )
