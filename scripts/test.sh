@@ -45,8 +45,9 @@ DURATIONS="--durations=15"
 # would count as missed in either pass alone.
 COV="--cov --cov-report= --cov-fail-under=0"
 
-echo "== pytest on SQLite (with the alert tests)"
+echo "== pytest on SQLite (with the alert tests and the newcomer examples, which use jq)"
 ./scripts/promtool.sh
+./scripts/debian-package.sh jq jq "the newcomer examples (tests/test_run_command.py)"
 # shellcheck disable=SC2086 # XDIST, COV and DURATIONS are lists of options
 env -u DATABASE_URL $BIN/pytest $XDIST $COV $DURATIONS -m "not postgres" "$@"
 
