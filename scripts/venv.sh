@@ -58,7 +58,7 @@ Looked for python3.14, python3.13, python3.12 and python3 on PATH, and under
 MSG
         exit 1
     fi
-    echo "creating $VENV with $PY ($("$PY" --version))"
+    echo "== creating $VENV with $PY ($("$PY" --version)), then installing what uv.lock pins (a minute or two)"
     "$PY" -m venv "$VENV"
 fi
 

@@ -26,6 +26,8 @@ PAGES = ("README.md", "docs/agents.md", "docs/api.md", "docs/recovery.md", "docs
 
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 KINDS = ("demo", "reference")
+#: Languages whose blocks are pictures, not text to run or adapt (each checked by a test of its own).
+PICTURES = ("mermaid",)
 
 
 @dataclass

@@ -12,6 +12,7 @@ held first call, and an approver of another tenant.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +30,10 @@ from ledgerdash.ledger.errors import (
 )
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, Membership, State, Tenant
+from ledgerdash.ledger.moves import CREATE_MOVES, LEGAL_MOVES
 from tests.conftest import AGENT, RECONCILER
 from tests.factories import attempt_in
+from tests.live import ROOT
 from tests.test_approvals import under_review
 from tests.test_people_moves_ask_rules import held_first_call
 
@@ -156,3 +159,15 @@ def _same_answer(where: str, answer: rules.Allowed, outcome: LedgerError | None)
     assert type(outcome) is expected, f"{where}: the rules say {answer.because} ({answer.why_not}), got {outcome!r}"
     said = [str(outcome), *getattr(outcome, "changes", [])]
     assert any(answer.why_not in words for words in said), f"{where}: {said} do not say {answer.why_not!r}"
+
+
+def test_the_readmes_state_diagram_is_the_table_of_legal_moves() -> None:
+    """README.md draws every legal move, with who may make it, and nothing else (Mermaid)."""
+    (diagram,) = re.findall(r"^```mermaid\n(.*?)^```$", (ROOT / "README.md").read_text(), re.MULTILINE | re.DOTALL)
+    names = {"agent": "agent", "reconciler": "reconciler", "person": "user"}
+    drawn = {}
+    for start, end, who in re.findall(r"^\s*(\S+) --> (\S+): (.+)$", diagram, re.MULTILINE):
+        drawn[(start, end)] = {names[w.strip()] for w in who.split(",")}
+    table = {(str(a), str(b)): {str(actor) for actor in actors} for (a, b), actors in LEGAL_MOVES.items()}
+    table |= {("[*]", str(state)): {str(actor) for actor in actors} for state, actors in CREATE_MOVES.items()}
+    assert drawn == table

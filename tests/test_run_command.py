@@ -142,6 +142,8 @@ def test_every_fenced_block_of_the_first_hour_pages_is_run_or_says_it_is_a_refer
     for page in newcomer_examples.PAGES:
         for info, _ in newcomer_examples.fences(page):
             words = info.split()
+            if words and words[0] in newcomer_examples.PICTURES:
+                continue
             assert len(words) >= 2, f"{page}: a fenced block must say demo (run by this test) or reference: {info!r}"
             assert words[1] in newcomer_examples.KINDS, f"{page}: {info!r}"
     runnable = {page: newcomer_examples.examples(page) for page in newcomer_examples.PAGES}
