@@ -10,7 +10,7 @@ PG_SEEDS ?= 2000
 FIRST_SEED ?= 1
 SIM_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: venv bench-venv lock run check test test-pgbouncer ha-drill simulate simulate-long simulate-long-pg lint bench bench-quick bench-growth clean
+.PHONY: venv bench-venv lock run check test test-pgbouncer ha-drill simulate simulate-long simulate-long-pg screenshots lint bench bench-quick bench-growth clean
 
 ## .venv with exactly what uv.lock pins (the app and the dev tools).
 venv:
@@ -80,6 +80,13 @@ simulate-long: venv
 simulate-long-pg: venv
 	@DEBUG=true $(PY) manage.py simulate --seeds $(PG_SEEDS) --first-seed $(FIRST_SEED) --jobs $(JOBS) \
 		--reach-all --database $(SIM_DATABASE_URL)
+
+## The screenshots the README and docs/dashboard.md show, made again by the browser tests that take
+## them (PostgreSQL, Debian's chromium): commit docs/screenshots/ after a change to the pages.
+screenshots: venv
+	@./scripts/browser.sh
+	@LEDGERDASH_DOC_SHOTS=1 DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/ledgerdash} \
+		$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_browser.py tests/test_browser_approvals.py
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -23,6 +23,11 @@ from ledgerdash.processes import stop_group
 ROOT = Path(__file__).resolve().parent.parent
 #: The interpreter running the tests: its virtualenv is the one the child processes need.
 PYTHON = sys.executable
+#: The screenshots the README and the docs show (docs/screenshots/<name>.png): `make screenshots`
+#: runs the browser tests with LEDGERDASH_DOC_SHOTS set, and these shots are written there too,
+#: so a picture in the docs is what the dashboard draws now.
+DOC_SHOTS = frozenset({"overview", "unknown-queue-after-claim", "approvals-queue"})
+DOC_SHOTS_DIR = ROOT / "docs" / "screenshots"
 
 
 def manage(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

@@ -11,6 +11,7 @@ Content-Security-Policy violations; screenshots go to ``test-artifacts/``.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from ledgerdash.ledger.models import Attempt, AttemptEvent, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
 from tests.conftest import AGENT, IN_CI, TOOLS_V1, record
 from tests.factories import attempt_in
-from tests.live import ROOT
+from tests.live import DOC_SHOTS, DOC_SHOTS_DIR, ROOT
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -98,6 +99,8 @@ class Person:
     def shot(self, name: str) -> None:
         ARTIFACTS.mkdir(exist_ok=True)
         self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        if os.environ.get("LEDGERDASH_DOC_SHOTS") and name in DOC_SHOTS:
+            shutil.copyfile(ARTIFACTS / f"{name}.png", DOC_SHOTS_DIR / f"{name}.png")
 
     def close(self) -> None:
         self.context.close()
@@ -145,7 +148,7 @@ def test_an_operator_claims_stuck_work_and_an_approver_settles_a_linked_retry(
     # the first item with the keyboard: j to select it, c to claim it.
     operator = people("operator-a")
     page = operator.page
-    operator.shot("overview")
+    operator.shot("overview-operator")
     page.get_by_role("navigation", name="Main").get_by_role("link", name="UNKNOWN").click()
     expect(page.get_by_role("heading", name="UNKNOWN queue")).to_be_visible()
     row = page.locator(f"#row-{stuck.pk}")

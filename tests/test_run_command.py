@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests import newcomer_examples
-from tests.live import ROOT, Browser, free_port, running
+from tests.live import DOC_SHOTS, DOC_SHOTS_DIR, ROOT, Browser, free_port, running
 
 pytestmark = [
     pytest.mark.slow,
@@ -182,3 +183,16 @@ def test_the_crash_walk_of_the_recovery_guide(demo: Demo) -> None:
     assert "not sent again: " in output
     assert "settled: OUTCOME_CONFIRMED eff_" in output
     assert demo.effects("invoice:INV-22:send") == 1
+
+
+def test_every_screenshot_the_docs_show_is_one_a_browser_test_takes() -> None:
+    """A picture in the docs is made by `make screenshots` (the browser tests), never by hand."""
+    shown = set()
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        shown |= set(re.findall(r"\]\((?:docs/)?screenshots/([\w-]+)\.png\)", page.read_text()))
+    assert shown == DOC_SHOTS
+    assert {path.stem for path in DOC_SHOTS_DIR.glob("*.png")} == DOC_SHOTS
+    taken = set(
+        re.findall(r'\.shot\("([\w-]+)"\)', "".join(p.read_text() for p in ROOT.glob("tests/test_browser*.py")))
+    )
+    assert taken >= DOC_SHOTS
