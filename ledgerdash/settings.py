@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_htmx",
+    "ninja",  # the interactive API docs' page and static files (/api/v1/docs)
     "axes",
     "ledgerdash.ledger",
     "ledgerdash.notify",

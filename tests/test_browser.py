@@ -346,3 +346,36 @@ def test_a_tool_name_never_breaks_mid_word_in_the_queue(people: Any, tenant_a: T
     )
     assert lines == 1
     operator.shot("unknown-queue-narrow")
+
+
+def test_the_interactive_api_docs_run_a_call_with_a_token_under_the_csp(
+    people: Any, tenant_a: Tenant, viewer_a: Any
+) -> None:
+    """/api/v1/docs: Swagger UI from the app's own static files, under the site's policy (a
+    violation fails the test through the page's watcher), its token box sending the bearer token."""
+    from playwright.sync_api import expect
+
+    from ledgerdash.ledger.tokens import token_create
+
+    attempt = attempt_in(S.UNKNOWN, tenant_a, key="docs-1")
+    _, raw = token_create(tenant=tenant_a, name="docs", scopes=["attempts:read"], actor=Actor.system("test"))
+    reader = people("viewer-a")
+    page = reader.page
+    response = page.goto(reader.base_url + "/api/v1/docs")
+    assert response is not None
+    assert response.status == 200
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    expect(page.get_by_role("heading", name="ledgerdash ingest API")).to_be_visible()
+    page.get_by_role("button", name="Authorize").first.click()
+    page.locator(".modal-ux input").first.fill(raw)
+    page.locator(".modal-ux button.authorize").click()
+    expect(page.locator(".modal-ux")).to_contain_text("Authorized")
+    page.locator(".modal-ux button.btn-done").click()
+    operation = page.locator(".opblock-get", has_text="/api/v1/attempts/{attempt_id}").first
+    operation.locator(".opblock-summary").click()
+    operation.get_by_role("button", name="Try it out").click()
+    operation.locator("input[placeholder='attempt_id']").fill(str(attempt.pk))
+    operation.get_by_role("button", name="Execute").click()
+    expect(operation.locator(".live-responses-table tbody .response-col_status").first).to_have_text("200")
+    expect(operation.locator(".live-responses-table")).to_contain_text('"state": "UNKNOWN"')
+    reader.shot("api-docs")

@@ -17,9 +17,14 @@ state machine.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver
+from django.utils.csp import CSP, build_policy
 from ninja import NinjaAPI
 from ninja.openapi.schema import OpenAPISchema
 
@@ -30,6 +35,19 @@ from ledgerdash.ledger.api.parsing import StrictJsonParser
 from ledgerdash.ledger.api.rendering import JsonRenderer
 
 __all__ = ["API_CODES", "STATUS_BY_CODE", "api", "urls"]
+
+
+def under_the_sites_csp(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """The API's own chain sets no Content-Security-Policy (its answers are JSON); its docs page is
+    HTML, so it gets the site's policy (``SECURE_CSP``), as every dashboard page does."""
+
+    @functools.wraps(view)
+    def docs(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        response = view(request, *args, **kwargs)
+        response.headers[str(CSP.HEADER_ENFORCE)] = build_policy(settings.SECURE_CSP)
+        return response
+
+    return docs
 
 
 class LedgerApi(NinjaAPI):
@@ -49,7 +67,9 @@ api = LedgerApi(
         "status lists the codes it may carry."
     ),
     urls_namespace="ledger-api-v1",
-    docs_url=None,
+    # Swagger UI from ninja's own static files (no CDN; its settings are a JSON block, not a script), under the CSP.
+    docs_url="/docs",
+    docs_decorator=under_the_sites_csp,
     parser=StrictJsonParser(),
     renderer=JsonRenderer(),
 )
