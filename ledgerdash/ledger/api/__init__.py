@@ -18,8 +18,8 @@ state machine.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, cast
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -44,7 +44,8 @@ def under_the_sites_csp(view: Callable[..., HttpResponse]) -> Callable[..., Http
     @functools.wraps(view)
     def docs(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         response = view(request, *args, **kwargs)
-        response.headers[str(CSP.HEADER_ENFORCE)] = build_policy(settings.SECURE_CSP)
+        policy = cast("Mapping[str, Collection[str]]", settings.SECURE_CSP)  # settings.py: lists of sources
+        response.headers[str(CSP.HEADER_ENFORCE)] = build_policy(policy)
         return response
 
     return docs
