@@ -14,6 +14,7 @@ bench/results/<time>.json (and bench/results/latest-<mode>.json).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, Databases, Target, median, say, setup_django
+from ledgerdash.ops.progress import Progress
 
 BENCHMARKS = ("recording", "fastpaths", "queue", "reconciler", "export", "notify")
 #: Run only when named (--only): the growth benchmark loads 50 million events (an hour here).
@@ -145,9 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     report["databases"] = [dbs.main, dbs.template, dbs.dbos]
     ctx = Context(dbs=dbs, quick=args.quick, results_dir=results_dir)
     targets: list[Target] = []
+    stack = contextlib.ExitStack()
     try:
         dbs.prepare_template()
         setup_django(dbs.url_of(dbs.main))
+        bar = stack.enter_context(Progress("benchmarks", total=len(chosen), capture_prints=True))
         for name in chosen:
             say(f"\n=== {name}")
             began = time.monotonic()
@@ -166,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             for note in result.get("notes", []):
                 say(f"note: {note}")
             say(f"({name}: {result['seconds']:.0f}s, load average at the end {result['load_average_at_end']})")
+            bar.advance()
     finally:
+        stack.close()
         if args.keep:
             say(f"kept the scratch databases: {', '.join(dbs.created)}")
         else:

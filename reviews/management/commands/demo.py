@@ -47,6 +47,7 @@ from ledgerdash.ledger.errors import AwaitingApproval, LedgerError, NothingHappe
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, DrillRun, OnCallShift, State, Tenant
 from ledgerdash.ledger.policies import policy_publish
+from ledgerdash.ops.progress import Progress
 
 PASSWORD = "ledgerdash-demo"  # noqa: S105 - published on purpose: demo users only, refused with DEBUG off
 PEOPLE = [
@@ -146,12 +147,16 @@ class Command(BaseCommand):
         users = {user.username: user for user in get_user_model().objects.filter(username__in=[p[0] for p in PEOPLE])}
         self.stdout.write("crashing agents for the demo (the crash drill, against the sandbox provider)…")
         runs = []
-        for tenant, plan in self._drill_plans():
-            queued = DrillRun.objects.filter(tenant__slug=tenant, finished_at=None, cases_total=0).first()
-            mode, seed = ("fixed", None) if tenant == "acme" else ("random", 1)
-            with Drill(tenant=tenant, sandbox_url=sandbox_url) as drill:
-                runs.append(drill.run(plan, mode=mode, seed=seed, queued=queued))
-            self.stdout.write(f"  {tenant}: drill #{runs[-1].pk}, {runs[-1].cases_total} cases")
+        plans = self._drill_plans()
+        with Progress(
+            "the demo's crash drills", total=sum(len(plan) for _, plan in plans), write=self.stdout.write
+        ) as bar:
+            for tenant, plan in plans:
+                queued = DrillRun.objects.filter(tenant__slug=tenant, finished_at=None, cases_total=0).first()
+                mode, seed = ("fixed", None) if tenant == "acme" else ("random", 1)
+                with Drill(tenant=tenant, sandbox_url=sandbox_url, progress=lambda _line: bar.advance()) as drill:
+                    runs.append(drill.run(plan, mode=mode, seed=seed, queued=queued))
+                bar.say(f"  {tenant}: drill #{runs[-1].pk}, {runs[-1].cases_total} cases")
         if sandbox_url:
             # Keep the lookup API "down" so the UNKNOWN queue stays live for the demo.
             with contextlib.suppress(OSError):

@@ -13,6 +13,7 @@ from django.utils.dateparse import parse_datetime
 
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import State, Tenant
+from ledgerdash.ops.progress import Progress
 from reviews import exports
 from reviews.queries import ListQuery
 
@@ -81,7 +82,11 @@ class Command(BaseCommand):
                 sys.stdout.write(text)
             sys.stdout.flush()
             return
-        with open(options["out"], "w", encoding="utf-8", newline="") as out:
+        with (
+            open(options["out"], "w", encoding="utf-8", newline="") as out,
+            Progress("exporting (batches written)", total=None, write=self.stderr.write) as bar,
+        ):
             for text in exports.stream(request):
                 out.write(text)
+                bar.advance()
         self.stderr.write(f"exported to {options['out']}")

@@ -21,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ledgerdash.ledger.drill.providers import PROVIDERS
 from ledgerdash.ledger.drill.runner import Drill, fixed_plan, random_plan
 from ledgerdash.ledger.models import DrillRun
+from ledgerdash.ops.progress import Progress
 
 
 class Command(BaseCommand):
@@ -77,14 +78,20 @@ class Command(BaseCommand):
                 "A to D in process and over the HTTP API; A to C also for a tool that claims its dispatch "
                 "with the intent)"
             )
-        with Drill(
-            tenant=options["tenant"],
-            workdir=options["workdir"],
-            sandbox_url=options["sandbox_url"],
-            provider=name,
-            progress=self.stdout.write,
-        ) as drill:
-            run = drill.run(plan, mode=mode, seed=seed)
+        with Progress("crash drill", total=len(plan), write=self.stdout.write) as bar:
+
+            def case_done(line: str) -> None:
+                bar.say(line)
+                bar.advance()
+
+            with Drill(
+                tenant=options["tenant"],
+                workdir=options["workdir"],
+                sandbox_url=options["sandbox_url"],
+                provider=name,
+                progress=case_done,
+            ) as drill:
+                run = drill.run(plan, mode=mode, seed=seed)
         self._summarize(run)
         self.stdout.write(run.report["keys"]["note"])
         if options["json_out"]:

@@ -29,6 +29,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledgerdash.ledger.simulation import batch, invariants, runner
+from ledgerdash.ops.progress import Progress
 
 #: Failing seeds shrunk by default, the lowest first: each takes up to a dozen more runs, and a run that
 #: found many holes is better told about all of them soon than about a few of them shortest.
@@ -123,24 +124,27 @@ class Command(BaseCommand):
         started = time.monotonic()
         tally = Counter[str]()
 
+        bar = Progress("seeds", total=len(seeds), write=self.stdout.write)
+
         def each(outcome: runner.Outcome) -> None:
             tally["run"] += 1
             tally["failed"] += not outcome.ok
+            bar.advance()
             if replaying:
                 self._history(outcome)
             elif not outcome.ok:
                 first = outcome.violations[0]
                 when = "after faults stopped" if outcome.settling else "with faults on"
-                self.stdout.write(
+                bar.say(
                     f"  seed {outcome.seed} failed: {first.invariant} at step {first.step}, {when} "
                     "(reported at the end)"
                 )
-            if tally["run"] % 50 == 0 and len(seeds) > 50:
+            if tally["run"] % 50 == 0 and len(seeds) > 50 and not bar.drawn:
                 run, failed = tally["run"], tally["failed"]
                 so_far = f"{run} seeds run, {failed} failed" if failed else f"{run} seeds passed"
-                self.stdout.write(f"  {so_far} ({time.monotonic() - started:.0f} s)")
+                bar.say(f"  {so_far} ({time.monotonic() - started:.0f} s)")
 
-        with batch.start(database, steps=steps, faults=faults, jobs=jobs) as runs:
+        with bar, batch.start(database, steps=steps, faults=faults, jobs=jobs) as runs:
             try:
                 results, kept = runs.run(
                     seeds, stop_on_failure=options["stop_on_failure"], each=each, keep=options["keep"]
