@@ -129,6 +129,23 @@ def test_metrics_show_the_queues_by_tenant_and_state(client: Client, stuck: dict
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("metrics_on")
+def test_a_quiet_tenant_has_every_series_at_zero_not_missing(client: Client, tenant_a: Any) -> None:
+    """An empty queue is a line at 0 on a graph; no samples at all means the metrics are broken."""
+    samples = scrape(client)
+    acme = ("tenant", "acme")
+    for state in ("INTENT_RECORDED", "UNKNOWN", "MANUAL_REVIEW", "OUTCOME_CONFIRMED"):
+        assert samples[("ledgerdash_attempts", (("state", state), acme))] == 0
+    for state in ("UNKNOWN", "MANUAL_REVIEW"):
+        assert samples[("ledgerdash_oldest_attempt_age_seconds", (("state", state), acme))] == 0
+    for name in ("ledgerdash_attempts_due", "ledgerdash_oldest_due_seconds", "ledgerdash_dispatch_leases_expired"):
+        assert samples[(name, (acme,))] == 0
+    assert samples[("ledgerdash_incidents_open", (("kind", "duplicate"), acme))] == 0
+    for status in ("pending", "sent", "dead"):
+        assert samples[("ledgerdash_notify_deliveries", (("status", status), acme))] == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("metrics_on")
 def test_a_tenant_never_verified_has_a_chain_sample_so_its_alert_can_fire(client: Client, tenant_a: Any) -> None:
     from django.core.management import call_command
 

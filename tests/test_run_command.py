@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import time
@@ -28,6 +29,11 @@ pytestmark = [
         os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="the run command serves the embedded SQLite"
     ),
 ]
+
+
+#: /metrics for the Grafana dashboard's test (the demo serves it only with a token).
+METRICS_TOKEN = "grafana-test-" + "x" * 16
+GRAFANA = ROOT / "deploy" / "grafana"
 
 
 @dataclass
@@ -69,7 +75,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
     port = free_port()
     while not free_port_is(port + 100):
         port = free_port()
-    env = {"LEDGERDASH_VAR_DIR": str(var_dir), "DEBUG": "true", "DATABASE_URL": ""}
+    env = {"LEDGERDASH_VAR_DIR": str(var_dir), "DEBUG": "true", "DATABASE_URL": "", "METRICS_TOKEN": METRICS_TOKEN}
     # The run command migrates and has real agents make the demo's calls before it serves; the
     # demo's crash drills run once the dashboard answers, their progress on the overview.
     with running(
@@ -196,3 +202,71 @@ def test_every_screenshot_the_docs_show_is_one_a_browser_test_takes() -> None:
         re.findall(r'\.shot\("([\w-]+)"\)', "".join(p.read_text() for p in ROOT.glob("tests/test_browser*.py")))
     )
     assert taken >= DOC_SHOTS
+
+
+# --- the Grafana dashboard's every query, against a real Prometheus scraping the demo ------------
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    dashboard = json.loads((GRAFANA / "dashboards" / "ledgerdash.json").read_text())
+    return [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def test_the_grafana_dashboard_is_provisioned_from_its_files() -> None:
+    dashboard = json.loads((GRAFANA / "dashboards" / "ledgerdash.json").read_text())
+    source = (GRAFANA / "provisioning" / "datasources" / "ledgerdash.yaml").read_text()
+    uids = {panel["datasource"]["uid"] for panel in dashboard["panels"]}
+    uids |= {t["datasource"]["uid"] for panel in dashboard["panels"] for t in panel["targets"]}
+    assert uids == {"ledgerdash-prometheus"}
+    assert "uid: ledgerdash-prometheus" in source
+    assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])
+    assert "type: file" in (GRAFANA / "provisioning" / "dashboards" / "ledgerdash.yaml").read_text()
+    # What docs/production.md says it shows, it shows.
+    titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
+    for word in ("waiting", "oldest", "reconciler", "decisions", "incidents", "notification", "chains", "latency"):
+        assert word in titles
+
+
+def test_every_grafana_panel_query_returns_data_from_a_prometheus_scraping_the_demo(demo: Demo, tmp_path: Path) -> None:
+    prometheus = shutil.which("prometheus")
+    assert prometheus, "Debian's prometheus package: scripts/promtool.sh installs it (make test does)"
+    demo.drills_done()  # the reconciler's passes and decisions are in the ledger
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: ledgerdash\n"
+        f"    authorization: {{type: Bearer, credentials: {METRICS_TOKEN}}}\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{demo.port}']}}]\n"
+    )
+    command = [
+        prometheus,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tmp_path / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    with running(command, url=f"http://127.0.0.1:{port}/-/ready", timeout=60):
+        queries = panel_queries()
+        empty: list[str] = queries_without_data(port, queries)
+        deadline = time.monotonic() + 90  # enough scrapes for every rate() and increase()
+        while empty and time.monotonic() < deadline:
+            time.sleep(2)
+            empty = queries_without_data(port, queries)
+        assert empty == [], "panels whose query returned nothing from the live ledger"
+        assert query(port, 'up{job="ledgerdash"}') == [1.0]
+
+
+def query(port: int, expr: str) -> list[float]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        body = json.load(answer)
+    assert body["status"] == "success", body
+    result = body["data"]["result"]
+    if body["data"]["resultType"] == "scalar":
+        return [float(result[1])]
+    return [float(sample["value"][1]) for sample in result]
+
+
+def queries_without_data(port: int, queries: list[tuple[str, str]]) -> list[str]:
+    return [f"{title}: {expr}" for title, expr in queries if not query(port, expr)]

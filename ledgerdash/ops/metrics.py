@@ -62,6 +62,15 @@ REQUEST_SECONDS = Histogram(
 WORKER_ACTIVE = timedelta(minutes=5)
 
 
+def _every(
+    tenants: list[str], values: dict[tuple[str, str], float], labels: list[str]
+) -> Iterator[tuple[str, str, float]]:
+    """``values`` by tenant and label, with 0 for every tenant and label it has no value for."""
+    for tenant in tenants:
+        for label in labels:
+            yield tenant, str(label), values.get((tenant, str(label)), 0)
+
+
 class LedgerCollector(Collector):
     """The ledger's state, read at scrape time with a handful of grouped queries."""
 
@@ -80,9 +89,16 @@ class LedgerCollector(Collector):
 
     def _ledger(self) -> Iterable[Metric]:
         now = clock.now()
+        # Every tenant has each series, 0 when there is nothing to count: a queue that empties
+        # stays a line at 0 on a graph, and "no samples" keeps meaning the metrics are broken.
+        tenants = list(Tenant.objects.order_by("slug").values_list("slug", flat=True))
         attempts = GaugeMetricFamily("ledgerdash_attempts", "Attempts by tenant and state.", labels=["tenant", "state"])
-        for row in Attempt.objects.order_by().values("tenant__slug", "state").annotate(n=Count("id")):
-            attempts.add_metric([row["tenant__slug"], row["state"]], row["n"])
+        counted = {
+            (row["tenant__slug"], row["state"]): row["n"]
+            for row in Attempt.objects.order_by().values("tenant__slug", "state").annotate(n=Count("id"))
+        }
+        for tenant, state, n in _every(tenants, counted, list(State)):
+            attempts.add_metric([tenant, state], n)
         yield attempts
 
         oldest = GaugeMetricFamily(
@@ -96,8 +112,9 @@ class LedgerCollector(Collector):
             .values("tenant__slug", "state")
             .annotate(first=Min("created_at"))
         )
-        for w in waiting:
-            oldest.add_metric([w["tenant__slug"], w["state"]], (now - w["first"]).total_seconds())
+        ages = {(w["tenant__slug"], w["state"]): (now - w["first"]).total_seconds() for w in waiting}
+        for tenant, state, age in _every(tenants, ages, list(OWNED_STATES)):
+            oldest.add_metric([tenant, state], age)
         yield oldest
 
         due = GaugeMetricFamily(
@@ -114,9 +131,11 @@ class LedgerCollector(Collector):
             .values("tenant__slug")
             .annotate(n=Count("id"), first=Min("next_check_at"))
         )
-        for d in rows:
-            due.add_metric([d["tenant__slug"]], d["n"])
-            overdue.add_metric([d["tenant__slug"]], (now - d["first"]).total_seconds())
+        by_tenant = {d["tenant__slug"]: d for d in rows}
+        for tenant in tenants:
+            d = by_tenant.get(tenant)
+            due.add_metric([tenant], d["n"] if d else 0)
+            overdue.add_metric([tenant], (now - d["first"]).total_seconds() if d else 0)
         yield due
         yield overdue
 
@@ -131,8 +150,9 @@ class LedgerCollector(Collector):
             .values("tenant__slug")
             .annotate(n=Count("id"))
         )
-        for lease in lapsed:
-            expired.add_metric([lease["tenant__slug"]], lease["n"])
+        lapsed_by = {lease["tenant__slug"]: lease["n"] for lease in lapsed}
+        for tenant in tenants:
+            expired.add_metric([tenant], lapsed_by.get(tenant, 0))
         yield expired
 
         incidents = GaugeMetricFamily(
@@ -146,22 +166,27 @@ class LedgerCollector(Collector):
             .values("tenant__slug", "kind")
             .annotate(n=Count("id"))
         )
-        for i in open_rows:
-            incidents.add_metric([i["tenant__slug"], i["kind"]], i["n"])
+        opened = {(i["tenant__slug"], i["kind"]): i["n"] for i in open_rows}
+        for tenant, kind, n in _every(tenants, opened, list(Incident.Kind)):
+            incidents.add_metric([tenant, kind], n)
         yield incidents
 
         yield from self._reconciler()
         yield from self._chains()
-        yield from self._notifications(now)
+        yield from self._notifications(now, tenants)
 
-    def _notifications(self, now: datetime) -> Iterable[Metric]:
+    def _notifications(self, now: datetime, tenants: list[str]) -> Iterable[Metric]:
         deliveries = GaugeMetricFamily(
             "ledgerdash_notify_deliveries",
             "Notification deliveries by tenant and result: pending (the outbox), sent, dead (an admin may resend).",
             labels=["tenant", "status"],
         )
-        for counted in Delivery.objects.order_by().values("tenant__slug", "status").annotate(n=Count("id")):
-            deliveries.add_metric([counted["tenant__slug"], counted["status"]], counted["n"])
+        by_status = {
+            (row["tenant__slug"], row["status"]): row["n"]
+            for row in Delivery.objects.order_by().values("tenant__slug", "status").annotate(n=Count("id"))
+        }
+        for tenant, status, n in _every(tenants, by_status, list(DeliveryStatus)):
+            deliveries.add_metric([tenant, status], n)
         yield deliveries
         waiting = GaugeMetricFamily(
             "ledgerdash_notify_oldest_due_seconds",
