@@ -19,6 +19,7 @@ app_name = "reviews"
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("trends/", views.trends, name="trends"),
     path("export.<str:fmt>", audit_views.export, name="export"),
     path("queues/<slug:queue>/", views.attempt_list, name="queue"),
     path("approvals/", approvals.approvals, name="approvals"),

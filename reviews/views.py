@@ -19,6 +19,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.forms import Form
 from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
@@ -26,7 +27,7 @@ from ledgerdash.ledger import moves, rules, tenancy
 from ledgerdash.ledger.errors import ApprovalRefused, LedgerError
 from ledgerdash.ledger.events import Actor
 from ledgerdash.ledger.models import Attempt, Role, State, roles_at_least
-from reviews import diffs, history, queries, timeline
+from reviews import charts, diffs, history, queries, timeline
 from reviews.forms import (
     AbandonForm,
     ApproveForm,
@@ -79,6 +80,17 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
         context["chains"] = queries.chain_status(request.user, tenants=tenants)
         context["administers"] = Role.ADMIN in roles.values()
     return render_region(request, "reviews/home.html", "counts", context)
+
+
+@login_required
+@require_safe
+def trends(request: HtmxHttpRequest) -> HttpResponse:
+    """The overview's last 24 hours, fetched after the overview (it reads up to
+    ``charts.RECENT_EVENTS`` events): the section alone for htmx, a page of its own without it."""
+    tenants = tenants_or_403(request)
+    context = {"trends": charts.trends([t.pk for t in tenants]), "recent_events": f"{charts.RECENT_EVENTS:,}"}
+    template = "reviews/_charts.html#trends" if is_partial(request) else "reviews/trends.html"
+    return render(request, template, context)
 
 
 def _latest_drills(request: HtmxHttpRequest, tenant_ids: list[int]) -> dict[str, Any]:
@@ -166,6 +178,7 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
         "child_diffs": [diffs.diff(attempt, child) for child in children],
         # Repeated checks folded, in pages; the audit report keeps every event.
         "timeline": history_page,
+        "strip": charts.strip(attempt),
         "created": history.origin(attempt, history_page.creating),
         "actions": actions,
         "approval": approval,

@@ -320,6 +320,14 @@ def test_the_main_pages_load_cleanly_for_a_viewer(people: Any, tenant_a: Tenant,
         assert "unsafe-inline" not in csp
         viewer.shot(name)
     expect(page.get_by_text("acting on it needs the operator role")).to_be_visible()
+    # The pictures render: the attempt's states over time, and the overview's last 24 hours (fetched after it).
+    strip = page.locator("svg.strip")
+    expect(strip).to_be_visible()
+    assert strip.bounding_box()["height"] > 10
+    page.goto(viewer.base_url + "/")
+    expect(page.locator("#trends svg.bars").first).to_be_visible()
+    assert page.locator("#trends svg.bars .bar").count() >= 3 * 24
+    viewer.shot("viewer-overview-trends")
     # Filters work through htmx and land in the address bar.
     page.goto(viewer.base_url + "/queues/review/")
     page.get_by_label("Sort").select_option("newest")
