@@ -35,7 +35,7 @@ import gzip
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -242,10 +242,16 @@ def _export(partition: partitions.Partition, directory: Path, before: Archived) 
     return target, sorted(ends.values(), key=lambda e: (e.tenant_id, e.stripe)), count
 
 
-def archive_oldest(directory: Path, *, older_than: timedelta, limit: int | None = None) -> list[EventArchive]:
+def archive_oldest(
+    directory: Path,
+    *,
+    older_than: timedelta,
+    limit: int | None = None,
+    archived: Callable[[EventArchive], object] | None = None,
+) -> list[EventArchive]:
     """Archive the oldest partitions, one after the other, while each may
     leave (see the module's docstring); stop at the first that may not, and
-    say why when none left."""
+    say why when none left. ``archived`` is told of each as it is done."""
     if connection.vendor != "postgresql":
         raise ArchiveError("archiving moves partitions of the events out of PostgreSQL; SQLite keeps one table")
     directory.mkdir(parents=True, exist_ok=True)
@@ -259,6 +265,8 @@ def archive_oldest(directory: Path, *, older_than: timedelta, limit: int | None 
                 raise ArchiveError(reason)
             break
         done.append(_archive(oldest, directory, now))
+        if archived is not None:
+            archived(done[-1])
     return done
 
 

@@ -38,7 +38,7 @@ import itertools
 import json
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -435,6 +435,7 @@ def verify(
     known: dict[str, list[KnownHead]] | None = None,
     incremental: bool = False,
     archive_dir: Path | None = None,
+    walked: Callable[[ChainResult], object] | None = None,
 ) -> list[ChainResult]:
     """Walk each tenant's chains (all tenants by default) against the heads
     ``known`` by tenant slug and the furthest heads an earlier walk verified;
@@ -443,7 +444,8 @@ def verify(
     heads (see :func:`verify_tenant`); a tenant never walked is walked whole.
     Where partitions of the events were archived, each chain starts where
     the archive ends it; ``archive_dir``: read the archive's files there and
-    walk them first (:mod:`ledgerdash.ledger.archive`)."""
+    walk them first (:mod:`ledgerdash.ledger.archive`). ``walked`` is told of
+    each tenant's result as its walk ends (a progress bar counts them)."""
     chosen = list(tenants if tenants is not None else Tenant.objects.order_by("slug"))
     found = archives.archived() if connection.vendor == "postgresql" else archives.Archived()
     reader = archives.Reader(archive_dir, found) if archive_dir is not None else None
@@ -480,6 +482,8 @@ def verify(
             archive=part,
             attempts_since=walked_at.get(tenant.pk) if incremental else None,
         )
+        if walked is not None:
+            walked(by_tenant[tenant.pk])
     results = [by_tenant[tenant.pk] for tenant in chosen]
     if save:
         for result in results:

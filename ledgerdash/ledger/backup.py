@@ -17,6 +17,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from django.db import DatabaseError, connection
@@ -168,6 +169,6 @@ def _restore_postgres(path: Path, args: list[str], env: dict[str, str]) -> None:
                 raise BackupError(f"{name} failed ({rc}): {message}; the database was left as it was")
 
 
-def verify_restored() -> list[audit.ChainResult]:
+def verify_restored(walked: Callable[[audit.ChainResult], object] | None = None) -> list[audit.ChainResult]:
     connection.close()  # read the restored database afresh
-    return audit.verify()
+    return audit.verify(walked=walked)

@@ -9,6 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledgerdash.ledger import archive
+from ledgerdash.ledger.models import EventArchive
+from ledgerdash.ops.progress import Progress
 
 
 class Command(BaseCommand):
@@ -32,11 +34,18 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["older_than"] < 0:
             raise CommandError("--older-than is a number of days, at least 0")
-        try:
-            done = archive.archive_oldest(
-                options["directory"], older_than=timedelta(days=options["older_than"]), limit=options["limit"]
-            )
-        except archive.ArchiveError as exc:
-            raise CommandError(f"nothing archived: {exc}") from None
-        for record in done:
-            self.stdout.write(f"archived {record.name}: {record.events} events to {record.file} ({record.sha256})")
+        with Progress("partitions archived", total=options["limit"], write=self.stdout.write) as bar:
+
+            def archived(record: EventArchive) -> None:
+                bar.say(f"archived {record.name}: {record.events} events to {record.file} ({record.sha256})")
+                bar.advance()
+
+            try:
+                archive.archive_oldest(
+                    options["directory"],
+                    older_than=timedelta(days=options["older_than"]),
+                    limit=options["limit"],
+                    archived=archived,
+                )
+            except archive.ArchiveError as exc:
+                raise CommandError(f"nothing archived: {exc}") from None

@@ -9,6 +9,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from ledgerdash.ledger import backup
+from ledgerdash.ledger.models import Tenant
+from ledgerdash.ops.progress import Progress
 
 
 class Command(BaseCommand):
@@ -34,7 +36,8 @@ class Command(BaseCommand):
         except backup.BackupError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(f"restored {options['backup']} into the {connection.vendor} database")
-        results = backup.verify_restored()
+        with Progress("restored chains walked", total=Tenant.objects.count(), write=self.stdout.write) as bar:
+            results = backup.verify_restored(walked=lambda _result: bar.advance())
         for result in results:
             style = self.style.SUCCESS if result.ok else self.style.ERROR
             self.stdout.write(style(result.describe()))

@@ -11,6 +11,7 @@ from ledgerdash.ledger import audit
 from ledgerdash.ledger.archive import ArchiveError
 from ledgerdash.ledger.models import Tenant
 from ledgerdash.ops.logs import LoggedChecks
+from ledgerdash.ops.progress import Progress
 
 
 class Command(LoggedChecks, BaseCommand):
@@ -76,13 +77,15 @@ class Command(LoggedChecks, BaseCommand):
                 raise CommandError(f"a known head names no tenant of this ledger: {slug}")
             kept.setdefault(slug, []).append(head)
         try:
-            results = audit.verify(
-                tenants,
-                save=not options["no_save"],
-                known=kept,
-                incremental=options["incremental"],
-                archive_dir=options["archive"],
-            )
+            with Progress("chains walked", total=len(tenants), write=self.stdout.write) as bar:
+                results = audit.verify(
+                    tenants,
+                    save=not options["no_save"],
+                    known=kept,
+                    incremental=options["incremental"],
+                    archive_dir=options["archive"],
+                    walked=lambda _result: bar.advance(),
+                )
         except ArchiveError as exc:
             raise CommandError(str(exc), returncode=1) from None
         for result in results:
