@@ -25,6 +25,8 @@ from tests.live import DOC_SHOTS, DOC_SHOTS_DIR, ROOT, Browser, free_port, runni
 
 pytestmark = [
     pytest.mark.slow,
+    # One demo serves every test here: on one worker, not one demo per worker.
+    pytest.mark.xdist_group("make-run-demo"),
     pytest.mark.skipif(
         os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="the run command serves the embedded SQLite"
     ),
