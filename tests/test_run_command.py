@@ -171,6 +171,7 @@ def test_the_agents_guides_typescript_and_framework_agents_send_once(demo: Demo)
     output = demo.examples("docs/agents.md")
     assert demo.effects("invoice:INV-19:send") == 1  # TypeScript, run twice
     assert demo.effects("invoice:INV-20:send") == 1  # LangChain through the adapter, with name=
+    assert demo.effects("invoice:INV-24:send") == 1  # an MCP client through the gateway, twice
     assert "added 1 package" in output  # the client installed from the checkout's folder, no registry
 
 
