@@ -12,6 +12,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
+from whitenoise.compress import Compressor
 
 from ledgerdash.env import env_bool, env_int, env_list, env_str, local_secret_key
 from ledgerdash.ops import logs
@@ -42,7 +43,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
-    "django.contrib.staticfiles",
+    "ledgerdash.staticfiles.StaticFiles",  # django.contrib.staticfiles, less what no page serves
     "django_htmx",
     "ninja",  # the interactive API docs' page and static files (/api/v1/docs)
     "axes",
@@ -306,6 +307,9 @@ STATIC_URL = "static/"
 # Where `collectstatic` writes the hashed files whitenoise serves with DEBUG off.
 STATIC_ROOT = Path(env_str("STATIC_ROOT") or BASE_DIR / "staticfiles")
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# Source maps (Swagger UI's, for /api/v1/docs) are collected but not compressed: no page loads
+# them, and compressing 2 MB of them twice would slow every first start (ledgerdash/staticfiles.py).
+WHITENOISE_SKIP_COMPRESS_EXTENSIONS = [*Compressor.SKIP_COMPRESS_EXTENSIONS, "map"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
