@@ -2,7 +2,8 @@
 
 No JavaScript and nothing inline for the Content-Security-Policy to refuse: the templates
 (``reviews/_charts.html``) draw rectangles from the numbers here, coloured by the stylesheet's
-classes. Each picture has a text twin for people who do not see it (its title and a table).
+classes. Each picture is also said in words for people who do not see it: its caption's numbers,
+and a label naming every bar or stay.
 
 The last 24 hours are read from the newest events only (``RECENT_EVENTS`` at most, newest
 first by primary key, which the ledger's index serves at any size): a busier day than that is
