@@ -16,7 +16,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from itertools import groupby
+from operator import itemgetter
+
+from django.db.models import Count
 
 from ledgerdash.ledger import clock
 from ledgerdash.ledger.models import ActorKind, Attempt, AttemptEvent, State
@@ -115,11 +118,16 @@ def trends(tenant_ids: list[int]) -> Trends:
             decisions[hour] += 1
         elif actor == ActorKind.RECONCILER and to_state:
             outcomes.setdefault(to_state, [0] * HOURS)[hour] += 1
-    now_counts = {state: Attempt.objects.filter(tenant_id__in=tenant_ids, state=state).count() for state in QUEUES}
+    now_counts = dict(
+        Attempt.objects.filter(tenant_id__in=tenant_ids, state__in=QUEUES)
+        .order_by()
+        .values_list("state")
+        .annotate(n=Count("id"))
+    )
     queues = []
     for state in QUEUES:
         sizes = [0] * HOURS
-        size = now_counts[state]
+        size = now_counts.get(state, 0)
         for hour in reversed(range(HOURS)):
             sizes[hour] = size
             size = max(0, size - entered[str(state)][hour] + left[str(state)][hour])
@@ -181,22 +189,16 @@ def strip(attempt: Attempt) -> Strip | None:
     )
     if not moves:
         return None
-    stays: list[list[Any]] = []
-    for at, state, who in moves:
-        if stays and stays[-1][0] == state:
-            stays[-1][3] += 1
-            continue
-        stays.append([state, at, who, 1])
+    # A stay: the move into a state (when, which, by whom) and how many moves in a row left it there.
+    stays = [(first, 1 + sum(1 for _ in rest)) for _, (first, *rest) in groupby(moves, key=itemgetter(1))]
     start = moves[0][0]
     end = max(clock.now(), moves[-1][0]) if attempt.state not in SETTLED else moves[-1][0]
-    spans = []
-    for n, (_state, at, _who, _count) in enumerate(stays):
-        until = stays[n + 1][1] if n + 1 < len(stays) else end
-        spans.append((at, until))
-    weights = [1 + math.log10(1 + (until - at).total_seconds()) for at, until in spans]
+    starts = [at for (at, _state, _who), _count in stays]
+    ends = [*starts[1:], end]
+    weights = [1 + math.log10(1 + (until - since).total_seconds()) for since, until in zip(starts, ends, strict=True)]
     scale = STRIP_WIDTH / sum(weights)
     segments, x = [], 0.0
-    for (state, _at, who, count), (at, until), weight in zip(stays, spans, weights, strict=True):
+    for ((at, state, who), count), until, weight in zip(stays, ends, weights, strict=True):
         segments.append(Segment(state, x, weight * scale, at, until, who, count))
         x += weight * scale
     return Strip(segments, start, end)
