@@ -109,7 +109,7 @@ class Command(BaseCommand):
         else:
             self._load(demo, slugs, options["sandbox_url"])
             if options["defer_drills"]:
-                for tenant, plan in self._drill_plans():
+                for tenant, plan, _mode, _seed in self._drill_plans():
                     # Shown on the overview as running, no case done, until `demo --drills` runs it.
                     DrillRun.objects.create(tenant=Tenant.objects.get(slug=tenant), iterations=len(plan), mode="")
                 self.stdout.write(self.style.SUCCESS("demo data loaded; its crash drills run next (demo --drills)"))
@@ -149,11 +149,10 @@ class Command(BaseCommand):
         runs = []
         plans = self._drill_plans()
         with Progress(
-            "the demo's crash drills", total=sum(len(plan) for _, plan in plans), write=self.stdout.write
+            "the demo's crash drills", total=sum(len(plan) for _, plan, _, _ in plans), write=self.stdout.write
         ) as bar:
-            for tenant, plan in plans:
+            for tenant, plan, mode, seed in plans:
                 queued = DrillRun.objects.filter(tenant__slug=tenant, finished_at=None, cases_total=0).first()
-                mode, seed = ("fixed", None) if tenant == "acme" else ("random", 1)
                 with Drill(tenant=tenant, sandbox_url=sandbox_url, progress=lambda _line: bar.advance()) as drill:
                     runs.append(drill.run(plan, mode=mode, seed=seed, queued=queued))
                 bar.say(f"  {tenant}: drill #{runs[-1].pk}, {runs[-1].cases_total} cases")
@@ -210,11 +209,13 @@ class Command(BaseCommand):
         self.stdout.write("  acme: two large charges wait for an approver")
 
     @staticmethod
-    def _drill_plans() -> list[tuple[str, list[Planned]]]:
-        """acme: the cases whose agents run in process and leave work for people (`manage.py
-        crashdrill` runs all of them); globex: random cases of seed 1."""
+    def _drill_plans() -> list[tuple[str, list[Planned], str, int | None]]:
+        """Each tenant's drill: its plan, mode and seed. acme: the cases whose agents run in process
+        and leave work for people (`manage.py crashdrill` runs all of them); globex: random cases
+        of seed 1."""
         acme = [p for p in fixed_plan() if p.via == "process" and p.letter in DEMO_CASES]
-        return [("acme", acme), ("globex", random_plan(6, seed=1))]
+        seed = 1
+        return [("acme", acme, "fixed", None), ("globex", random_plan(6, seed=seed), "random", seed)]
 
     def _on_call(self, users: dict[str, Any], slugs: list[str]) -> None:
         """An on-call rotation: eight-hour shifts around the demo's start."""
