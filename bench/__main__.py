@@ -14,7 +14,6 @@ bench/results/<time>.json (and bench/results/latest-<mode>.json).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -147,32 +146,30 @@ def main(argv: list[str] | None = None) -> int:
     report["databases"] = [dbs.main, dbs.template, dbs.dbos]
     ctx = Context(dbs=dbs, quick=args.quick, results_dir=results_dir)
     targets: list[Target] = []
-    stack = contextlib.ExitStack()
     try:
         dbs.prepare_template()
         setup_django(dbs.url_of(dbs.main))
-        bar = stack.enter_context(Progress("benchmarks", total=len(chosen), capture_prints=True))
-        for name in chosen:
-            say(f"\n=== {name}")
-            began = time.monotonic()
-            module = __import__(f"bench.{name}", fromlist=["run"])
-            result = module.run(ctx)
-            result["seconds"] = round(time.monotonic() - began, 1)
-            # Other work on the machine moves every figure: say how busy it was.
-            result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-            report["benchmarks"][name] = result
-            if "explain" in result:
-                say(f"query plans (EXPLAIN ANALYZE):\n{result['explain']}\n")
-            say(result["table"])
-            for target in result.get("targets", []):
-                say(target.line())
-                targets.append(target)
-            for note in result.get("notes", []):
-                say(f"note: {note}")
-            say(f"({name}: {result['seconds']:.0f}s, load average at the end {result['load_average_at_end']})")
-            bar.advance()
+        with Progress("benchmarks", total=len(chosen), capture_prints=True) as bar:
+            for name in chosen:
+                say(f"\n=== {name}")
+                began = time.monotonic()
+                module = __import__(f"bench.{name}", fromlist=["run"])
+                result = module.run(ctx)
+                result["seconds"] = round(time.monotonic() - began, 1)
+                # Other work on the machine moves every figure: say how busy it was.
+                result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+                report["benchmarks"][name] = result
+                if "explain" in result:
+                    say(f"query plans (EXPLAIN ANALYZE):\n{result['explain']}\n")
+                say(result["table"])
+                for target in result.get("targets", []):
+                    say(target.line())
+                    targets.append(target)
+                for note in result.get("notes", []):
+                    say(f"note: {note}")
+                say(f"({name}: {result['seconds']:.0f}s, load average at the end {result['load_average_at_end']})")
+                bar.advance()
     finally:
-        stack.close()
         if args.keep:
             say(f"kept the scratch databases: {', '.join(dbs.created)}")
         else:

@@ -13,8 +13,7 @@ command's own output otherwise::
 
     with Progress("crash drill", total=len(plan), write=self.stdout.write) as progress:
         for case in plan:
-            progress.say(run(case))
-            progress.advance()
+            progress.done(run(case))
 """
 
 from __future__ import annotations
@@ -102,6 +101,11 @@ class Progress:
     def advance(self, steps: int = 1) -> None:
         if self._bar is not None:
             self._bar.advance(self._task, steps)
+
+    def done(self, line: str) -> None:
+        """One step done, and the command's line about it."""
+        self.say(line)
+        self.advance()
 
     def say(self, line: str) -> None:
         """One of the command's lines: above the bar while it is drawn, else to the command's output."""

@@ -9,7 +9,6 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledgerdash.ledger import archive
-from ledgerdash.ledger.models import EventArchive
 from ledgerdash.ops.progress import Progress
 
 
@@ -35,17 +34,14 @@ class Command(BaseCommand):
         if options["older_than"] < 0:
             raise CommandError("--older-than is a number of days, at least 0")
         with Progress("partitions archived", total=options["limit"], write=self.stdout.write) as bar:
-
-            def archived(record: EventArchive) -> None:
-                bar.say(f"archived {record.name}: {record.events} events to {record.file} ({record.sha256})")
-                bar.advance()
-
             try:
                 archive.archive_oldest(
                     options["directory"],
                     older_than=timedelta(days=options["older_than"]),
                     limit=options["limit"],
-                    archived=archived,
+                    archived=lambda record: bar.done(
+                        f"archived {record.name}: {record.events} events to {record.file} ({record.sha256})"
+                    ),
                 )
             except archive.ArchiveError as exc:
                 raise CommandError(f"nothing archived: {exc}") from None

@@ -78,20 +78,17 @@ class Command(BaseCommand):
                 "A to D in process and over the HTTP API; A to C also for a tool that claims its dispatch "
                 "with the intent)"
             )
-        with Progress("crash drill", total=len(plan), write=self.stdout.write) as bar:
-
-            def case_done(line: str) -> None:
-                bar.say(line)
-                bar.advance()
-
-            with Drill(
+        with (
+            Progress("crash drill", total=len(plan), write=self.stdout.write) as bar,
+            Drill(
                 tenant=options["tenant"],
                 workdir=options["workdir"],
                 sandbox_url=options["sandbox_url"],
                 provider=name,
-                progress=case_done,
-            ) as drill:
-                run = drill.run(plan, mode=mode, seed=seed)
+                progress=bar.done,
+            ) as drill,
+        ):
+            run = drill.run(plan, mode=mode, seed=seed)
         self._summarize(run)
         self.stdout.write(run.report["keys"]["note"])
         if options["json_out"]:
