@@ -12,6 +12,7 @@ import pytest
 
 from ledgerdash.ledger.drill.cases import fixed_plan
 from ledgerdash.ledger.drill.providers import PROVIDERS
+from ledgerdash.replicas import replica
 from tests.live import manage
 
 pytestmark = [
@@ -35,6 +36,15 @@ def test_a_provider_drill_plans_only_the_kinds_the_provider_can_be() -> None:
     assert {p.idempotent for p in slack} == {False}
     assert {p.letter for p in slack} == {p.letter for p in stripe} == set("ABCDEFGHIJKL")
     assert {p.via for p in slack} == {"process", "http", "mcp"}
+
+
+@pytest.mark.parametrize("name", sorted(PROVIDERS))
+def test_the_drill_switches_on_every_unkind_behaviour_its_replica_has(name: str) -> None:
+    """An account set up the unkind way, in every way the provider's replica can show: a preset that
+    holds only against a kind replica is not drilled."""
+    assert set(PROVIDERS[name].modes) == set(replica(name).MODES)
+    for mode, value in PROVIDERS[name].modes.items():
+        assert value != replica(name).MODES[mode].off, f"{name}: the drill leaves {mode} off"
 
 
 @pytest.mark.timeout(900)

@@ -60,3 +60,21 @@ def test_every_preset_has_its_section_and_its_row() -> None:
     for name in PRESETS:
         assert f"| `{name}` |" in text, name
         assert f"`{name}`" in text.split("## Each preset", 1)[1], name
+
+
+def test_every_blind_spot_and_every_unkind_behaviour_is_in_the_guide_with_its_source() -> None:
+    """What a preset cannot see and what a replica shows are stated as data; the page says each, and
+    where the provider documents it."""
+    from ledgerdash.replicas import REPLICAS, replica
+
+    text = GUIDE.read_text()
+    for name, cls in PRESETS.items():
+        for spot in cls.blind_spots:
+            assert f"`{spot.name}`" in text, f"{name}: blind spot {spot.name} is not in the guide"
+            address = spot.source.rsplit(" ", 1)[-1]
+            assert address in text, f"{name}: {spot.name}'s source {address} is not cited"
+    for provider in REPLICAS:
+        for mode, about in replica(provider).MODES.items():
+            assert f"`{mode}`" in text, f"{provider}: mode {mode} is not in the guide"
+            address = about.source.rsplit(" ", 1)[-1]
+            assert address in text, f"{provider}: {mode}'s source {address} is not cited"

@@ -182,8 +182,9 @@ class AttemptSummaryOut(FromAttempt):
     )
     last_lookup: str = Field(
         description="The provider's answer to the last lookup: found, not_found, mismatch, unavailable, "
-        "ambiguous (more than one effect may be the call's: a person decides), or past_retention (not found, "
-        "after the provider may have forgotten the key or what it did: not evidence)."
+        "ambiguous (more than one effect may be the call's: a person decides), not_evidence (nothing seen, but "
+        "the call may lie where the lookup cannot see: a redacted message, an issue moved away), or "
+        "past_retention (not found, after the provider may have forgotten the key or what it did: not evidence)."
     )
     last_lookup_at: datetime | None
     owner: str | None = Field(

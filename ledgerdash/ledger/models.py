@@ -355,8 +355,9 @@ class Attempt(models.Model):
     check_count = models.PositiveIntegerField(default=0, db_default=0)
     last_error = models.TextField(blank=True, default="", db_default="")
     #: The answer of the last provider lookup: found, not_found, mismatch, unavailable,
-    #: ambiguous (more than one effect may be the call's), or past_retention (not found,
-    #: answered after the provider may have forgotten the key or what it did).
+    #: ambiguous (more than one effect may be the call's), not_evidence (nothing seen where
+    #: the lookup could not have seen the call), or past_retention (not found, answered
+    #: after the provider may have forgotten the key or what it did).
     last_lookup = models.CharField(max_length=16, blank=True, default="", db_default="")
     #: When the last lookup was made. A "not found" is evidence that the
     #: effect did not happen only when it was observed at or after ``lands_by``.

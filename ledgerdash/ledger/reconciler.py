@@ -357,6 +357,10 @@ class Reconciler:
             return self._escalate(
                 attempt, f"the provider's lookup cannot tell: {lookup.detail or 'ambiguous'}", details, asked_at
             )
+        if lookup.status == LookupStatus.NOT_EVIDENCE:
+            return self._escalate(
+                attempt, f"the provider's lookup could not have seen this call: {lookup.detail}", details, asked_at
+            )
         if lookup.status == LookupStatus.NOT_FOUND:
             kept, first = tool.adapter.lookup_retention, attempt.first_dispatched_at
             if kept is not None and first is not None and first + kept <= asked_at:

@@ -36,6 +36,7 @@ from ledgerdash.ledger.models import (
     Role,
     State,
 )
+from ledgerdash.ledger.providers.base import LookupStatus
 from ledgerdash.ledger.providers.registry import lookup_lag_for
 from ledgerdash.ledger.tenancy import Person
 
@@ -111,6 +112,11 @@ def _by_the_facts(attempt: Attempt, now: datetime, name: str) -> OriginalStandin
         return OriginalStanding(
             risk=f"the provider's last lookup of {name} (not found, {when(attempt.last_lookup_at)}) was asked "
             f"before its request could no longer land ({when(attempt.lands_by or shows_by)}): not evidence"
+        )
+    if attempt.last_lookup == LookupStatus.NOT_EVIDENCE:
+        return OriginalStanding(
+            risk=f"the provider's last lookup saw nothing of {name}, but the call may lie where that lookup cannot "
+            "see (its details name where): not evidence that it did not happen"
         )
     if attempt.state == S.FAILED and attempt.failed_because == FailedBecause.PERSON:
         return OriginalStanding(

@@ -30,6 +30,14 @@ for any tool name applies to all of its routes::
     POST /faults/<tool>/release      perform the held requests now -> {"performed": n}
     POST /clock {"advance": s}       move the replica's clock on (its timestamps, retention, search lag)
     DELETE /effects                  forget everything (effects and idempotency keys)
+    GET  /modes    PUT /modes {...}   DELETE /modes (back to the defaults)
+
+A mode is how an account of the provider may be set up, or a behaviour of
+the real service that is unkind to a lookup (Twilio redacting a message,
+Slack's rate for apps outside its Marketplace): each replica states its own
+in :attr:`Replica.MODES`, with the provider's page that documents it; they
+are off until switched on, and neither clearing faults nor forgetting
+effects switches them off.
 
 Standalone: nothing of Django or the ledger is imported, as a real provider
 would import neither.
@@ -150,17 +158,29 @@ class Route:
     handler: Handler
 
 
+@dataclass(frozen=True)
+class Mode:
+    """A switchable behaviour of the provider: its value when off, and where the provider documents it."""
+
+    off: Any
+    what: str
+    source: str
+
+
 class Replica:
     """One provider's state and routes. Subclasses add routes in :meth:`routes`
     and answer the provider's own way; :meth:`unauthorized` names what its
     API says when the credential is missing."""
 
     name = "replica"
+    #: The provider's unkind behaviours this replica can show (``PUT /modes``).
+    MODES: dict[str, Mode] = {}
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.effects: list[Effect] = []
         self.fault_settings: dict[str, Any] = dict(FAULTS)
+        self.mode_settings: dict[str, Any] = {name: mode.off for name, mode in self.MODES.items()}
         #: Faults that clearing the others keeps (``PUT /baseline``: a search index's lag).
         self.baseline: dict[str, Any] = {}
         self.offset = 0.0
@@ -235,6 +255,24 @@ class Replica:
         with self.lock:
             self.fault_settings.update(settings)
             return dict(self.fault_settings)
+
+    def mode(self, name: str) -> Any:
+        with self.lock:
+            return self.mode_settings[name]
+
+    def set_modes(self, settings: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(settings) - set(self.MODES)
+        if unknown:
+            known = ", ".join(sorted(self.MODES)) or "none"
+            raise ValueError(f"unknown modes of {self.name}: {', '.join(sorted(unknown))} (known: {known})")
+        for name, value in settings.items():
+            if type(value) is not type(self.MODES[name].off) and not (
+                isinstance(value, int | float) and isinstance(self.MODES[name].off, int | float)
+            ):
+                raise ValueError(f"mode {name} takes a {type(self.MODES[name].off).__name__}, not {value!r}")
+        with self.lock:
+            self.mode_settings.update(settings)
+            return dict(self.mode_settings)
 
     def hold(self, perform: Callable[[], Any]) -> None:
         with self.lock:
@@ -390,6 +428,15 @@ class ReplicaHandler(BaseHTTPRequestHandler):
                 reply = dict(replica.baseline)
             elif method == "POST" and len(parts) == 3 and parts[0] == "faults" and parts[2] == "release":
                 reply = {"performed": replica.release()}
+            elif method == "GET" and parts == ["modes"]:
+                reply = dict(replica.mode_settings)
+            elif method == "PUT" and parts == ["modes"]:
+                settings = json.loads(raw or b"{}")
+                if not isinstance(settings, dict):
+                    raise ValueError("modes must be a JSON object")
+                reply = replica.set_modes(settings)
+            elif method == "DELETE" and parts == ["modes"]:
+                reply = replica.set_modes({name: mode.off for name, mode in replica.MODES.items()})
             elif method == "POST" and parts == ["clock"]:
                 advance = float(json.loads(raw or b"{}").get("advance", 0))
                 with replica.lock:

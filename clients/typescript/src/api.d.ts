@@ -21,7 +21,7 @@ export interface AttemptOut {
   next_check_at: string | null;
   /** Until when the last dispatch may still land at the provider: the latest moment its request could have left (its dispatcher's last report, or the end of its lease while it is silent) plus the tool's maximum request time. A lookup asked before then is not evidence that it did not land. */
   lands_by: string | null;
-  /** The provider's answer to the last lookup: found, not_found, mismatch, unavailable, ambiguous (more than one effect may be the call's: a person decides), or past_retention (not found, after the provider may have forgotten the key or what it did: not evidence). */
+  /** The provider's answer to the last lookup: found, not_found, mismatch, unavailable, ambiguous (more than one effect may be the call's: a person decides), not_evidence (nothing seen, but the call may lie where the lookup cannot see: a redacted message, an issue moved away), or past_retention (not found, after the provider may have forgotten the key or what it did: not evidence). */
   last_lookup: string;
   last_lookup_at: string | null;
   /** The person who owns the attempt while it waits on people (UNKNOWN, MANUAL_REVIEW): their username; null when nobody does. */
@@ -104,7 +104,7 @@ export interface AttemptSummaryOut {
   next_check_at: string | null;
   /** Until when the last dispatch may still land at the provider: the latest moment its request could have left (its dispatcher's last report, or the end of its lease while it is silent) plus the tool's maximum request time. A lookup asked before then is not evidence that it did not land. */
   lands_by: string | null;
-  /** The provider's answer to the last lookup: found, not_found, mismatch, unavailable, ambiguous (more than one effect may be the call's: a person decides), or past_retention (not found, after the provider may have forgotten the key or what it did: not evidence). */
+  /** The provider's answer to the last lookup: found, not_found, mismatch, unavailable, ambiguous (more than one effect may be the call's: a person decides), not_evidence (nothing seen, but the call may lie where the lookup cannot see: a redacted message, an issue moved away), or past_retention (not found, after the provider may have forgotten the key or what it did: not evidence). */
   last_lookup: string;
   last_lookup_at: string | null;
   /** The person who owns the attempt while it waits on people (UNKNOWN, MANUAL_REVIEW): their username; null when nobody does. */
@@ -193,7 +193,7 @@ export interface AttemptDetailOut {
   next_check_at: string | null;
   /** Until when the last dispatch may still land at the provider: the latest moment its request could have left (its dispatcher's last report, or the end of its lease while it is silent) plus the tool's maximum request time. A lookup asked before then is not evidence that it did not land. */
   lands_by: string | null;
-  /** The provider's answer to the last lookup: found, not_found, mismatch, unavailable, ambiguous (more than one effect may be the call's: a person decides), or past_retention (not found, after the provider may have forgotten the key or what it did: not evidence). */
+  /** The provider's answer to the last lookup: found, not_found, mismatch, unavailable, ambiguous (more than one effect may be the call's: a person decides), not_evidence (nothing seen, but the call may lie where the lookup cannot see: a redacted message, an issue moved away), or past_retention (not found, after the provider may have forgotten the key or what it did: not evidence). */
   last_lookup: string;
   last_lookup_at: string | null;
   /** The person who owns the attempt while it waits on people (UNKNOWN, MANUAL_REVIEW): their username; null when nobody does. */

@@ -229,6 +229,16 @@ class ReplicaControl(SandboxControl):
     def effects(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/effects"))
 
+    def modes(self, **settings: Any) -> dict[str, Any]:
+        """Switch the provider's unkind behaviours (the replica's ``MODES``); none given: read them."""
+        if not settings:
+            return dict(self._call("GET", "/modes"))
+        return dict(self._call("PUT", "/modes", settings))
+
+    def kind(self) -> None:
+        """Every mode back off."""
+        self._call("DELETE", "/modes")
+
 
 @contextlib.contextmanager
 def replica_service(provider: str) -> Iterator[str]:

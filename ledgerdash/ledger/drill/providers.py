@@ -23,6 +23,9 @@ class DrillProvider:
     settings: dict[str, str] = field(default_factory=dict)
     #: preset option -> the credential the replica takes
     credentials: dict[str, str] = field(default_factory=dict)
+    #: The provider's unkind behaviours the drill switches on in its replica (the replica's ``MODES``),
+    #: as an account may be set up: the drill holds with them.
+    modes: dict[str, Any] = field(default_factory=dict)
 
     @property
     def adapter(self) -> type[PresetAdapter]:
@@ -54,8 +57,15 @@ PROVIDERS = {
         DrillProvider(
             "twilio",
             "twilio.message",
-            settings={"account_sid": "AC" + "d" * 32},
+            settings={"account_sid": "AC" + "d" * 32, "number_redaction": "on", "retention_days": "7"},
             credentials={"auth_token": "crashdrill"},
+            modes={
+                "redact_body": True,
+                "redact_number": True,
+                "smart_encoding": True,
+                "queue_seconds": 2.0,
+                "retention_days": 7,
+            },
         ),
         DrillProvider(
             "jira", "jira.issue", settings={"email": "crashdrill@example.com"}, credentials={"api_token": "crashdrill"}

@@ -151,9 +151,10 @@ class Drill:
         if self.provider is not None:
             self.provider.export_credentials()
             self.sandbox_url = self._stack.enter_context(replica_service(self.provider.name))
-            self.sandbox: SandboxControl = ReplicaControl(
-                self.sandbox_url, baseline={"search_lag_seconds": drill_providers.LOOKUP_LAG}
-            )
+            replica = ReplicaControl(self.sandbox_url, baseline={"search_lag_seconds": drill_providers.LOOKUP_LAG})
+            if self.provider.modes:
+                replica.modes(**self.provider.modes)
+            self.sandbox: SandboxControl = replica
         else:
             if self.sandbox_url is None:
                 self.sandbox_url = self._stack.enter_context(

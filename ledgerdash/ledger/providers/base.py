@@ -70,6 +70,26 @@ class LookupStatus(enum.StrEnum):
     #: cannot tell which (two matches where one was sought, a match by
     #: content alone that another call could share): a person decides.
     AMBIGUOUS = "ambiguous"
+    #: The lookup saw nothing, but it could not have seen the call: the call
+    #: may lie in one of the preset's blind spots (:class:`BlindSpot`: a
+    #: redacted message, a retention that may have been shortened, an issue
+    #: transferred away). Not evidence either way: a person decides, and
+    #: asking again would see no more.
+    NOT_EVIDENCE = "not_evidence"
+
+
+@dataclass(frozen=True)
+class BlindSpot:
+    """Where a preset's lookup cannot see a call that happened, as the
+    provider documents it: the preset answers NOT_EVIDENCE, never
+    NOT_FOUND, whenever one could hide the call."""
+
+    #: Its name in the lookup's details (``blind_spot``).
+    name: str
+    #: What hides the call, for the person who decides.
+    what: str
+    #: The provider's page that documents it (title and address).
+    source: str
 
 
 def _nowhere(request_id: str) -> bool:

@@ -33,6 +33,7 @@ from ledgerdash.ledger import clock
 from ledgerdash.ledger.canonical import canonical_bytes, sha256_hex
 from ledgerdash.ledger.errors import InvalidArgs, NothingHappened, PermanentFailure
 from ledgerdash.ledger.providers.base import (
+    BlindSpot,
     Dispatched,
     Lookup,
     LookupStatus,
@@ -113,9 +114,15 @@ class PresetAdapter(HttpCalls):
     documented_lag_seconds: ClassVar[float] = 0.0
     #: How many days the provider keeps what its lookup reads (None: for as long as it matters).
     kept_days: ClassVar[int | None] = None
+    #: Where an account chooses how long that is (fewest, most days): the tool's ``retention_days``
+    #: setting says, ``kept_days`` (the provider's default) unless told.
+    retention_range: ClassVar[tuple[int, int] | None] = None
     default_base_url: ClassVar[str]
     #: The preset's settings beyond ``preset`` and ``base_url``.
     options: ClassVar[dict[str, Option]] = {}
+    #: Where the lookup cannot see a call that happened, as the provider documents it:
+    #: :meth:`blind` answers NOT_EVIDENCE naming one of these, never NOT_FOUND.
+    blind_spots: ClassVar[tuple[BlindSpot, ...]] = ()
     #: Dispatch statuses that are definitive refusals (nothing was done).
     refused_statuses: ClassVar[frozenset[int]] = frozenset({400, 401, 402, 403, 404, 405, 410, 413, 422})
 
@@ -132,10 +139,18 @@ class PresetAdapter(HttpCalls):
 
     @classmethod
     def all_options(cls) -> dict[str, Option]:
-        return {
+        options = {
             "base_url": Option(f"the API's address (default {cls.default_base_url})", default=cls.default_base_url),
             **cls.options,
         }
+        if cls.retention_range is not None:
+            fewest, most = cls.retention_range
+            options["retention_days"] = Option(
+                f"how many days {cls.provider} keeps what the lookup reads ({cls.kept_days} unless the account "
+                f"chose another, from {fewest} to {most})",
+                default=str(cls.kept_days),
+            )
+        return options
 
     @classmethod
     def parse_config(cls, config: Mapping[str, Any]) -> dict[str, str]:
@@ -156,6 +171,11 @@ class PresetAdapter(HttpCalls):
             if option.required and not value:
                 raise ValueError(f"preset {cls.name} needs {option_name}: {option.description}")
             settings[option_name] = value
+        if cls.retention_range is not None:
+            fewest, most = cls.retention_range
+            days = settings["retention_days"]
+            if not days.isdigit() or not fewest <= int(days) <= most:
+                raise ValueError(f"preset {cls.name}: retention_days must be a number of days from {fewest} to {most}")
         parts = urllib.parse.urlsplit(settings["base_url"])
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"preset {cls.name}: base_url must be an http(s) URL, not {settings['base_url']!r}")
@@ -169,7 +189,9 @@ class PresetAdapter(HttpCalls):
         return settings
 
     def kept_for_days(self) -> int | None:
-        """How many days the provider keeps what the lookup reads (a setting may say, where the account chooses)."""
+        """How many days the provider keeps what the lookup reads (the setting says, where the account chooses)."""
+        if self.retention_range is not None:
+            return int(self.settings["retention_days"])
         return self.kept_days
 
     @classmethod
@@ -217,6 +239,8 @@ class PresetAdapter(HttpCalls):
             return self.search(sought)
         except Ambiguous as exc:
             return Lookup(LookupStatus.AMBIGUOUS, detail=exc.detail)
+        except Blind as exc:
+            return Lookup(LookupStatus.NOT_EVIDENCE, detail=exc.detail, extra={"blind_spot": exc.spot.name})
         except LookupUnavailable as exc:
             return Lookup(LookupStatus.UNAVAILABLE, detail=exc.detail, retry_after=exc.retry_after)
         except NothingHappened as exc:  # a missing credential: nothing was asked
@@ -310,6 +334,14 @@ class PresetAdapter(HttpCalls):
             f"{answer.text[:200]}"
         )
 
+    def blind(self, name: str, detail: str) -> Blind:
+        """The answer when the call may lie in the blind spot ``name`` (one the preset
+        states in :attr:`blind_spots`): raise it from :meth:`search`."""
+        spot = next((each for each in self.blind_spots if each.name == name), None)
+        if spot is None:
+            raise AssertionError(f"{self.name} states no blind spot {name!r}")
+        return Blind(spot, f"{detail}; but {spot.what}: not evidence that it was not sent")
+
     def window_end(self, sought: Sought) -> datetime | None:
         """Where a search by time may stop: once the request could no longer
         land, plus the lookup's lag and the clocks' skew (None: not known)."""
@@ -339,6 +371,14 @@ def one_match(matches: list[Any], what: str) -> Any:
 
 class Ambiguous(LookupUnavailable):
     """More than one effect may be the call's."""
+
+
+class Blind(LookupUnavailable):
+    """Nothing seen, where the lookup could not have seen the call (:meth:`PresetAdapter.blind`)."""
+
+    def __init__(self, spot: BlindSpot, detail: str) -> None:
+        super().__init__(detail)
+        self.spot = spot
 
 
 @dataclass(frozen=True)

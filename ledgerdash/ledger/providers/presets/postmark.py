@@ -53,11 +53,9 @@ class Email(PresetAdapter):
     options: ClassVar[dict[str, Option]] = {
         "server_token": Option("the server's API token, as ${NAME}", default="${POSTMARK_SERVER_TOKEN}"),
         "message_stream": Option("the message stream emails go to", default="outbound"),
-        "retention_days": Option(
-            "how many days the server keeps its messages (Postmark's default 45; an account sets 7 to 365)",
-            default="45",
-        ),
     }
+    kept_days = 45
+    retention_range = (7, 365)
     refused_statuses = frozenset({400, 401, 403, 404, 413, 422})
 
     @classmethod
@@ -68,16 +66,6 @@ class Email(PresetAdapter):
             "Subject": "Your receipt",
             "TextBody": f"Thank you for your order ({key}).",
         }
-
-    @classmethod
-    def parse_config(cls, config: Any) -> dict[str, str]:
-        settings = super().parse_config(config)
-        if not settings["retention_days"].isdigit() or not 7 <= int(settings["retention_days"]) <= 365:
-            raise ValueError(f"preset {cls.name}: retention_days must be a number of days from 7 to 365")
-        return settings
-
-    def kept_for_days(self) -> int | None:
-        return int(self.settings["retention_days"])
 
     def auth_headers(self) -> dict[str, str]:
         return {"X-Postmark-Server-Token": self.secret("server_token")}
