@@ -4,6 +4,7 @@ faults."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Collection, Iterator
 from typing import Any
@@ -245,13 +246,38 @@ def test_stripe_deduplicates_and_refuses_a_reused_key_with_other_parameters(repl
     assert replicas.control("stripe").count(key) == 1
 
 
-def test_stripe_search_lags_and_its_not_found_is_only_a_hint(replicas: Replicas) -> None:
+def test_stripe_reads_its_list_first_and_its_search_lag_does_not_hide_a_call(replicas: Replicas) -> None:
     adapter = adapter_for("stripe.payment_intent", replicas.url("stripe"))
     control = replicas.control("stripe")
     key = new_key("stripe")
     args = PRESETS["stripe.payment_intent"].example_args(key)
     control.faults("*", search_lag_seconds=600)
-    sent = adapter.dispatch(key=key, args=args)
+    control.modes(account_api_version="2019-12-03")  # older than search: the preset names its own
+    try:
+        sent = adapter.dispatch(key=key, args=args)
+        listed = adapter.find(sought(key, args))
+    finally:
+        control.kind()
+
+    assert listed.status == LookupStatus.FOUND, listed.detail
+    assert listed.request_id == sent.request_id
+
+
+def test_stripe_search_lags_and_its_not_found_is_only_a_hint(replicas: Replicas, monkeypatch: Any) -> None:
+    """More intents made while the call could land than the listing reads: the search decides."""
+    from ledgerdash.ledger.providers.presets import stripe
+
+    monkeypatch.setattr(stripe, "PAGES", 0)
+    adapter = adapter_for("stripe.payment_intent", replicas.url("stripe"))
+    control = replicas.control("stripe")
+    key = new_key("stripe")
+    args = PRESETS["stripe.payment_intent"].example_args(key)
+    control.faults("*", search_lag_seconds=600)
+    control.modes(account_api_version="2019-12-03")
+    try:
+        sent = adapter.dispatch(key=key, args=args)
+    finally:
+        control.kind()
 
     behind = adapter.find(sought(key, args))
     by_id = adapter.find(sought(key, args, sent.request_id))
@@ -262,6 +288,58 @@ def test_stripe_search_lags_and_its_not_found_is_only_a_hint(replicas: Replicas)
     assert "lag" in behind.detail
     assert by_id.status == LookupStatus.FOUND  # reading by id is read-after-write
     assert caught_up.status == LookupStatus.FOUND
+
+
+def test_stripe_without_search_where_the_list_cannot_reach_is_a_blind_spot(
+    replicas: Replicas, monkeypatch: Any
+) -> None:
+    from ledgerdash.ledger.providers.presets import stripe
+
+    monkeypatch.setattr(stripe, "PAGES", 0)
+    control = replicas.control("stripe")
+    control.modes(search_unavailable=True)
+    try:
+        answer = adapter_for("stripe.payment_intent", replicas.url("stripe")).find(
+            sought(new_key("stripe"), PRESETS["stripe.payment_intent"].example_args("x"))
+        )
+    finally:
+        control.kind()
+    assert answer.status == LookupStatus.NOT_EVIDENCE, answer.detail
+    assert answer.extra["blind_spot"] == "search_unavailable"
+
+
+def test_stripe_a_409_is_nothing_done_whatever_its_type() -> None:
+    """Stripe answers 409 while the first request with a key still runs; typed invalid_request_error
+    as it has come back, it is still nothing done by this request."""
+    from ledgerdash.replicas.core import ReplicaServer
+    from ledgerdash.replicas.stripe import Stripe
+
+    stripe = Stripe()
+    stripe.set_modes({"conflict_as_invalid_request": True})
+    server = ReplicaServer(("127.0.0.1", 0), stripe)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        adapter = adapter_for("stripe.payment_intent", f"http://127.0.0.1:{server.server_port}")
+        key = new_key("stripe")
+        args = PRESETS["stripe.payment_intent"].example_args(key)
+        adapter.dispatch(key=key, args=args)
+        params, _answer, first_seen = stripe.keys[key]
+        stripe.keys[key] = (params, None, first_seen)  # as while the first request still ran
+        with pytest.raises(NothingHappened, match="HTTP 409"):
+            adapter.dispatch(key=key, args=args)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_stripe_metadata_past_its_limit_is_refused_before_sending(replicas: Replicas) -> None:
+    adapter = adapter_for("stripe.payment_intent", replicas.url("stripe"))
+    key = new_key("stripe")
+    args = {**PRESETS["stripe.payment_intent"].example_args(key), "metadata": {f"k{n}": "v" for n in range(49)}}
+    with pytest.raises(PermanentFailure, match="Stripe takes 50 and the ledger writes 2"):
+        adapter.dispatch(key=key, args=args)
+    assert replicas.control("stripe").count(key) == 0
 
 
 def test_stripe_card_decline_is_a_definitive_refusal(replicas: Replicas) -> None:

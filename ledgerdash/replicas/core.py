@@ -203,6 +203,10 @@ class Replica:
     def server_error_body(self) -> Any:
         return {"error": "internal server error"}
 
+    def rate_limit_headers(self) -> dict[str, str]:
+        """The headers of a 429 (``Retry-After``, where the provider sends one)."""
+        return {"Retry-After": str(self.fault("retry_after"))}
+
     def forget(self) -> None:
         """Drop what the provider remembers besides its effects (idempotency keys)."""
 
@@ -357,9 +361,8 @@ class ReplicaHandler(BaseHTTPRequestHandler):
 
     def _act(self, route: Route, request: Request) -> None:
         replica = self.server.replica
-        wait = str(replica.fault("retry_after"))
         if replica.fires("reject"):
-            return self._send(Response(429, replica.rate_limit_body(), {"Retry-After": wait}))
+            return self._send(Response(429, replica.rate_limit_body(), replica.rate_limit_headers()))
         error = replica.fault("server_error")
         if error == "before_acting" and replica.fires("server_error"):
             return self._send(Response(503, replica.server_error_body()))
@@ -382,9 +385,7 @@ class ReplicaHandler(BaseHTTPRequestHandler):
         if replica.fault("lookup_5xx"):
             return self._send(Response(503, replica.server_error_body()))
         if replica.fault("lookup_429"):
-            return self._send(
-                Response(429, replica.rate_limit_body(), {"Retry-After": str(replica.fault("retry_after"))})
-            )
+            return self._send(Response(429, replica.rate_limit_body(), replica.rate_limit_headers()))
         return self._send(route.handler(request))
 
     def _control(self, method: str, path: str, query: str, raw: bytes) -> bool:

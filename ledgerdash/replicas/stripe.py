@@ -7,8 +7,14 @@ under the same key refused with an ``idempotency_error``, HTTP 400; a
 request while the first with its key runs, HTTP 409), the search API
 (``metadata['k']:'v'`` clauses joined by ``AND``) behind its index lag,
 lists newest first with ``starting_after``, errors as
-``{"error": {"type", "code", "message"}}``. The test card
-``pm_card_chargeDeclined`` is declined (HTTP 402), as in Stripe's test mode.
+``{"error": {"type", "code", "message"}}``; payment intents listed by
+``created[gte]``/``created[lte]``, newest first; metadata of more than 50
+keys refused. The test card ``pm_card_chargeDeclined`` is declined (HTTP
+402), as in Stripe's test mode. A request without ``Stripe-Version`` is
+served at the account's version, and search needs 2020-08-27 or later.
+
+Its modes (``PUT /modes``) are what an account may meet, each from Stripe's
+own pages or its engineers' word (:attr:`Stripe.MODES`).
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ledgerdash.replicas.core import ACT, READ, SEARCH, Effect, Handler, Replica, Request, Response
+from ledgerdash.replicas.core import ACT, READ, SEARCH, Effect, Handler, Mode, Replica, Request, Response
 
 RETENTION = 24 * 3600.0
+SEARCH_PAGE = "Stripe, Search, https://docs.stripe.com/search"
+#: The oldest API version search answers at (Stripe's search page).
+SEARCH_SINCE = "2020-08-27"
 CLAUSE = re.compile(r"metadata\['([^'\\]+)'\]:'((?:[^'\\]|\\.)*)'")
 
 
@@ -43,6 +52,29 @@ def error(status: int, kind: str, message: str, code: str = "") -> Response:
 
 class Stripe(Replica):
     name = "stripe"
+    MODES = {
+        "search_unavailable": Mode(
+            False, "search is not available to the account (Stripe: not to merchants in India)", SEARCH_PAGE
+        ),
+        "account_api_version": Mode(
+            "2025-03-31.basil",
+            "a request without Stripe-Version is served at the account's default API version; search needs "
+            f"{SEARCH_SINCE} or later",
+            SEARCH_PAGE,
+        ),
+        "conflict_as_invalid_request": Mode(
+            False,
+            "a request whose key another request is still running under is answered 409 typed "
+            "invalid_request_error, not idempotency_error (a Stripe engineer: match on the 409)",
+            "woocommerce-gateway-stripe, Retry (pull request 503), "
+            "https://github.com/woocommerce/woocommerce-gateway-stripe/pull/503",
+        ),
+        "no_retry_after": Mode(
+            False,
+            "a 429 comes without Retry-After (Stripe documents its rate limits and the 429, no header)",
+            "Stripe, Rate limits, https://docs.stripe.com/rate-limits",
+        ),
+    }
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,6 +87,7 @@ class Stripe(Replica):
     def routes(self) -> list[tuple[str, str, str, Handler]]:
         return [
             ("POST", r"/v1/payment_intents", ACT, self.idempotent(self.create_intent)),
+            ("GET", r"/v1/payment_intents", READ, self.list_intents),
             ("GET", r"/v1/payment_intents/search", SEARCH, self.search_intents),
             ("GET", r"/v1/payment_intents/([^/]+)", READ, self.get("payment_intent")),
             ("POST", r"/v1/refunds", ACT, self.idempotent(self.create_refund)),
@@ -69,6 +102,9 @@ class Stripe(Replica):
 
     def rate_limit_body(self) -> Any:
         return {"error": {"type": "invalid_request_error", "code": "rate_limit", "message": "Too many requests"}}
+
+    def rate_limit_headers(self) -> dict[str, str]:
+        return {} if self.mode("no_retry_after") else super().rate_limit_headers()
 
     def server_error_body(self) -> Any:
         return {"error": {"type": "api_error", "message": "An unknown error occurred"}}
@@ -94,7 +130,9 @@ class Stripe(Replica):
                         if seen[1] is None:
                             return error(
                                 409,
-                                "idempotency_error",
+                                "invalid_request_error"
+                                if self.mode("conflict_as_invalid_request")
+                                else "idempotency_error",
                                 "There is currently another in-progress request using this Stripe-Idempotency-Key.",
                             )
                         first = seen[1]
@@ -116,6 +154,10 @@ class Stripe(Replica):
 
     def create_intent(self, request: Request) -> Response:
         fields = nested(request.form())
+        if len(fields.get("metadata") or {}) > 50:
+            return error(
+                400, "invalid_request_error", "You can only specify up to 50 keys in metadata.", "parameter_invalid"
+            )
         amount = str(fields.get("amount", ""))
         if not amount.isdigit() or int(amount) < 1:
             return error(400, "invalid_request_error", "Missing required param: amount.", "parameter_missing")
@@ -187,7 +229,37 @@ class Stripe(Replica):
 
         return handle
 
+    def list_intents(self, request: Request) -> Response:
+        intents = [e.document for e in reversed(self.of_kind("payment_intent"))]
+        for bound, keep in (("gte", lambda c, v: c >= v), ("lte", lambda c, v: c <= v)):
+            value = request.arg(f"created[{bound}]")
+            if value:
+                if not value.isdigit():
+                    return error(400, "invalid_request_error", f"Invalid integer: {value}", "parameter_invalid")
+                intents = [i for i in intents if keep(i["created"], int(value))]
+        after = request.arg("starting_after")
+        if after:
+            ids = [i["id"] for i in intents]
+            intents = intents[ids.index(after) + 1 :] if after in ids else []
+        limit = min(int(request.arg("limit", "10") or 10), 100)
+        return Response(
+            200,
+            {"object": "list", "data": intents[:limit], "has_more": len(intents) > limit, "url": "/v1/payment_intents"},
+        )
+
     def search_intents(self, request: Request) -> Response:
+        if self.mode("search_unavailable"):
+            return error(
+                400, "invalid_request_error", "Search is not available for your account.", "search_unavailable"
+            )
+        version = request.headers.get("Stripe-Version") or str(self.mode("account_api_version"))
+        if version[:10] < SEARCH_SINCE:
+            return error(
+                400,
+                "invalid_request_error",
+                f"Search is only available for API versions {SEARCH_SINCE} and later (this request: {version}).",
+                "api_version_unsupported",
+            )
         query = request.arg("query").strip()
         clauses = [c.strip() for c in re.split(r"\s+AND\s+", query)] if query else []
         wanted = []

@@ -48,7 +48,17 @@ class DrillProvider:
 PROVIDERS = {
     p.name: p
     for p in (
-        DrillProvider("stripe", "stripe.payment_intent", credentials={"secret_key": "sk_test_crashdrill"}),
+        DrillProvider(
+            "stripe",
+            "stripe.payment_intent",
+            credentials={"secret_key": "sk_test_crashdrill"},
+            modes={
+                "search_unavailable": True,
+                "account_api_version": "2019-12-03",
+                "conflict_as_invalid_request": True,
+                "no_retry_after": True,
+            },
+        ),
         DrillProvider("slack", "slack.post_message", credentials={"token": "xoxb-crashdrill"}),
         DrillProvider(
             "github", "github.issue", settings={"repository": "crashdrill/drill"}, credentials={"token": "ghp_drill"}

@@ -9,13 +9,27 @@ is still running, another with it gets HTTP 409. Request bodies are forms
 
 Each call carries ``metadata[ledgerdash_ref]`` (:func:`~.common.ref` of its
 key) and ``metadata[ledgerdash_args_sha256]`` (the ledger's hash of its
-arguments). A payment intent is found by its id when a dispatcher recorded
-one (read-after-write consistent), else through the search API
+arguments); Stripe takes 50 metadata keys, so a call may bring 48. Every
+request names the API version it speaks (``Stripe-Version``): an account's
+default may be older than search needs (2020-08-27).
+
+A payment intent is found by its id when a dispatcher recorded one, else by
+listing the intents created while the call could have landed (from its
+first dispatch claim to when it could no longer land, each widened by the
+clocks' margin): Stripe's list endpoints are read-after-write consistent,
+so a call that happened is found at once. Only when that window holds more
+intents than the preset reads (2,000) does it ask the search API
 (``metadata['ledgerdash_ref']:'…'``), which Stripe says is not for
 read-after-write: data is searchable "in less than a minute" and can be
-"up to an hour" behind during outages, hence the preset's lag of an hour.
+"up to an hour" behind during outages, hence the tool's lag of an hour for
+a "not found". An account without search (Stripe offers none to merchants
+in India) is then a blind spot: not evidence, for a person.
 Refunds have no search: they are found by listing the payment intent's
 refunds (consistent; no lag).
+
+A 409 means another request with the key is still running, whatever type
+Stripe gives it (``idempotency_error``, or ``invalid_request_error`` as it
+has been seen): nothing was done by this one.
 """
 
 from __future__ import annotations
@@ -24,7 +38,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
-from ledgerdash.ledger.providers.base import Dispatched, Lookup, Sought
+from ledgerdash.ledger.providers.base import BlindSpot, Dispatched, Lookup, Sought
 from ledgerdash.ledger.providers.presets.common import (
     MARK,
     Answer,
@@ -43,6 +57,13 @@ REF = f"{MARK}_ref"
 ARGS_HASH = f"{MARK}_args_sha256"
 #: Stripe's longest idempotency key; a longer ledger key is sent as its reference.
 MAX_KEY = 255
+#: The API version every request speaks (Stripe's search page names it as the one to override with).
+STRIPE_VERSION = "2025-03-31.basil"
+#: Stripe's most metadata keys on an object; the ledger writes two of them.
+MAX_METADATA = 50
+#: The listing reads this many pages of 100 before it asks the search API.
+PAGES = 20
+SEARCH_PAGE = "Stripe, Search, https://docs.stripe.com/search"
 
 
 def form(args: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
@@ -83,7 +104,7 @@ class _Stripe(PresetAdapter):
     noun: ClassVar[str]
 
     def auth_headers(self) -> dict[str, str]:
-        headers = {"Authorization": "Bearer " + self.secret("secret_key")}
+        headers = {"Authorization": "Bearer " + self.secret("secret_key"), "Stripe-Version": STRIPE_VERSION}
         if self.settings["stripe_account"]:
             headers["Stripe-Account"] = self.settings["stripe_account"]
         return headers
@@ -92,17 +113,22 @@ class _Stripe(PresetAdapter):
         metadata = args.get("metadata") or {}
         if not isinstance(metadata, dict) or {REF, ARGS_HASH} & set(metadata):
             raise PermanentFailure(f"metadata must be an object without {REF} or {ARGS_HASH} (the ledger writes them)")
+        if len(metadata) > MAX_METADATA - 2:
+            raise PermanentFailure(
+                f"metadata has {len(metadata)} keys: Stripe takes {MAX_METADATA} and the ledger writes 2, so a call "
+                f"may bring {MAX_METADATA - 2}"
+            )
         body = {**args, "metadata": {**metadata, REF: ref(key), ARGS_HASH: args_hash(args)}}
         answer = self._post(self.path, form(body), key)
         if answer.ok and isinstance(answer.document, dict) and answer.document.get("id"):
             received(on_request_id, str(answer.document["id"]))
             return Dispatched(request_id=str(answer.document["id"]), response=answer.document)
         error = (answer.document or {}).get("error", {}) if isinstance(answer.document, dict) else {}
+        if answer.status == 409:  # typed idempotency_error, or invalid_request_error as it has come back
+            raise NothingHappened(
+                "Stripe is still running an earlier request with this key (HTTP 409): nothing was done by this one"
+            )
         if error.get("type") == "idempotency_error":
-            if answer.status == 409:
-                raise NothingHappened(
-                    "Stripe is still running an earlier request with this key (HTTP 409): nothing was done by this one"
-                )
             raise PermanentFailure(
                 "Stripe refused: this key was already used with other parameters (idempotency_error); an effect "
                 f"under it exists that is not this call's: {error.get('message', '')}"
@@ -143,6 +169,18 @@ class PaymentIntent(_Stripe):
     def example_args(cls, key: str) -> dict[str, Any]:
         return {"amount": 1999, "currency": "usd", "description": f"order {key}", "metadata": {"order": key[-40:]}}
 
+    blind_spots = (
+        BlindSpot(
+            "search_unavailable",
+            "more payment intents were made while the call could land than the listing reads, and the account "
+            "has no search to find it by its reference",
+            SEARCH_PAGE,
+        ),
+    )
+
+    def lookup_absent_statuses(self) -> frozenset[int]:
+        return frozenset({400, 404})  # a search the account cannot use answers 400: read below
+
     def search(self, sought: Sought) -> Lookup:
         if sought.request_id.startswith("pi_"):
             answer = self.call("GET", f"{self.path}/{sought.request_id}")
@@ -150,8 +188,51 @@ class PaymentIntent(_Stripe):
                 mine = self._ours(answer.document, sought)
                 if mine is not None:
                     return mine
+        listed = self._listed(sought)
+        if listed is not None:
+            return listed
+        return self._searched(sought)
+
+    def _listed(self, sought: Sought) -> Lookup | None:
+        """The call found among the intents created while it could land (consistent: no lag); None when
+        there were more than the listing reads."""
+        start = self.window_start(sought)
+        params = {"created[gte]": str(int(start.timestamp())), "limit": "100"}
+        end = self.window_end(sought)
+        if end is not None:
+            params["created[lte]"] = str(int(end.timestamp()) + 1)
+        matches: list[Any] = []
+        for _ in range(PAGES):
+            answer = self.call("GET", self.path, params=params)
+            data = answer.document.get("data") if isinstance(answer.document, dict) else None
+            if not isinstance(data, list):
+                raise LookupUnavailable(f"Stripe's payment intent list answered without a data list ({answer.status})")
+            matches += [d for d in data if self._ours(d, sought)]
+            if not answer.document.get("has_more") or not data:
+                break
+            params["starting_after"] = str(data[-1].get("id", ""))
+        else:
+            if not matches:
+                return None
+        chosen = choose(matches, sought, lambda d: str(d.get("id", "")), "payment intents")
+        if chosen.match is None:
+            return not_found(
+                f"no payment intent created since {start:%Y-%m-%d %H:%M:%S} UTC carries {REF} {ref(sought.key)} "
+                "(Stripe's list is read-after-write consistent)",
+                chosen,
+            )
+        mine = self._ours(chosen.match, sought)
+        assert mine is not None
+        return mine
+
+    def _searched(self, sought: Sought) -> Lookup:
         reference = ref(sought.key)
         answer = self.call("GET", f"{self.path}/search", params={"query": f"metadata['{REF}']:'{reference}'"})
+        error = answer.document.get("error") if isinstance(answer.document, dict) else None
+        if answer.status == 400 and isinstance(error, dict) and "not available" in str(error.get("message", "")):
+            raise self.blind("search_unavailable", f"Stripe answered: {error.get('message')}")
+        if answer.status == 400:
+            raise LookupUnavailable(f"Stripe's search refused the query (HTTP 400): {answer.text[:200]}")
         data = answer.document.get("data") if isinstance(answer.document, dict) else None
         if not isinstance(data, list):
             raise LookupUnavailable(f"Stripe's search answered without a data list (HTTP {answer.status})")
