@@ -207,6 +207,14 @@ class Replica:
         """The headers of a 429 (``Retry-After``, where the provider sends one)."""
         return {"Retry-After": str(self.fault("retry_after"))}
 
+    def rate_limit_status(self) -> int:
+        """The status a request refused for its rate gets (429; GitHub's may be a 403)."""
+        return 429
+
+    def rate_limited(self) -> Response:
+        """The answer to a request refused for its rate (the ``reject`` and ``lookup_429`` faults)."""
+        return Response(self.rate_limit_status(), self.rate_limit_body(), self.rate_limit_headers())
+
     def forget(self) -> None:
         """Drop what the provider remembers besides its effects (idempotency keys)."""
 
@@ -362,7 +370,7 @@ class ReplicaHandler(BaseHTTPRequestHandler):
     def _act(self, route: Route, request: Request) -> None:
         replica = self.server.replica
         if replica.fires("reject"):
-            return self._send(Response(429, replica.rate_limit_body(), replica.rate_limit_headers()))
+            return self._send(replica.rate_limited())
         error = replica.fault("server_error")
         if error == "before_acting" and replica.fires("server_error"):
             return self._send(Response(503, replica.server_error_body()))
@@ -385,7 +393,7 @@ class ReplicaHandler(BaseHTTPRequestHandler):
         if replica.fault("lookup_5xx"):
             return self._send(Response(503, replica.server_error_body()))
         if replica.fault("lookup_429"):
-            return self._send(Response(429, replica.rate_limit_body(), replica.rate_limit_headers()))
+            return self._send(replica.rate_limited())
         return self._send(route.handler(request))
 
     def _control(self, method: str, path: str, query: str, raw: bytes) -> bool:

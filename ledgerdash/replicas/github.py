@@ -8,16 +8,35 @@ off, 422 with ``errors`` for a bad field; rate limits as 403 or 429 with
 creation (``sort=created``), ``since`` on updated time, ``per_page`` and
 ``page``. No idempotency. Every ``owner/name`` repository exists, except
 ``*/gone`` (404) and ``*/no-issues`` (410).
+
+Its modes (``PUT /modes``) are what people and GitHub do to an issue after
+it was made, and how GitHub limits a caller, from GitHub's own pages
+(:attr:`GitHub.MODES`): every Nth issue made is transferred (to
+``<owner>/<name>-moved``, answered 301 by its old number; or where the token
+cannot read, 404), deleted (410), or has its body edited so the hidden
+marker is gone.
 """
 
 from __future__ import annotations
 
+import calendar
 import hashlib
+import re
+import time
 from typing import Any
 
-from ledgerdash.replicas.core import ACT, READ, Effect, Handler, Replica, Request, Response, iso
+from ledgerdash.replicas.core import ACT, READ, Effect, Handler, Mode, Replica, Request, Response, iso
 
 REPO = r"/repos/([^/]+/[^/]+)"
+GET_ISSUE = (
+    "GitHub, REST API endpoints for issues: Get an issue, https://docs.github.com/en/rest/issues/issues#get-an-issue"
+)
+LIMITS = (
+    "GitHub, Rate limits for the REST API, "
+    "https://docs.github.com/en/rest/using-the-rest-api/rate-limits-for-the-rest-api"
+)
+#: The preset's hidden marker, as an edit that removes it leaves the body.
+MARKER = re.compile(r"\s*<!-- ledgerdash:ref=[^>]*-->")
 
 
 def problem(status: int, message: str, **extra: Any) -> Response:
@@ -26,6 +45,38 @@ def problem(status: int, message: str, **extra: Any) -> Response:
 
 class GitHub(Replica):
     name = "github"
+    MODES = {
+        "transfer_every": Mode(
+            0,
+            "an issue transferred to another repository leaves this one's listing; by its old number GitHub "
+            "answers 301 Moved Permanently to where it went",
+            GET_ISSUE,
+        ),
+        "transfer_away_every": Mode(
+            0, "an issue transferred where the token cannot read: by its old number, 404 Not Found", GET_ISSUE
+        ),
+        "delete_every": Mode(
+            0, "an issue deleted from a repository the token can read: by its number, 410 Gone", GET_ISSUE
+        ),
+        "marker_removed_every": Mode(
+            0,
+            "anyone who can edit an issue can change its body, the hidden marker with it",
+            "GitHub, Editing an issue, "
+            "https://docs.github.com/en/issues/tracking-your-work-with-issues/using-issues/editing-an-issue",
+        ),
+        "secondary_limit": Mode(
+            False,
+            "a secondary rate limit answers 403 or 429, possibly with neither retry-after nor "
+            "x-ratelimit-remaining: 0 (then wait at least one minute)",
+            LIMITS,
+        ),
+        "reset_header": Mode(
+            False,
+            "the primary rate limit answers with x-ratelimit-remaining: 0 and x-ratelimit-reset (when it resets, "
+            "in UTC epoch seconds), no retry-after",
+            LIMITS,
+        ),
+    }
 
     def routes(self) -> list[tuple[str, str, str, Handler]]:
         return [
@@ -44,7 +95,31 @@ class GitHub(Replica):
         return problem(401, "Requires authentication")
 
     def rate_limit_body(self) -> Any:
+        if self.mode("secondary_limit"):
+            return {
+                "message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+                "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api",
+            }
         return {"message": "API rate limit exceeded", "documentation_url": "https://docs.github.com/rest"}
+
+    def rate_limit_status(self) -> int:
+        return 403 if self.mode("secondary_limit") or self.mode("reset_header") else 429
+
+    def rate_limit_headers(self) -> dict[str, str]:
+        if self.mode("secondary_limit"):
+            return {}
+        if self.mode("reset_header"):
+            reset = int(self.now() + float(self.fault("retry_after")))
+            return {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)}
+        return super().rate_limit_headers()
+
+    def fate(self, number: int) -> str:
+        """What was done to issue ``number`` after it was made ("" for nothing)."""
+        for mode in ("delete_every", "transfer_away_every", "transfer_every", "marker_removed_every"):
+            every = int(self.mode(mode))
+            if every > 0 and number % every == 0:
+                return mode.removesuffix("_every")
+        return ""
 
     def server_error_body(self) -> Any:
         return {"message": "Server Error"}
@@ -81,7 +156,25 @@ class GitHub(Replica):
         )
 
     def _issues(self, repo: str) -> list[dict[str, Any]]:
+        """The issues made in ``repo``, as GitHub holds them (those moved away included)."""
         return [e.document for e in self.of_kind("issue") if e.document["repository"] == repo]
+
+    def _as_now(self, issue: dict[str, Any]) -> dict[str, Any]:
+        """The issue as GitHub shows it now: its body edited, if that was its fate."""
+        if self.fate(issue["number"]) == "marker_removed":  # edited a minute after it was made
+            edited = iso(calendar.timegm(time.strptime(issue["created_at"], "%Y-%m-%dT%H:%M:%SZ")) + 60)
+            return {**issue, "body": MARKER.sub("", issue.get("body") or ""), "updated_at": edited}
+        return issue
+
+    def _moved(self, issue: dict[str, Any]) -> dict[str, Any]:
+        """Where a transferred issue lives now: ``<owner>/<name>-moved``, under the same number."""
+        there = f"{issue['repository']}-moved"
+        return {**issue, "repository": there, "html_url": f"https://github.com/{there}/issues/{issue['number']}"}
+
+    def _transferred(self, moved_repo: str) -> list[dict[str, Any]]:
+        """The issues transferred to ``moved_repo``, as they are there."""
+        source = moved_repo.removesuffix("-moved")
+        return [self._moved(i) for i in self._issues(source) if self.fate(i["number"]) == "transfer"]
 
     def create_issue(self, request: Request) -> Response:
         repo = request.groups[0]
@@ -130,7 +223,11 @@ class GitHub(Replica):
     def list_issues(self, request: Request) -> Response:
         if (refused := self._repo(request.groups[0])) is not None:
             return refused
-        issues = self._issues(request.groups[0])
+        repo = request.groups[0]
+        if repo.endswith("-moved"):
+            issues = self._transferred(repo)
+        else:
+            issues = [self._as_now(i) for i in self._issues(repo) if not self.fate(i["number"]).startswith(("t", "d"))]
         state = request.arg("state", "open")
         if state != "all":
             issues = [i for i in issues if i["state"] == state]
@@ -138,8 +235,26 @@ class GitHub(Replica):
 
     def get_issue(self, request: Request) -> Response:
         repo, number = request.groups
+        if repo.endswith("-moved"):
+            found = next((i for i in self._transferred(repo) if i["number"] == int(number)), None)
+            return Response(200, self._shown(found)) if found else problem(404, "Not Found")
         issue = next((i for i in self._issues(repo) if i["number"] == int(number)), None)
-        return Response(200, self._shown(issue)) if issue else problem(404, "Not Found")
+        if issue is None:
+            return problem(404, "Not Found")
+        fate = self.fate(issue["number"])
+        if fate == "delete":
+            return problem(410, "This issue was deleted")
+        if fate == "transfer_away":
+            return problem(404, "Not Found")
+        if fate == "transfer":
+            moved = self._moved(issue)
+            location = f"{self.api(request)}/repos/{moved['repository']}/issues/{moved['number']}"
+            return Response(
+                301,
+                {"message": "Moved Permanently", "url": location, "documentation_url": GET_ISSUE.rsplit(" ", 1)[-1]},
+                {"Location": location},
+            )
+        return Response(200, self._shown(self._as_now(issue)))
 
     def _comments(self, repo: str) -> list[dict[str, Any]]:
         return [e.document for e in self.of_kind("comment") if e.document["repository"] == repo]
@@ -148,7 +263,8 @@ class GitHub(Replica):
         repo, number = request.groups
         if (refused := self._repo(repo)) is not None:
             return refused
-        if not any(i["number"] == int(number) for i in self._issues(repo)):
+        issue = next((i for i in self._issues(repo) if i["number"] == int(number)), None)
+        if issue is None:
             return problem(404, "Not Found")
         body = request.json() or {}
         if not isinstance(body, dict) or not isinstance(body.get("body"), str) or not body["body"]:
@@ -171,6 +287,8 @@ class GitHub(Replica):
             "issue_number": int(number),
         }
         self.record(Effect("comment", str(comment_id), self.now(), comment))
+        with self.lock:
+            issue["updated_at"] = now  # a comment updates its issue, as `since` sees it
         return Response(201, self._shown(comment))
 
     def list_comments(self, request: Request) -> Response:

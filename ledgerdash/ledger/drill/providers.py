@@ -61,7 +61,20 @@ PROVIDERS = {
         ),
         DrillProvider("slack", "slack.post_message", credentials={"token": "xoxb-crashdrill"}),
         DrillProvider(
-            "github", "github.issue", settings={"repository": "crashdrill/drill"}, credentials={"token": "ghp_drill"}
+            "github",
+            "github.issue",
+            settings={"repository": "crashdrill/drill"},
+            credentials={"token": "ghp_drill"},
+            # Every few issues one is transferred, moved out of reach, deleted or has its marker edited out;
+            # a rate limit comes as a bare 403 (the secondary limit's answer wins over the reset header's).
+            modes={
+                "transfer_every": 3,
+                "transfer_away_every": 7,
+                "delete_every": 5,
+                "marker_removed_every": 4,
+                "secondary_limit": True,
+                "reset_header": True,
+            },
         ),
         DrillProvider("postmark", "postmark.email", credentials={"server_token": "crashdrill"}),
         DrillProvider(

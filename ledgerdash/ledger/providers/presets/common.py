@@ -304,7 +304,7 @@ class PresetAdapter(HttpCalls):
             document = None
         answer = Answer(status, document, {k.lower(): v for k, v in got.items()}, text)
         if self.rate_limited(answer):
-            wait = retry_after_seconds(answer.headers.get("retry-after"))
+            wait = self.retry_after(answer)
             said = f"{self.provider} answered HTTP {status} (too many requests)" + (
                 f", retry after {wait:g} s" if wait is not None else ""
             )
@@ -318,6 +318,10 @@ class PresetAdapter(HttpCalls):
     def rate_limited(self, answer: Answer) -> bool:
         """Whether ``answer`` refuses the request for its rate (nothing was done)."""
         return answer.status == 429
+
+    def retry_after(self, answer: Answer) -> float | None:
+        """How long a rate-limited ``answer`` asks the caller to wait (its ``Retry-After``), None: not said."""
+        return retry_after_seconds(answer.headers.get("retry-after"))
 
     def lookup_absent_statuses(self) -> frozenset[int]:
         """Lookup statuses that mean "no such thing" (handled by the subclass, not raised)."""

@@ -14,22 +14,47 @@ no lag for them, so the preset keeps a margin of ten seconds. GitHub's
 search (``/search/issues``) would find the marker too, but its index lags
 behind by seconds to minutes, so the preset does not use it.
 
+What people and GitHub may do to an issue after it was made, and how the
+lookup allows for it:
+
+- Its number, once a dispatcher recorded it, is GitHub's receipt: read by
+  that number, an issue whose marker someone edited out, one transferred
+  (301, followed to where it went) or one deleted or moved where the token
+  cannot read (410, 404) is the call's, found with nothing to compare.
+- Without a number, the listing reads the issues made since the call
+  (``since`` filters on update time, so it stops at the first issue made
+  before the call rather than reading every old issue touched since). An
+  issue made in the window whose body was edited and carries no marker may
+  be the call's: ambiguous, for a person. A number missing between two
+  issues of the window is looked up: transferred, it is followed; deleted
+  or moved out of reach, it is a blind spot (``transferred_or_deleted``),
+  not evidence. An issue the newest of all or alone in its window and then
+  deleted or moved out of reach leaves no gap: outside the promise.
+
 A refusal is definitive when GitHub says what was wrong (401, 404, 410
-when issues are off, 422 for a field); a 403 or 429 with
-``x-ratelimit-remaining: 0`` or ``Retry-After`` is a rate limit (nothing
-done; come back later); a 5xx says nothing of whether the issue was made.
+when issues are off, 422 for a field). A 429, or a 403 with
+``x-ratelimit-remaining: 0``, ``Retry-After`` or a message naming a rate
+limit (GitHub's secondary limits may send neither header), is a rate limit:
+nothing done; come back after ``Retry-After``, else when
+``x-ratelimit-reset`` says, else a minute. A 5xx says nothing of whether
+the issue was made.
 """
 
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
+from ledgerdash.ledger import clock
 from ledgerdash.ledger.errors import PermanentFailure
-from ledgerdash.ledger.providers.base import Dispatched, Lookup, Sought
+from ledgerdash.ledger.providers.base import BlindSpot, Dispatched, Lookup, LookupStatus, Sought
 from ledgerdash.ledger.providers.presets.common import (
     MARK,
+    Ambiguous,
     Answer,
     LookupUnavailable,
     Option,
@@ -44,6 +69,15 @@ from ledgerdash.ledger.providers.presets.common import (
 
 MARKER = re.compile(rf"<!-- {MARK}:ref=(ld-[0-9a-f]{{40}}) args_sha256=([0-9a-f]{{64}}) -->")
 PAGES = 20
+#: The most numbers missing from a window the lookup asks after, one by one.
+PROBES = 20
+GET_ISSUE = (
+    "GitHub, REST API endpoints for issues: Get an issue, https://docs.github.com/en/rest/issues/issues#get-an-issue"
+)
+LIST_ISSUES = (
+    "GitHub, REST API endpoints for issues: List repository issues, "
+    "https://docs.github.com/en/rest/issues/issues#list-repository-issues"
+)
 
 
 def marker(key: str, args: dict[str, Any]) -> str:
@@ -67,6 +101,14 @@ class _GitHub(PresetAdapter):
     }
     refused_statuses = frozenset({400, 401, 403, 404, 410, 422})
     noun: ClassVar[str]
+    blind_spots: ClassVar[tuple[BlindSpot, ...]] = (
+        BlindSpot(
+            "page_cap",
+            "more were made or updated since the call than the lookup reads: it did not read back to when the call "
+            "was made",
+            LIST_ISSUES,
+        ),
+    )
 
     @classmethod
     def parse_config(cls, config: Any) -> dict[str, str]:
@@ -84,7 +126,21 @@ class _GitHub(PresetAdapter):
 
     def rate_limited(self, answer: Answer) -> bool:
         limited = answer.headers.get("x-ratelimit-remaining") == "0" or "retry-after" in answer.headers
+        message = answer.document.get("message", "") if isinstance(answer.document, dict) else ""
+        limited = limited or "rate limit" in str(message).lower()  # a secondary limit may send no header
         return answer.status == 429 or (answer.status == 403 and limited)
+
+    def retry_after(self, answer: Answer) -> float | None:
+        said = super().retry_after(answer)
+        if said is not None:
+            return said
+        reset = answer.headers.get("x-ratelimit-reset", "")
+        if reset.isdigit():
+            return min(max(int(reset) - clock.now().timestamp(), 0.0), 86400.0)
+        return 60.0  # GitHub: otherwise wait at least one minute
+
+    def lookup_absent_statuses(self) -> frozenset[int]:
+        return frozenset({301, 404, 410})  # moved, gone, deleted: read by the lookup
 
     @property
     def repo_path(self) -> str:
@@ -114,23 +170,24 @@ class _GitHub(PresetAdapter):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _listing(self, path: str, sought: Sought, params: dict[str, str]) -> list[dict[str, Any]]:
-        """Every item of a listing made since the call whose marker is the call's."""
-        reference, start = ref(sought.key), self.window_start(sought)
-        matches: list[dict[str, Any]] = []
+        """Every item of a listing made since the call (each once), whatever its marker."""
+        start = self.window_start(sought)
+        items: dict[Any, dict[str, Any]] = {}
         params = {**params, "since": start.strftime("%Y-%m-%dT%H:%M:%SZ"), "per_page": "100"}
+        newest_first = params.get("direction") == "desc"
         for page in range(1, PAGES + 1):
             answer = self.call("GET", path, params={**params, "page": str(page)})
             if not isinstance(answer.document, list):
                 raise LookupUnavailable(f"GitHub's listing answered without a list (HTTP {answer.status})")
             for item in answer.document:
-                # A page can repeat an item of the last when new ones are made meanwhile: one match per id.
-                if read_marker(item.get("body"))[0] == reference and item.get("id") not in {
-                    m.get("id") for m in matches
-                }:
-                    matches.append(item)
-            if len(answer.document) < 100:
-                return matches
-        raise LookupUnavailable(f"more than {PAGES * 100} {self.noun}s since the call: not all were read")
+                made = _made(item)
+                if made is None or made >= start:
+                    # A page can repeat an item of the last when new ones are made meanwhile: one per id.
+                    items.setdefault(item.get("id"), item)
+            oldest = _made(answer.document[-1]) if answer.document else None
+            if len(answer.document) < 100 or (newest_first and oldest is not None and oldest < start):
+                return list(items.values())
+        raise self.blind("page_cap", f"no {self.noun} among the {PAGES * 100} read carries this call's marker")
 
     def _by_id(self, path: str, sought: Sought) -> Lookup | None:
         """The item a dispatcher recorded the id of, read at ``path``, when it carries the call's marker."""
@@ -140,6 +197,9 @@ class _GitHub(PresetAdapter):
         if answer.ok and read_marker((answer.document or {}).get("body"))[0] == ref(sought.key):
             return self._found(answer.document, sought.request_id)
         return None
+
+    def _mine(self, items: list[dict[str, Any]], sought: Sought) -> list[dict[str, Any]]:
+        return [item for item in items if read_marker(item.get("body"))[0] == ref(sought.key)]
 
     def _found(self, item: dict[str, Any], request_id: str) -> Lookup:
         return found(
@@ -164,17 +224,84 @@ class Issue(_GitHub):
             raise PermanentFailure("an issue's arguments need a title")
         return self._post(f"{self.repo_path}/issues", key, args, dict(args), on_request_id)
 
+    blind_spots = (
+        *_GitHub.blind_spots,
+        BlindSpot(
+            "transferred_or_deleted",
+            "an issue made since the call was deleted or transferred where the token cannot read (GitHub answers "
+            "410 or 404 for its number), and it may have been the call's",
+            GET_ISSUE,
+        ),
+    )
+
     def search(self, sought: Sought) -> Lookup:
-        if (by_id := self._by_id(f"{self.repo_path}/issues/{sought.request_id}", sought)) is not None:
-            return by_id
-        matches = self._listing(
+        if sought.request_id.isdigit():
+            receipt = self._by_number(int(sought.request_id), sought, recorded=True)
+            if receipt is not None:
+                return receipt
+        items = self._listing(
             f"{self.repo_path}/issues", sought, {"state": "all", "sort": "created", "direction": "desc"}
         )
-        chosen = choose(matches, sought, lambda m: str(m.get("number", "")), "issues")
-        if chosen.match is None:
-            repository = self.settings["repository"]
-            return not_found(f"no issue of {repository} made since the call carries its marker", chosen)
-        return self._found(chosen.match, str(chosen.match.get("number", "")))
+        chosen = choose(self._mine(items, sought), sought, lambda m: str(m.get("number", "")), "issues")
+        if chosen.match is not None:
+            return self._found(chosen.match, str(chosen.match.get("number", "")))
+        numbers = {item["number"] for item in items if isinstance(item.get("number"), int)}
+        gaps = [n for n in range(min(numbers, default=0) + 1, max(numbers, default=0)) if n not in numbers]
+        out_of_reach = []
+        for number in gaps[:PROBES]:
+            lookup = self._by_number(number, sought, recorded=False)
+            if lookup is not None and lookup.status == LookupStatus.FOUND:
+                return lookup
+            if lookup is not None:
+                out_of_reach.append(number)
+        repository = self.settings["repository"]
+        if out_of_reach or len(gaps) > PROBES:
+            shown = ", ".join(f"#{n}" for n in out_of_reach[:5]) or f"{len(gaps)} numbers"
+            raise self.blind(
+                "transferred_or_deleted", f"no issue of {repository} made since the call carries its marker ({shown})"
+            )
+        edited = [
+            item
+            for item in items
+            if not read_marker(item.get("body"))[0] and item.get("updated_at") != item.get("created_at")
+        ]
+        if edited:
+            numbers_shown = ", ".join(f"#{item.get('number')}" for item in edited[:5])
+            raise Ambiguous(
+                f"no issue of {repository} made since the call carries its marker, but {numbers_shown} were edited "
+                "and carry none: the marker may have been edited out of the call's; a person decides"
+            )
+        return not_found(f"no issue of {repository} made since the call carries its marker", chosen)
+
+    def _by_number(self, number: int, sought: Sought, *, recorded: bool) -> Lookup | None:
+        """Issue ``number`` read by its number, following a transfer. ``recorded``: the number the
+        dispatcher recorded, GitHub's receipt for the call, so what became of the issue does not matter.
+        Otherwise a number missing from the listing: found when it carries the call's marker, a
+        NOT_EVIDENCE answer when it is out of reach (deleted, moved where the token cannot read), None when
+        it is another's."""
+        answer = self.call("GET", f"{self.repo_path}/issues/{number}")
+        moved_to = ""
+        if answer.status == 301 and answer.headers.get("location"):
+            moved_to = urllib.parse.urlsplit(answer.headers["location"]).path
+            answer = self.call("GET", moved_to)
+        document = answer.document if answer.ok and isinstance(answer.document, dict) else None
+        where = f" (transferred to {document.get('html_url', moved_to)})" if moved_to and document else ""
+        if document is not None and read_marker(document.get("body"))[0] == ref(sought.key):
+            lookup = self._found(document, str(number))
+            return replace(lookup, detail=lookup.detail + where)
+        if recorded and (document is None or not read_marker(document.get("body"))[0]):
+            gone = "deleted" if answer.status == 410 else "moved where the token cannot read, or deleted"
+            fate = (
+                f"its marker was edited out{where}"
+                if document is not None
+                else f"GitHub answers {answer.status} for it now ({gone})"
+            )
+            return found(
+                str(number), "", document, f"issue #{number} is the number GitHub answered this call with; {fate}"
+            )
+        if document is None and answer.status in (404, 410):
+            return Lookup(LookupStatus.NOT_EVIDENCE, detail=f"#{number}: HTTP {answer.status}")
+        return None
 
 
 class IssueComment(_GitHub):
@@ -199,8 +326,16 @@ class IssueComment(_GitHub):
             raise LookupUnavailable("a comment is found on its issue; the call's arguments name none")
         if (by_id := self._by_id(f"{self.repo_path}/issues/comments/{sought.request_id}", sought)) is not None:
             return by_id
-        comments = self._listing(f"{self.repo_path}/issues/{number}/comments", sought, {})
+        comments = self._mine(self._listing(f"{self.repo_path}/issues/{number}/comments", sought, {}), sought)
         chosen = choose(comments, sought, lambda m: str(m.get("id", "")), "comments")
         if chosen.match is None:
             return not_found(f"no comment on issue {number} made since the call carries its marker", chosen)
         return self._found(chosen.match, str(chosen.match.get("id", "")))
+
+
+def _made(item: Any) -> datetime | None:
+    """When GitHub made ``item`` (its ``created_at``), None when unreadable."""
+    try:
+        return datetime.strptime(str(item.get("created_at", "")), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except (AttributeError, ValueError):
+        return None
