@@ -7,16 +7,27 @@ body, every answer HTTP 200 with ``"ok"`` (errors as ``"ok": false`` and
 metadata (``event_type``, ``event_payload``) kept with the message and
 returned only with ``include_all_metadata``; history newest first, within
 ``oldest``/``latest`` (``inclusive``), paged by ``cursor``. No idempotency.
-Channels ``C…`` exist; ``C0ARCHIVED`` is archived.
+Channels ``C…`` exist; ``C0ARCHIVED`` is archived. ``chat.postMessage``
+takes a channel by name (``#deploys``) or a user's id (``U…``, a direct
+message) and answers with the conversation's id; ``conversations.history``
+takes only an id.
+
+Its modes (``PUT /modes``) are Slack's limits for apps outside its
+Marketplace and what people and apps do to a message after it was posted,
+from Slack's own pages (:attr:`Slack.MODES`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import urllib.parse
 from typing import Any
 
-from ledgerdash.replicas.core import ACT, READ, Effect, Handler, Replica, Request, Response
+from ledgerdash.replicas.core import ACT, READ, Effect, Handler, Mode, Replica, Request, Response
+
+METADATA = "Slack, Message metadata, https://docs.slack.dev/messaging/message-metadata"
 
 
 def ok(body: dict[str, Any]) -> Response:
@@ -29,6 +40,62 @@ def fail(error: str) -> Response:
 
 class Slack(Replica):
     name = "slack"
+    MODES = {
+        "non_marketplace": Mode(
+            False,
+            "an app distributed outside the Marketplace reads conversations.history and conversations.replies "
+            "at one request a minute, at most 15 messages a page",
+            "Slack, Rate limits, https://docs.slack.dev/apis/web-api/rate-limits",
+        ),
+        "metadata_deleted_every": Mode(
+            0, "a message's metadata can be updated or deleted after it was posted (every Nth: deleted)", METADATA
+        ),
+        "metadata_edited_every": Mode(
+            0, "a message's metadata can be updated after it was posted (every Nth: another payload)", METADATA
+        ),
+        "deleted_every": Mode(
+            0,
+            "a message can be deleted (chat.delete): it leaves the channel's history",
+            "Slack, chat.delete, https://docs.slack.dev/reference/methods/chat.delete",
+        ),
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: method -> when it was last read (the replica's clock), for the Marketplace limit
+        self.last_read: dict[str, float] = {}
+
+    def fate(self, number: int) -> str:
+        """What was done to the ``number``-th message after it was posted ("" for nothing)."""
+        for mode in ("deleted_every", "metadata_deleted_every", "metadata_edited_every"):
+            every = int(self.mode(mode))
+            if every > 0 and number % every == 0:
+                return mode.removesuffix("_every")
+        return ""
+
+    def _as_now(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """The message as the channel shows it now (None: deleted)."""
+        fate = self.fate(int(message.get("n", 0)))
+        if fate == "deleted":
+            return None
+        if fate == "metadata_deleted":
+            return {k: v for k, v in message.items() if k != "metadata"} | {"edited": {"user": "U0OTHER"}}
+        if fate == "metadata_edited" and "metadata" in message:
+            edited = {"event_type": "order_update", "event_payload": {"status": "shipped"}}
+            return {**message, "metadata": edited, "edited": {"user": "U0OTHER"}}
+        return message
+
+    def _limited(self, method: str) -> Response | None:
+        """Outside the Marketplace: one read a minute per method, else 429 with the wait."""
+        if not self.mode("non_marketplace"):
+            return None
+        with self.lock:
+            last, now = self.last_read.get(method), self.now()
+            if last is not None and now - last < 60.0:
+                wait = math.ceil(60.0 - (now - last))
+                return Response(429, {"ok": False, "error": "ratelimited"}, {"Retry-After": str(wait)})
+            self.last_read[method] = now
+        return None
 
     def routes(self) -> list[tuple[str, str, str, Handler]]:
         return [
@@ -65,6 +132,10 @@ class Slack(Replica):
     def post_message(self, request: Request) -> Response:
         fields = self._fields(request)
         channel = fields.get("channel")
+        if isinstance(channel, str) and channel.startswith("#") and len(channel) > 1:
+            channel = "C" + hashlib.sha256(channel[1:].encode()).hexdigest()[:10].upper()  # the channel's id
+        elif isinstance(channel, str) and channel.startswith("U"):
+            channel = "D" + channel[1:]  # the direct message with that user
         if not isinstance(channel, str) or not channel.startswith(("C", "G", "D")):
             return fail("channel_not_found")
         if channel == "C0ARCHIVED":
@@ -85,16 +156,20 @@ class Slack(Replica):
         ts = f"{self.now():.6f}"
         ts = f"{ts[:-6]}{self.next_id() % 1000000:06d}"  # unique within the channel, as Slack's are
         message: dict[str, Any] = {"type": "message", "user": "U0REPLICA", "text": text or "", "ts": ts}
+        number = sum(1 for _ in self.of_kind("message")) + 1
         if blocks:
             message["blocks"] = blocks
         if fields.get("thread_ts"):
             message["thread_ts"] = fields["thread_ts"]
         if metadata is not None:
             message["metadata"] = metadata
-        self.record(Effect("message", f"{channel}:{ts}", self.now(), {"channel": channel, **message}))
+        self.record(Effect("message", f"{channel}:{ts}", self.now(), {"channel": channel, "n": number, **message}))
         return ok({"channel": channel, "ts": ts, "message": {k: v for k, v in message.items() if k != "metadata"}})
 
-    def _listed(self, request: Request, messages: list[dict[str, Any]]) -> Response:
+    def _listed(self, request: Request, posted: list[dict[str, Any]]) -> Response:
+        if (limited := self._limited(request.path)) is not None:
+            return limited
+        messages = [now for m in posted if (now := self._as_now(m)) is not None]
         fields = self._fields(request)
         metadata = str(fields.get("include_all_metadata", "")).lower() in ("true", "1")
         inclusive = str(fields.get("inclusive", "")).lower() in ("true", "1")
@@ -106,13 +181,14 @@ class Slack(Replica):
         chosen = [m for m in messages if within(float(m["ts"]))]
         chosen.sort(key=lambda m: float(m["ts"]), reverse=True)
         start = int(urllib.parse.unquote(str(fields.get("cursor") or "0")) or 0)
-        limit = min(int(fields.get("limit") or 100), 999)
+        limit = min(int(fields.get("limit") or 100), 15 if self.mode("non_marketplace") else 999)
         page = chosen[start : start + limit]
-        shown = [{k: v for k, v in m.items() if k != "channel" and (metadata or k != "metadata")} for m in page]
+        hidden = {"channel", "n"} | (set() if metadata else {"metadata"})
+        listed = [{k: v for k, v in m.items() if k not in hidden} for m in page]
         more = start + limit < len(chosen)
         return ok(
             {
-                "messages": shown,
+                "messages": listed,
                 "has_more": more,
                 "response_metadata": {"next_cursor": str(start + limit) if more else ""},
             }

@@ -11,11 +11,26 @@ channel from the first dispatch claim (less five minutes for the clocks)
 to the time the request could no longer land (plus the lag and five
 minutes) and looks for the reference; by the message's timestamp when a
 dispatcher recorded it. Slack documents no lag for reading a channel's
-history: the preset keeps a margin of ten seconds. Slack limits how often
-an app that is not in its Marketplace may read history (since 2025, one
-request a minute of at most 15 messages for new such apps): in a busy
-channel such a lookup is answered 429 and waits its ``Retry-After``, and
-after the tool's ``max_checks`` a person decides.
+history: the preset keeps a margin of ten seconds.
+
+What Slack and people may do, and how the lookup allows for it:
+
+- Slack limits how often an app outside its Marketplace reads history (one
+  request a minute, at most 15 messages a page). A lookup that meets the
+  limit part-way through a window that is closed (no request can land in
+  it any more) keeps its place in this process: the next check goes on
+  from the page it reached instead of starting again, so a window of any
+  size is read in the end (each check is one of the tool's ``max_checks``).
+- ``chat.postMessage`` takes a channel's name or a user's id, history only
+  an id: the lookup reads the conversation Slack answered the send with
+  (recorded with the message's timestamp). A call that names its channel
+  otherwise, with nothing recorded, is a blind spot (``channel_by_name``).
+- The timestamp Slack answered with is its receipt: read by it, a message
+  whose metadata was changed or deleted since, or the message deleted, is
+  the call's, found with nothing to compare. Without it, a message of the
+  window with the call's text whose metadata was changed or removed may be
+  the call's: ambiguous, for a person. A deleted message leaves no trace in
+  history: without a receipt that is outside the promise.
 
 Slack answers most errors with HTTP 200 and ``"ok": false``; the errors
 that mean nothing was posted (a missing channel, a revoked token, a message
@@ -25,13 +40,18 @@ too long…) are definitive refusals, others (``internal_error``,
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ledgerdash.ledger import clock
 from ledgerdash.ledger.errors import PermanentFailure
-from ledgerdash.ledger.providers.base import Dispatched, Lookup, ProviderAmbiguous, Sought
+from ledgerdash.ledger.providers.base import BlindSpot, Dispatched, Lookup, ProviderAmbiguous, Sought
 from ledgerdash.ledger.providers.presets.common import (
     MARK,
+    Ambiguous,
     LookupUnavailable,
     Option,
     PresetAdapter,
@@ -76,6 +96,24 @@ REFUSALS = frozenset(
     }
 )
 PAGES = 20
+HISTORY = "Slack, conversations.history, https://docs.slack.dev/reference/methods/conversations.history"
+
+
+@dataclass
+class Progress:
+    """How far a lookup read a closed window before Slack's rate limit stopped it."""
+
+    cursor: str
+    pages: int
+    read: int
+    matches: list[dict[str, Any]] = field(default_factory=list)
+    changed: list[dict[str, Any]] = field(default_factory=list)
+
+
+#: Each lookup's progress through a window it could not read at once, kept in this process between checks.
+PROGRESS: OrderedDict[tuple[str, ...], Progress] = OrderedDict()
+PROGRESS_KEPT = 1000
+_progress_lock = threading.Lock()
 
 
 class PostMessage(PresetAdapter):
@@ -118,50 +156,118 @@ class PostMessage(PresetAdapter):
         self.refuse_or_doubt(answer, "the message")
         raise AssertionError("unreachable")  # pragma: no cover
 
+    blind_spots = (
+        BlindSpot(
+            "channel_by_name",
+            "the call names its channel by name or a user's id, which conversations.history does not take, and "
+            "Slack's answer naming the conversation's id was never recorded",
+            HISTORY,
+        ),
+        BlindSpot(
+            "page_cap",
+            "more messages were posted in the call's window than the lookup reads: it did not read all of it",
+            HISTORY,
+        ),
+    )
+
     def search(self, sought: Sought) -> Lookup:
         channel = sought.args.get("channel")
         if not isinstance(channel, str) or not channel:
             raise LookupUnavailable("a Slack message is found in its channel; the call's arguments name none")
         thread = sought.args.get("thread_ts")
-        params: dict[str, str] = {"channel": channel, "include_all_metadata": "true", "limit": "200"}
-        if ":" in sought.request_id:
-            ts = sought.request_id.split(":", 1)[1]
-            params.update(oldest=ts, latest=ts, inclusive="true")
-        else:
-            params["oldest"] = f"{self.window_start(sought).timestamp():.6f}"
-            end = self.window_end(sought)
-            if end is not None:
-                params["latest"] = f"{end.timestamp():.6f}"
-        method = "/api/conversations.history"
+        method, params = "/api/conversations.history", {"include_all_metadata": "true", "limit": "200"}
         if isinstance(thread, str) and thread:
             method, params["ts"] = "/api/conversations.replies", thread
-        reference, matches, read = ref(sought.key), [], 0
-        for _ in range(PAGES):
-            answer = self.call("GET", method, params=params)
+        if ":" in sought.request_id:
+            return self._by_receipt(sought, method, params)
+        if not channel.startswith(("C", "G", "D")):
+            raise self.blind("channel_by_name", f"no message of {channel} can be read by that name")
+        params["channel"] = channel
+        params["oldest"] = f"{self.window_start(sought).timestamp():.6f}"
+        end = self.window_end(sought)
+        if end is not None:
+            params["latest"] = f"{end.timestamp():.6f}"
+        # A window no request can land in any more reads the same on every check: its place may be kept.
+        place = (self.base_url, self.tool_name, sought.key, method, channel, params["oldest"], params.get("latest", ""))
+        closed = end is not None and clock.now() >= end
+        with _progress_lock:
+            progress = PROGRESS.pop(place, None) if closed else None
+        progress = progress or Progress(cursor="", pages=0, read=0)
+        reference, text = ref(sought.key), sought.args.get("text")
+        while progress.pages < PAGES:
+            if progress.cursor:
+                params["cursor"] = progress.cursor
+            try:
+                answer = self.call("GET", method, params=params)
+            except LookupUnavailable as exc:
+                if closed and exc.retry_after is not None and progress.pages:
+                    with _progress_lock:
+                        PROGRESS[place] = progress
+                        while len(PROGRESS) > PROGRESS_KEPT:
+                            PROGRESS.popitem(last=False)
+                    raise LookupUnavailable(
+                        f"{exc.detail}; {progress.read} messages of {channel} read so far: the next check goes on "
+                        "from there",
+                        exc.retry_after,
+                    ) from None
+                raise
             document = answer.document if isinstance(answer.document, dict) else {}
             if document.get("ok") is not True:
                 raise LookupUnavailable(f"Slack answered {document.get('error', f'HTTP {answer.status}')}")
-            messages = document.get("messages") or []
-            read += len(messages)
-            matches += [m for m in messages if _reference(m) == reference]
+            messages = [m for m in document.get("messages") or [] if isinstance(m, dict)]
+            progress.pages, progress.read = progress.pages + 1, progress.read + len(messages)
+            progress.matches += [m for m in messages if _reference(m) == reference]
+            progress.changed += [
+                m for m in messages if text and m.get("text") == text and not _reference(m) and m.get("edited")
+            ]
             cursor = (document.get("response_metadata") or {}).get("next_cursor")
             if not document.get("has_more") or not cursor:
                 break
-            params["cursor"] = cursor
+            progress.cursor = str(cursor)
         else:
-            raise LookupUnavailable(
-                f"{read} messages of {channel} read in {PAGES} pages and more remain in the call's window"
+            raise self.blind(
+                "page_cap", f"{progress.read} messages of {channel} read in {PAGES} pages, none this call's"
             )
-        chosen = choose(matches, sought, lambda m: f"{channel}:{m.get('ts', '')}", "messages")
-        match = chosen.match
-        if match is None:
-            return not_found(f"no message in {channel} since the call carries its reference", chosen)
-        payload = (match.get("metadata") or {}).get("event_payload") or {}
+        chosen = choose(progress.matches, sought, lambda m: f"{channel}:{m.get('ts', '')}", "messages")
+        if chosen.match is not None:
+            return self._found(channel, chosen.match, "carries this call's reference")
+        kept = [m for m in progress.changed if not sought.elsewhere(f"{channel}:{m.get('ts', '')}")]
+        if kept:
+            shown = ", ".join(str(m.get("ts")) for m in kept[:5])
+            raise Ambiguous(
+                f"no message in {channel} since the call carries its reference, but {shown} has its text and its "
+                "metadata was changed or removed since: it may be the call's; a person decides"
+            )
+        return not_found(f"no message in {channel} since the call carries its reference", chosen)
+
+    def _by_receipt(self, sought: Sought, method: str, params: dict[str, str]) -> Lookup:
+        """The message read by the conversation and timestamp Slack answered the call with (its receipt):
+        the call's, whatever became of it since."""
+        channel, ts = sought.request_id.split(":", 1)
+        params = {**params, "channel": channel, "oldest": ts, "latest": ts, "inclusive": "true"}
+        answer = self.call("GET", method, params=params)
+        document = answer.document if isinstance(answer.document, dict) else {}
+        if document.get("ok") is not True:
+            raise LookupUnavailable(f"Slack answered {document.get('error', f'HTTP {answer.status}')}")
+        message = next((m for m in document.get("messages") or [] if m.get("ts") == ts), None)
+        if message is not None and _reference(message) == ref(sought.key):
+            return self._found(channel, message, "carries this call's reference")
+        fate = "its metadata was changed or removed since" if message is not None else "it was deleted since"
         return found(
-            f"{channel}:{match.get('ts', '')}",
+            sought.request_id,
+            "",
+            {"ok": True, "channel": channel, "ts": ts, "message": message},
+            f"message {ts} in {channel} is the one Slack answered this call with; {fate}",
+        )
+
+    @staticmethod
+    def _found(channel: str, message: dict[str, Any], how: str) -> Lookup:
+        payload = (message.get("metadata") or {}).get("event_payload") or {}
+        return found(
+            f"{channel}:{message.get('ts', '')}",
             str(payload.get("args_sha256", "")),
-            {"ok": True, "channel": channel, "ts": match.get("ts"), "message": match},
-            f"message {match.get('ts')} in {channel} carries this call's reference",
+            {"ok": True, "channel": channel, "ts": message.get("ts"), "message": message},
+            f"message {message.get('ts')} in {channel} {how}",
         )
 
 
