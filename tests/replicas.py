@@ -39,10 +39,13 @@ def config_for(preset: str, url: str, **extra: str) -> dict[str, Any]:
     return {"preset": preset, "base_url": url, **SETTINGS.get(provider, {}), **extra}
 
 
-def adapter_for(preset: str, url: str, **extra: str) -> PresetAdapter:
+def adapter_for(preset: str, url: str, *, lag_stated: bool = True, **extra: str) -> PresetAdapter:
+    """``preset``'s adapter pointed at the replica at ``url``, as a tool that states its lookup's lag
+    (``lag_stated``: its ``lookup_lag_seconds`` set) would have it."""
     adapter = PRESETS[preset](f"test.{preset}", config_for(preset, url, **extra))
     adapter.max_request_seconds = 3.0
     adapter.lookup_timeout = 2.0
+    adapter.lag_stated = lag_stated
     return adapter
 
 

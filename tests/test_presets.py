@@ -456,6 +456,10 @@ def test_jira_search_lags_and_reading_by_id_does_not(replicas: Replicas) -> None
 
     assert adapter.find(sought(key, args)).status == LookupStatus.NOT_FOUND
     assert adapter.find(sought(key, args, sent.request_id)).status == LookupStatus.FOUND
+    # Atlassian states no bound on the lag: where the tool states none either, a search proves nothing.
+    unstated = adapter_for("jira.issue", replicas.url("jira"), lag_stated=False).find(sought(key, args))
+    assert unstated.status == LookupStatus.NOT_EVIDENCE
+    assert unstated.extra["blind_spot"] == "search_lag_unbounded"
     control.advance(121)
     assert adapter.find(sought(key, args)).status == LookupStatus.FOUND
     with pytest.raises(PermanentFailure, match="valid project is required"):

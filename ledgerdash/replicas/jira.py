@@ -9,6 +9,11 @@ and ``properties`` reads it at once; ``/rest/api/3/search/jql`` takes JQL
 ``AND``), ``fields``, ``properties``, ``maxResults`` and ``nextPageToken``,
 and shows an issue only once it is indexed (the search lag). No
 idempotency. Every project key exists except ``GONE``.
+
+Its modes (``PUT /modes``) are what people do to an issue after it was
+made, and a project set up without Labels, from Atlassian's own pages
+(:attr:`Jira.MODES`); its search lag (``search_lag_seconds``) may be set
+longer than any wait a preset could choose, as Atlassian states no bound.
 """
 
 from __future__ import annotations
@@ -16,7 +21,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ledgerdash.replicas.core import ACT, READ, SEARCH, Effect, Handler, Replica, Request, Response, iso
+from ledgerdash.replicas.core import ACT, READ, SEARCH, Effect, Handler, Mode, Replica, Request, Response, iso
+
+EDIT = (
+    "Atlassian, Jira Cloud REST API v3: Edit issue, "
+    "https://developer.atlassian.com/cloud/jira/platform/rest/v3/api-group-issues/#api-rest-api-3-issue-issueidorkey-put"
+)
+PROPERTIES = (
+    "Atlassian, Jira Cloud REST API v3: Issue properties, "
+    "https://developer.atlassian.com/cloud/jira/platform/rest/v3/api-group-issue-properties/"
+)
 
 API = r"/rest/api/(?:2|3)"
 CLAUSE = re.compile(r'(labels|project|key)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([A-Za-z0-9_.-]+))', re.IGNORECASE)
@@ -28,6 +42,36 @@ def problem(status: int, messages: list[str] | None = None, **errors: str) -> Re
 
 class Jira(Replica):
     name = "jira"
+    MODES = {
+        "label_removed_every": Mode(0, "anyone who edits an issue can remove a label (every Nth issue made)", EDIT),
+        "property_removed_every": Mode(
+            0, "an issue property can be deleted by anyone who may edit the issue (every Nth issue made)", PROPERTIES
+        ),
+        "no_labels_on_create_screen": Mode(
+            False,
+            "a field not on the project's create screen cannot be set: a create naming labels is refused (400)",
+            "Atlassian, Jira Cloud REST API v3: Get create field metadata for a project and issue type id, "
+            "https://developer.atlassian.com/cloud/jira/platform/rest/v3/api-group-issues/"
+            "#api-rest-api-3-issue-createmeta-projectidorkey-issuetypes-issuetypeid-get",
+        ),
+    }
+
+    def fate(self, number: int) -> str:
+        for mode in ("label_removed_every", "property_removed_every"):
+            every = int(self.mode(mode))
+            if every > 0 and number % every == 0:
+                return mode.removesuffix("_every")
+        return ""
+
+    def _as_now(self, issue: dict[str, Any]) -> dict[str, Any]:
+        """The issue as Jira shows it now: a label or a property removed, if that was its fate."""
+        fate = self.fate(int(issue["id"]) - 10000)
+        if fate == "label_removed":
+            labels = [label for label in issue["fields"]["labels"] if not label.startswith("ld-")]
+            return {**issue, "fields": {**issue["fields"], "labels": labels}}
+        if fate == "property_removed":
+            return {**issue, "properties": {}}
+        return issue
 
     def routes(self) -> list[tuple[str, str, str, Handler]]:
         return [
@@ -70,6 +114,8 @@ class Jira(Replica):
         if not isinstance(fields.get("issuetype"), dict):
             return problem(400, issuetype="Specify an issue type")
         labels = fields.get("labels", [])
+        if "labels" in fields and self.mode("no_labels_on_create_screen"):
+            return problem(400, labels="Field 'labels' cannot be set. It is not on the appropriate screen, or unknown.")
         if not isinstance(labels, list) or any(not isinstance(x, str) or " " in x for x in labels):
             return problem(400, labels="Labels cannot contain spaces")
         properties = {}
@@ -110,7 +156,7 @@ class Jira(Replica):
         issue = next((e.document for e in self.of_kind("issue") if wanted in (e.id, e.document["key"])), None)
         if issue is None:
             return problem(404, ["Issue does not exist or you do not have permission to see it."])
-        return Response(200, self._shown(issue, request))
+        return Response(200, self._shown(self._as_now(issue), request))
 
     def search(self, request: Request) -> Response:
         if request.method == "POST":
@@ -135,7 +181,8 @@ class Jira(Replica):
                     return False
             return True
 
-        issues = [e.document for e in reversed(self.of_kind("issue", searching=True)) if matches(e.document)]
+        shown = [self._as_now(e.document) for e in reversed(self.of_kind("issue", searching=True))]
+        issues = [issue for issue in shown if matches(issue)]
         size = min(int(request.arg("maxResults", "50") or 50), 5000)
         start = int(request.arg("nextPageToken", "0") or 0)
         page = issues[start : start + size]

@@ -102,7 +102,15 @@ PROVIDERS = {
             },
         ),
         DrillProvider(
-            "jira", "jira.issue", settings={"email": "crashdrill@example.com"}, credentials={"api_token": "crashdrill"}
+            "jira",
+            "jira.issue",
+            settings={"email": "crashdrill@example.com"},
+            credentials={"api_token": "crashdrill"},
+            modes={"label_removed_every": 3, "property_removed_every": 4},
+            left_off={
+                "no_labels_on_create_screen": "a project without Labels on its create screen refuses every call "
+                "the drill would make; tests/test_jira_as_it_is.py shows the refusal and what it tells the user"
+            },
         ),
     )
 }

@@ -103,6 +103,8 @@ def build_adapter(
     adapter.key_retention = timedelta(seconds=tool.key_retention_seconds) if tool.key_retention_seconds else None
     adapter.max_request_seconds = float(tool.max_request_seconds)
     adapter.lookup_lag_seconds = lookup_lag(tool)
+    if isinstance(adapter, PresetAdapter):
+        adapter.lag_stated = tool.lookup_lag_seconds is not None
     return adapter
 
 

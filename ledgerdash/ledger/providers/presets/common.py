@@ -131,6 +131,8 @@ class PresetAdapter(HttpCalls):
         self.settings = self.parse_config(config)
         self.base_url = self.settings["base_url"].rstrip("/")
         self.idempotent = self.deduplicates
+        #: Whether the tool states its lookup's lag (``lookup_lag_seconds``) rather than taking the preset's.
+        self.lag_stated = False
         self.lookup_timeout = 5.0
         days = self.kept_for_days()
         self.lookup_retention = timedelta(days=days) if days is not None else None

@@ -8,9 +8,16 @@ without an app, where searching a property needs one that indexes it. The
 lookup reads the issue by its id when a dispatcher recorded it (read-after-
 write consistent), else searches ``labels = "ld-…"`` through
 ``/rest/api/3/search/jql`` and reads the property from the results.
-Atlassian documents the search as eventually consistent (an issue can take
-a while to be searchable); the preset waits a minute before it takes "not
-found" for an answer.
+
+Atlassian documents the search as eventually consistent, "from a few
+seconds to minutes", with no bound: a search that finds nothing is not
+evidence (a blind spot, ``search_lag_unbounded``) unless the tool states
+the lag its site keeps to (``lookup_lag_seconds``), and then only once that
+lag has passed. An issue found by its label whose property someone deleted
+is the call's (the label is the call's reference) with nothing to compare:
+a person confirms it. One whose label someone removed is found by its id
+when a dispatcher recorded it; without it, the search cannot see it, which
+a tool that states its lag takes as outside the promise.
 
 A 400 names the fields that were wrong, a 401 or 403 the credentials, a
 404 the project: nothing was created. A 5xx says nothing of whether it was.
@@ -23,7 +30,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ledgerdash.ledger.errors import PermanentFailure
-from ledgerdash.ledger.providers.base import Dispatched, Lookup, Sought
+from ledgerdash.ledger.providers.base import BlindSpot, Dispatched, Lookup, Sought
 from ledgerdash.ledger.providers.presets.common import (
     MARK,
     LookupUnavailable,
@@ -49,6 +56,14 @@ class JiraIssue(PresetAdapter):
         "api_token": Option("the account's API token, as ${NAME}", default="${JIRA_API_TOKEN}"),
     }
     refused_statuses = frozenset({400, 401, 403, 404})
+    blind_spots = (
+        BlindSpot(
+            "search_lag_unbounded",
+            "Jira's search is eventually consistent with no stated bound, and the tool states none it keeps to",
+            "Atlassian, Jira Cloud REST API v3: Search for issues using JQL enhanced search, "
+            "https://developer.atlassian.com/cloud/jira/platform/rest/v3/api-group-issue-search/",
+        ),
+    )
 
     @classmethod
     def parse_config(cls, config: Any) -> dict[str, str]:
@@ -89,16 +104,32 @@ class JiraIssue(PresetAdapter):
         if answer.status == 201 and document.get("id"):
             received(on_request_id, str(document["id"]))
             return Dispatched(request_id=str(document["id"]), response=document)
+        errors = document.get("errors")
+        if answer.status == 400 and isinstance(errors, dict) and "labels" in errors:
+            raise PermanentFailure(
+                f"Jira refused the issue's labels ({errors['labels']}): the ledger labels each issue it makes so "
+                "its lookup can find it; add Labels to the project's create screen"
+            )
         self.refuse_or_doubt(answer, "the issue")
         raise AssertionError("unreachable")  # pragma: no cover
 
     def search(self, sought: Sought) -> Lookup:
+        reference = ref(sought.key)
         if sought.request_id.isdigit():
             answer = self.call(
                 "GET", f"/rest/api/3/issue/{sought.request_id}", params={"fields": "summary,labels", "properties": MARK}
             )
-            if answer.ok and _reference(answer.document) == ref(sought.key):
+            if answer.ok and _reference(answer.document) == reference:
                 return self._found(answer.document)
+            if answer.status == 404 or (answer.ok and not _reference(answer.document)):
+                # The id Jira answered the call with is its receipt: the issue is the call's, whatever became of it.
+                fate = "its property was deleted since" if answer.ok else "Jira answers 404 for it now (deleted?)"
+                return found(
+                    sought.request_id,
+                    "",
+                    answer.document,
+                    f"issue {sought.request_id} is the one Jira answered this call with; {fate}",
+                )
         params = {
             "jql": f'labels = "{ref(sought.key)}"',
             "fields": "summary,labels",
@@ -109,21 +140,33 @@ class JiraIssue(PresetAdapter):
         issues = answer.document.get("issues") if isinstance(answer.document, dict) else None
         if not isinstance(issues, list):
             raise LookupUnavailable(f"Jira's search answered without issues (HTTP {answer.status})")
+        # The label is the call's reference: an issue that carries it is the call's even where its property
+        # was deleted since (then with no hash to compare, for a person).
         chosen = choose(
-            [i for i in issues if _reference(i) == ref(sought.key)], sought, lambda i: str(i.get("id", "")), "issues"
+            [i for i in issues if _reference(i) == reference or reference in _labels(i)],
+            sought,
+            lambda i: str(i.get("id", "")),
+            "issues",
         )
         if chosen.match is None:
-            return not_found(f"Jira's search has no issue labelled {ref(sought.key)} (its index can lag)", chosen)
+            said = f"Jira's search has no issue labelled {reference}"
+            if not self.lag_stated:
+                raise self.blind("search_lag_unbounded", said)
+            return not_found(f"{said} (its index can lag: the tool states {self.lookup_lag_seconds:g} s)", chosen)
         return self._found(chosen.match)
 
     def _found(self, issue: dict[str, Any]) -> Lookup:
         value = (issue.get("properties") or {}).get(MARK) or {}
+        how = "carries this call's reference" if value else "carries this call's label; its property was deleted"
         return found(
-            str(issue.get("id", "")),
-            str(value.get("args_sha256", "")),
-            issue,
-            f"issue {issue.get('key')} carries this call's reference",
+            str(issue.get("id", "")), str(value.get("args_sha256", "")), issue, f"issue {issue.get('key')} {how}"
         )
+
+
+def _labels(issue: Any) -> list[str]:
+    fields = issue.get("fields") if isinstance(issue, dict) else None
+    labels = fields.get("labels") if isinstance(fields, dict) else None
+    return [str(label) for label in labels] if isinstance(labels, list) else []
 
 
 def _reference(issue: Any) -> str:

@@ -1,0 +1,89 @@
+"""Jira as Atlassian describes it, against the replica with what people do to
+an issue after it was made (its label or its property removed), a search
+whose lag has no stated bound, and a project whose create screen lacks
+Labels: the lookup never answers "not found" where it could not have seen
+the issue, and a refused label says what to change."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ledgerdash.ledger.errors import PermanentFailure
+from ledgerdash.ledger.providers.base import LookupStatus
+from ledgerdash.ledger.providers.presets import PRESETS
+from tests.replicas import Replicas, adapter_for, provider_secrets, replicas
+from tests.test_presets import sought
+
+__all__ = ["provider_secrets", "replicas"]
+
+
+@pytest.fixture(autouse=True)
+def kind_again(replicas: Replicas) -> Iterator[None]:
+    yield
+    control = replicas.control("jira")
+    control.kind()
+    control.clear()
+
+
+def made(replicas: Replicas, mode: str = "", **adapter: Any) -> tuple[Any, str, dict[str, Any], str]:
+    """An issue made with ``mode`` befalling it (every issue); the adapter, key, arguments and Jira's id."""
+    if mode:
+        replicas.control("jira").modes(**{mode: 1})
+    jira = adapter_for("jira.issue", replicas.url("jira"), **adapter)
+    key = f"jira:{uuid.uuid4().hex[:8]}"
+    args = PRESETS["jira.issue"].example_args(key)
+    return jira, key, args, jira.dispatch(key=key, args=args).request_id
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [("label_removed_every", "carries this call's reference"), ("property_removed_every", "property was deleted")],
+)
+def test_the_id_jira_answered_with_finds_the_issue_whatever_became_of_it(
+    mode: str, said: str, replicas: Replicas
+) -> None:
+    jira, key, args, issue_id = made(replicas, mode)
+
+    answer = jira.find(sought(key, args, request_id=issue_id))
+
+    assert answer.status == LookupStatus.FOUND, answer.detail
+    assert answer.request_id == issue_id
+    assert said in answer.detail
+
+
+def test_an_issue_whose_property_was_deleted_is_found_by_its_label_for_a_person_to_confirm(
+    replicas: Replicas,
+) -> None:
+    jira, key, args, issue_id = made(replicas, "property_removed_every")
+
+    answer = jira.find(sought(key, args))
+
+    assert answer.status == LookupStatus.FOUND, answer.detail
+    assert answer.request_id == issue_id
+    assert answer.payload_hash == ""  # nothing to compare: the reconciler hands it to a person
+    assert "property was deleted" in answer.detail
+
+
+def test_a_search_that_cannot_see_the_issue_is_not_evidence_unless_the_tool_states_its_lag(
+    replicas: Replicas,
+) -> None:
+    jira, key, args, _issue_id = made(replicas, "label_removed_every", lag_stated=False)
+
+    answer = jira.find(sought(key, args))
+
+    assert answer.status == LookupStatus.NOT_EVIDENCE, answer.detail
+    assert answer.extra["blind_spot"] == "search_lag_unbounded"
+
+
+def test_a_project_without_labels_on_its_create_screen_is_refused_with_what_to_change(replicas: Replicas) -> None:
+    replicas.control("jira").modes(no_labels_on_create_screen=True)
+    jira = adapter_for("jira.issue", replicas.url("jira"))
+    key = f"jira:{uuid.uuid4().hex[:8]}"
+
+    with pytest.raises(PermanentFailure, match="add Labels to the project's create screen"):
+        jira.dispatch(key=key, args=PRESETS["jira.issue"].example_args(key))
+    assert replicas.control("jira").count(key) == 0
