@@ -93,3 +93,13 @@ def replicas() -> Iterator[Replicas]:
     started = Replicas()
     with started.stack:
         yield started
+
+
+@pytest.fixture
+def kind_again(replicas: Replicas) -> Iterator[None]:
+    """After the test, every replica it used is its kind self again: modes off, faults cleared."""
+    yield
+    for provider in list(replicas.urls):
+        control = replicas.control(provider)
+        control.kind()
+        control.clear()

@@ -7,7 +7,6 @@ for an issue GitHub made, and a rate limit is never taken for a refusal."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,18 +14,11 @@ import pytest
 
 from ledgerdash.ledger.providers.base import LookupStatus, RateLimited, Sought
 from ledgerdash.ledger.providers.presets import PRESETS, github
-from tests.replicas import Replicas, adapter_for, provider_secrets, replicas
+from tests.replicas import Replicas, adapter_for, kind_again, provider_secrets, replicas
 from tests.test_presets import sought
 
-__all__ = ["provider_secrets", "replicas"]
-
-
-@pytest.fixture(autouse=True)
-def kind_again(replicas: Replicas) -> Iterator[None]:
-    yield
-    control = replicas.control("github")
-    control.kind()
-    control.clear()
+__all__ = ["kind_again", "provider_secrets", "replicas"]
+pytestmark = pytest.mark.usefixtures("kind_again")
 
 
 def a_repository(replicas: Replicas) -> Any:

@@ -7,7 +7,6 @@ the issue, and a refused label says what to change."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,18 +14,11 @@ import pytest
 from ledgerdash.ledger.errors import PermanentFailure
 from ledgerdash.ledger.providers.base import LookupStatus
 from ledgerdash.ledger.providers.presets import PRESETS
-from tests.replicas import Replicas, adapter_for, provider_secrets, replicas
+from tests.replicas import Replicas, adapter_for, kind_again, provider_secrets, replicas
 from tests.test_presets import sought
 
-__all__ = ["provider_secrets", "replicas"]
-
-
-@pytest.fixture(autouse=True)
-def kind_again(replicas: Replicas) -> Iterator[None]:
-    yield
-    control = replicas.control("jira")
-    control.kind()
-    control.clear()
+__all__ = ["kind_again", "provider_secrets", "replicas"]
+pytestmark = pytest.mark.usefixtures("kind_again")
 
 
 def made(replicas: Replicas, mode: str = "", **adapter: Any) -> tuple[Any, str, dict[str, Any], str]:

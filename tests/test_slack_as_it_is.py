@@ -8,25 +8,17 @@ window is read to its end over several checks."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from ledgerdash.ledger.providers.base import LookupStatus, Sought
-from tests.replicas import Replicas, adapter_for, provider_secrets, replicas
+from tests.replicas import Replicas, adapter_for, kind_again, provider_secrets, replicas
 from tests.test_presets import sought
 
-__all__ = ["provider_secrets", "replicas"]
-
-
-@pytest.fixture(autouse=True)
-def kind_again(replicas: Replicas) -> Iterator[None]:
-    yield
-    control = replicas.control("slack")
-    control.kind()
-    control.clear()
+__all__ = ["kind_again", "provider_secrets", "replicas"]
+pytestmark = pytest.mark.usefixtures("kind_again")
 
 
 def a_channel() -> str:

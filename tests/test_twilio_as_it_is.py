@@ -7,7 +7,6 @@ standing shown to approvers read what it answers instead."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -21,20 +20,13 @@ from ledgerdash.ledger.providers.base import LookupStatus, Sought
 from ledgerdash.ledger.providers.presets import PRESETS, twilio
 from ledgerdash.ledger.reconciler import Reconciler
 from tests.conftest import AGENT, record
-from tests.replicas import Replicas, adapter_for, config_for, provider_secrets, replicas
+from tests.replicas import Replicas, adapter_for, config_for, kind_again, provider_secrets, replicas
 from tests.test_presets import sought
 
-__all__ = ["provider_secrets", "replicas"]
+__all__ = ["kind_again", "provider_secrets", "replicas"]
+pytestmark = pytest.mark.usefixtures("kind_again")
 
 SENDER = "+15017122661"
-
-
-@pytest.fixture(autouse=True)
-def kind_again(replicas: Replicas) -> Iterator[None]:
-    yield
-    control = replicas.control("twilio")
-    control.kind()
-    control.clear()
 
 
 def a_number() -> str:

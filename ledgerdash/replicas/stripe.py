@@ -43,6 +43,16 @@ def nested(pairs: dict[str, list[str]]) -> dict[str, Any]:
     return out
 
 
+def listed(request: Request, items: list[dict[str, Any]], url: str) -> Response:
+    """One page of a list endpoint, newest first: ``limit`` (at most 100) after ``starting_after``."""
+    after = request.arg("starting_after")
+    if after:
+        ids = [item["id"] for item in items]
+        items = items[ids.index(after) + 1 :] if after in ids else []
+    limit = min(int(request.arg("limit", "10") or 10), 100)
+    return Response(200, {"object": "list", "data": items[:limit], "has_more": len(items) > limit, "url": url})
+
+
 def error(status: int, kind: str, message: str, code: str = "") -> Response:
     body: dict[str, Any] = {"type": kind, "message": message}
     if code:
@@ -237,15 +247,7 @@ class Stripe(Replica):
                 if not value.isdigit():
                     return error(400, "invalid_request_error", f"Invalid integer: {value}", "parameter_invalid")
                 intents = [i for i in intents if keep(i["created"], int(value))]
-        after = request.arg("starting_after")
-        if after:
-            ids = [i["id"] for i in intents]
-            intents = intents[ids.index(after) + 1 :] if after in ids else []
-        limit = min(int(request.arg("limit", "10") or 10), 100)
-        return Response(
-            200,
-            {"object": "list", "data": intents[:limit], "has_more": len(intents) > limit, "url": "/v1/payment_intents"},
-        )
+        return listed(request, intents, "/v1/payment_intents")
 
     def search_intents(self, request: Request) -> Response:
         if self.mode("search_unavailable"):
@@ -291,11 +293,4 @@ class Stripe(Replica):
         refunds = [e.document for e in reversed(self.of_kind("refund"))]
         if request.arg("payment_intent"):
             refunds = [r for r in refunds if r["payment_intent"] == request.arg("payment_intent")]
-        after = request.arg("starting_after")
-        if after:
-            ids = [r["id"] for r in refunds]
-            refunds = refunds[ids.index(after) + 1 :] if after in ids else []
-        limit = min(int(request.arg("limit", "10") or 10), 100)
-        return Response(
-            200, {"object": "list", "data": refunds[:limit], "has_more": len(refunds) > limit, "url": "/v1/refunds"}
-        )
+        return listed(request, refunds, "/v1/refunds")

@@ -146,6 +146,30 @@ class _Stripe(PresetAdapter):
         sent_key = key if len(key) <= MAX_KEY else ref(key)
         return self.call("POST", path, form=body, headers={"Idempotency-Key": sent_key}, sending=True)
 
+    def _list(self, params: dict[str, str], sought: Sought, what: str) -> tuple[list[Any], bool]:
+        """The call's among the objects of this list (read-after-write consistent), at most ``PAGES``
+        pages of 100, and whether the list was read to its end."""
+        matches: list[Any] = []
+        for _ in range(PAGES):
+            answer = self.call("GET", self.path, params=params)
+            data = answer.document.get("data") if isinstance(answer.document, dict) else None
+            if not isinstance(data, list):
+                raise LookupUnavailable(f"Stripe's {what} list answered without a data list (HTTP {answer.status})")
+            matches += [d for d in data if self._ours(d, sought)]
+            if not answer.document.get("has_more") or not data:
+                return matches, True
+            params = {**params, "starting_after": str(data[-1].get("id", ""))}
+        return matches, False
+
+    def _chosen(self, matches: list[Any], sought: Sought, nothing: str) -> Lookup:
+        """The one of ``matches`` that is the call's (none: not found, saying ``nothing``)."""
+        chosen = choose(matches, sought, lambda d: str(d.get("id", "")), f"{self.noun}s")
+        if chosen.match is None:
+            return not_found(nothing, chosen)
+        mine = self._ours(chosen.match, sought)
+        assert mine is not None
+        return mine
+
     def _ours(self, document: Any, sought: Sought) -> Lookup | None:
         metadata = document.get("metadata") or {} if isinstance(document, dict) else {}
         if metadata.get(REF) != ref(sought.key):
@@ -201,29 +225,15 @@ class PaymentIntent(_Stripe):
         end = self.window_end(sought)
         if end is not None:
             params["created[lte]"] = str(int(end.timestamp()) + 1)
-        matches: list[Any] = []
-        for _ in range(PAGES):
-            answer = self.call("GET", self.path, params=params)
-            data = answer.document.get("data") if isinstance(answer.document, dict) else None
-            if not isinstance(data, list):
-                raise LookupUnavailable(f"Stripe's payment intent list answered without a data list ({answer.status})")
-            matches += [d for d in data if self._ours(d, sought)]
-            if not answer.document.get("has_more") or not data:
-                break
-            params["starting_after"] = str(data[-1].get("id", ""))
-        else:
-            if not matches:
-                return None
-        chosen = choose(matches, sought, lambda d: str(d.get("id", "")), "payment intents")
-        if chosen.match is None:
-            return not_found(
-                f"no payment intent created since {start:%Y-%m-%d %H:%M:%S} UTC carries {REF} {ref(sought.key)} "
-                "(Stripe's list is read-after-write consistent)",
-                chosen,
-            )
-        mine = self._ours(chosen.match, sought)
-        assert mine is not None
-        return mine
+        matches, complete = self._list(params, sought, "payment intent")
+        if not complete and not matches:
+            return None
+        return self._chosen(
+            matches,
+            sought,
+            f"no payment intent created since {start:%Y-%m-%d %H:%M:%S} UTC carries {REF} {ref(sought.key)} "
+            "(Stripe's list is read-after-write consistent)",
+        )
 
     def _searched(self, sought: Sought) -> Lookup:
         reference = ref(sought.key)
@@ -236,18 +246,12 @@ class PaymentIntent(_Stripe):
         data = answer.document.get("data") if isinstance(answer.document, dict) else None
         if not isinstance(data, list):
             raise LookupUnavailable(f"Stripe's search answered without a data list (HTTP {answer.status})")
-        chosen = choose(
-            [d for d in data if self._ours(d, sought)], sought, lambda d: str(d.get("id", "")), "payment intents"
+        return self._chosen(
+            [d for d in data if self._ours(d, sought)],
+            sought,
+            f"Stripe's search has no payment intent with {REF} {reference} (the search index can lag behind by up "
+            "to an hour)",
         )
-        if chosen.match is None:
-            return not_found(
-                f"Stripe's search has no payment intent with {REF} {reference} (the search index can lag "
-                "behind by up to an hour)",
-                chosen,
-            )
-        mine = self._ours(chosen.match, sought)
-        assert mine is not None
-        return mine
 
 
 class Refund(_Stripe):
@@ -269,25 +273,10 @@ class Refund(_Stripe):
         intent = sought.args.get("payment_intent")
         if not isinstance(intent, str):
             raise LookupUnavailable("a refund is found through its payment intent; the call's arguments name none")
-        params = {"payment_intent": intent, "limit": "100"}
-        matches: list[Any] = []
-        for _ in range(20):  # 2,000 refunds of one payment intent: past that, a person looks
-            answer = self.call("GET", self.path, params=params)
-            data = answer.document.get("data") if isinstance(answer.document, dict) else None
-            if not isinstance(data, list):
-                raise LookupUnavailable(f"Stripe's refund list answered without a data list (HTTP {answer.status})")
-            matches += [d for d in data if self._ours(d, sought)]
-            if not answer.document.get("has_more") or not data:
-                break
-            params["starting_after"] = str(data[-1].get("id", ""))
-        else:
+        matches, complete = self._list({"payment_intent": intent, "limit": "100"}, sought, "refund")
+        if not complete:  # 2,000 refunds of one payment intent: past that, a person looks
             raise LookupUnavailable(f"payment intent {intent} has more than 2,000 refunds: not all were read")
-        chosen = choose(matches, sought, lambda d: str(d.get("id", "")), "refunds")
-        if chosen.match is None:
-            return not_found(f"no refund of {intent} carries this call's reference", chosen)
-        mine = self._ours(chosen.match, sought)
-        assert mine is not None
-        return mine
+        return self._chosen(matches, sought, f"no refund of {intent} carries this call's reference")
 
 
 def _intent_id(error: dict[str, Any]) -> bool:
