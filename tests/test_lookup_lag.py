@@ -216,3 +216,27 @@ def test_not_found_past_what_the_provider_keeps_proves_nothing(tenant_a: Tenant,
     assert attempt.last_lookup == "past_retention"
     assert "longer ago than the provider keeps what it did" in last_event(attempt).reason
     assert rules.original_standing(attempt).proof is None
+
+
+@pytest.mark.django_db
+def test_a_read_after_write_list_needs_no_wait_for_the_search_lag(
+    tenant_a: Tenant, lagging: dict[str, str], replicas: Replicas
+) -> None:
+    """Stripe's preset reads the payment intents made while the call could land before it searches: a
+    list is read-after-write consistent, so its "not found" counts once the request can no longer land,
+    however long the tool's search lag, and the same key is sent again at once."""
+    key = f"charge:{uuid.uuid4().hex[:10]}"
+    attempt = recording.mark_dispatched(
+        record(tenant_a, key, tool_name="charge", args=PRESETS["stripe.payment_intent"].example_args(key)),
+        actor=AGENT,
+    )  # the agent died before its request left
+    assert attempt.lands_by is not None
+
+    reconcile_at(attempt.lands_by + timedelta(seconds=1))
+
+    attempt.refresh_from_db()
+    assert attempt.state == S.OUTCOME_CONFIRMED
+    assert attempt.dispatch_count == 2
+    assert replicas.control("stripe").count(key) == 1
+    looked = AttemptEvent.objects.filter(attempt=attempt, details__lookup__consistent=True)
+    assert looked.exists()

@@ -371,7 +371,8 @@ class Reconciler:
                     {**details, "status": PAST_RETENTION},
                     asked_at,
                 )
-            lag = tool.adapter.lookup_lag_seconds
+            # A read-after-write consistent answer (Stripe's list) shows whatever landed: no lag to wait.
+            lag = 0.0 if lookup.consistent else tool.adapter.lookup_lag_seconds
             if landing.could_still_hide(attempt, asked_at, lag):
                 attempt = moves.attempt_wait_for_landing(
                     attempt=attempt, actor=self.actor, fence=attempt.fence, lookup=details, looked_at=asked_at, lag=lag

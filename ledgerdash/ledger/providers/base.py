@@ -135,6 +135,9 @@ class Lookup:
     document: Any = None
     #: Seconds the provider asked to be left alone (``Retry-After`` on a 429).
     retry_after: float | None = None
+    #: The answer came from a read-after-write consistent read (a list, a read by id), not a search
+    #: index: a "not found" needs no wait for the tool's lookup lag.
+    consistent: bool = False
 
     def as_details(self) -> dict[str, Any]:
         """The lookup as it is recorded in the reconciler's event."""
@@ -147,6 +150,8 @@ class Lookup:
             out["detail"] = self.detail[:500]
         if self.retry_after is not None:
             out["retry_after"] = self.retry_after
+        if self.consistent:
+            out["consistent"] = True
         if self.extra:
             out.update(self.extra)
         return out

@@ -35,6 +35,7 @@ has been seen): nothing was done by this one.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from ledgerdash.ledger.errors import NothingHappened, PermanentFailure
@@ -228,12 +229,13 @@ class PaymentIntent(_Stripe):
         matches, complete = self._list(params, sought, "payment intent")
         if not complete and not matches:
             return None
-        return self._chosen(
+        listed = self._chosen(
             matches,
             sought,
             f"no payment intent created since {start:%Y-%m-%d %H:%M:%S} UTC carries {REF} {ref(sought.key)} "
             "(Stripe's list is read-after-write consistent)",
         )
+        return replace(listed, consistent=True)
 
     def _searched(self, sought: Sought) -> Lookup:
         reference = ref(sought.key)
