@@ -69,6 +69,19 @@ def test_an_effect_performed_twice_is_duplicated_and_the_last_attempt_counts() -
     assert stuck == ["attempt 1 (a): UNKNOWN"]
 
 
+def test_a_call_the_drill_stopped_mid_way_and_the_ledger_handed_to_people_is_not_stuck() -> None:
+    """The agents stop when the drill ends: a call of a tool that does not deduplicate, stopped after
+    its dispatch claim and before its request left, goes to a person (the provider did nothing); that
+    is recovery doing its work, whatever the machine's load made the timing. A call an agent was told
+    about, or one the provider performed, before a person is still stuck."""
+    given_up = _call("g", acked=False)
+    attempts = [("g", "MANUAL_REVIEW", 1), ("a", "MANUAL_REVIEW", 2), ("p", "MANUAL_REVIEW", 3), ("u", "UNKNOWN", 4)]
+    calls = [given_up, _call("a"), _call("p", acked=False), _call("u", acked=False)]
+    lost, _, stuck = judge(calls, attempts, {"p": 1})
+    assert stuck == ["attempt 2 (a): MANUAL_REVIEW", "attempt 3 (p): MANUAL_REVIEW", "attempt 4 (u): UNKNOWN"]
+    assert lost == ["a: acknowledged; the ledger says MANUAL_REVIEW, the provider performed it 0x"]
+
+
 def test_the_ledgers_own_word_counts_for_keys_no_agent_reported() -> None:
     attempts = [("gave-up", "FAILED", 1), ("phantom", "OUTCOME_CONFIRMED", 2), ("fine", "FAILED", 3)]
     lost, _, _ = judge([], attempts, {"gave-up": 1})

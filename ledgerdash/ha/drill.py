@@ -32,7 +32,11 @@ in flight, and the drill counts:
   acknowledged writes that are gone;
 - **duplicated**: keys the provider performed more than once;
 - **stuck**: attempts not settled (confirmed, failed, reconciled) once the
-  reconcilers have had ``settle`` seconds;
+  reconcilers have had ``settle`` seconds, except a call the agents gave up
+  when the drill stopped them that recovery put before a person and the
+  provider never performed (a tool that does not deduplicate, stopped
+  between its dispatch claim and its request: recovery's hand-off, not a
+  failover's damage);
 - **recovered in**: seconds from each fault until the probe's writes
   succeed again (the worst of the two is on the last line).
 
@@ -429,7 +433,8 @@ class FailoverDrill:
                 verdict.no_progress.append(f"no call was acknowledged after the {fault.kind} of {fault.node}")
 
     def _settle(self, url: str) -> None:
-        """Wait until every attempt of the drill's tenant is settled, or ``settle`` seconds."""
+        """Wait until every attempt of the drill's tenant is settled or before a person (recovery has
+        nothing more to do with it), or ``settle`` seconds."""
         started = time.monotonic()
         unsettled = -1
         while time.monotonic() - started < self.settle_seconds:
@@ -441,7 +446,7 @@ class FailoverDrill:
         if unsettled:
             self.say(f"ha-drill: {unsettled} attempts still unsettled {took:.0f} s after the agents stopped")
         else:
-            self.say(f"ha-drill: every attempt settled {took:.1f} s after the agents stopped")
+            self.say(f"ha-drill: every attempt settled or before a person {took:.1f} s after the agents stopped")
 
     @staticmethod
     def _attempts(url: str) -> list[tuple[str, str, int]]:
@@ -454,7 +459,7 @@ class FailoverDrill:
         return [(str(key), str(state), int(pk)) for key, state, pk in rows]
 
     def _unsettled(self, url: str) -> list[tuple[str, str, int]]:
-        return [row for row in self._attempts(url) if row[1] not in TERMINAL_STATES]
+        return [row for row in self._attempts(url) if row[1] not in TERMINAL_STATES and row[1] != "MANUAL_REVIEW"]
 
     def _count(self, url: str, control: SandboxControl) -> None:
         lost, duplicated, stuck = judge(self.verdict.calls, self._attempts(url), control.counts())
@@ -515,7 +520,13 @@ def judge(
         elif state == "OUTCOME_CONFIRMED" and done == 0:
             lost.append(f"{key}: the ledger confirmed it, yet the provider never performed it")
     duplicated = [f"{key}: performed {n}x" for key, n in performed.items() if n > 1]
-    stuck = [f"attempt {pk} ({key}): {state}" for key, state, pk in attempts if state not in TERMINAL_STATES]
+    given_up = {call["key"] for call in calls if not call.get("acked") and not call.get("refused")}
+    stuck = [
+        f"attempt {pk} ({key}): {state}"
+        for key, state, pk in attempts
+        if state not in TERMINAL_STATES
+        and not (state == "MANUAL_REVIEW" and key in given_up and performed.get(key, 0) == 0)
+    ]
     return lost, duplicated, stuck
 
 
