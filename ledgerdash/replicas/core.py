@@ -175,6 +175,8 @@ class Replica:
     name = "replica"
     #: The provider's unkind behaviours this replica can show (``PUT /modes``).
     MODES: dict[str, Mode] = {}
+    #: Its ``<fate>_every`` modes (every Nth effect made meets that fate), the first that applies winning.
+    FATES: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -271,6 +273,15 @@ class Replica:
     def mode(self, name: str) -> Any:
         with self.lock:
             return self.mode_settings[name]
+
+    def fate(self, number: int) -> str:
+        """What was done to the ``number``-th effect after it was made: the first of :attr:`FATES` whose
+        every Nth takes it, without its ``_every`` ("" for nothing)."""
+        for mode in self.FATES:
+            every = int(self.mode(mode))
+            if every > 0 and number % every == 0:
+                return mode.removesuffix("_every")
+        return ""
 
     def set_modes(self, settings: dict[str, Any]) -> dict[str, Any]:
         unknown = set(settings) - set(self.MODES)

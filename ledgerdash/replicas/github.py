@@ -77,6 +77,7 @@ class GitHub(Replica):
             LIMITS,
         ),
     }
+    FATES = ("delete_every", "transfer_away_every", "transfer_every", "marker_removed_every")
 
     def routes(self) -> list[tuple[str, str, str, Handler]]:
         return [
@@ -112,14 +113,6 @@ class GitHub(Replica):
             reset = int(self.now() + float(self.fault("retry_after")))
             return {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(reset)}
         return super().rate_limit_headers()
-
-    def fate(self, number: int) -> str:
-        """What was done to issue ``number`` after it was made ("" for nothing)."""
-        for mode in ("delete_every", "transfer_away_every", "transfer_every", "marker_removed_every"):
-            every = int(self.mode(mode))
-            if every > 0 and number % every == 0:
-                return mode.removesuffix("_every")
-        return ""
 
     def server_error_body(self) -> Any:
         return {"message": "Server Error"}
@@ -227,7 +220,7 @@ class GitHub(Replica):
         if repo.endswith("-moved"):
             issues = self._transferred(repo)
         else:
-            issues = [self._as_now(i) for i in self._issues(repo) if not self.fate(i["number"]).startswith(("t", "d"))]
+            issues = [self._as_now(i) for i in self._issues(repo) if self.fate(i["number"]) in ("", "marker_removed")]
         state = request.arg("state", "open")
         if state != "all":
             issues = [i for i in issues if i["state"] == state]

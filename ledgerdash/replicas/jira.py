@@ -55,13 +55,7 @@ class Jira(Replica):
             "#api-rest-api-3-issue-createmeta-projectidorkey-issuetypes-issuetypeid-get",
         ),
     }
-
-    def fate(self, number: int) -> str:
-        for mode in ("label_removed_every", "property_removed_every"):
-            every = int(self.mode(mode))
-            if every > 0 and number % every == 0:
-                return mode.removesuffix("_every")
-        return ""
+    FATES = ("label_removed_every", "property_removed_every")
 
     def _as_now(self, issue: dict[str, Any]) -> dict[str, Any]:
         """The issue as Jira shows it now: a label or a property removed, if that was its fate."""

@@ -59,19 +59,12 @@ class Slack(Replica):
             "Slack, chat.delete, https://docs.slack.dev/reference/methods/chat.delete",
         ),
     }
+    FATES = ("deleted_every", "metadata_deleted_every", "metadata_edited_every")
 
     def __init__(self) -> None:
         super().__init__()
         #: method -> when it was last read (the replica's clock), for the Marketplace limit
         self.last_read: dict[str, float] = {}
-
-    def fate(self, number: int) -> str:
-        """What was done to the ``number``-th message after it was posted ("" for nothing)."""
-        for mode in ("deleted_every", "metadata_deleted_every", "metadata_edited_every"):
-            every = int(self.mode(mode))
-            if every > 0 and number % every == 0:
-                return mode.removesuffix("_every")
-        return ""
 
     def _as_now(self, message: dict[str, Any]) -> dict[str, Any] | None:
         """The message as the channel shows it now (None: deleted)."""
