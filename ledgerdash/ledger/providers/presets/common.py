@@ -348,6 +348,11 @@ class PresetAdapter(HttpCalls):
             raise AssertionError(f"{self.name} states no blind spot {name!r}")
         return Blind(spot, f"{detail}; but {spot.what}: not evidence that it was not sent")
 
+    def receipt(self, request_id: str, document: Any, what: str, fate: str) -> Lookup:
+        """The effect read by the id its provider answered the call with (the dispatcher recorded it):
+        the call's, whatever ``fate`` befell it since, found with nothing to compare."""
+        return found(request_id, "", document, f"{what} is the one {self.provider} answered this call with; {fate}")
+
     def window_end(self, sought: Sought) -> datetime | None:
         """Where a search by time may stop: once the request could no longer
         land, plus the lookup's lag and the clocks' skew (None: not known)."""
@@ -422,6 +427,17 @@ def choose(candidates: list[Any], sought: Sought, id_of: Callable[[Any], str], w
         else:
             kept.append(candidate)
     return Chosen(one_match(kept, what), tuple(left))
+
+
+def changed_may_be(candidates: list[Any], sought: Sought, id_of: Callable[[Any], str], nothing: str, how: str) -> None:
+    """Raise :class:`Ambiguous` when an effect the provider changed since it was made, so that it cannot
+    be compared with the call (its reference or content gone), may still be the call's: ``nothing`` says
+    what the lookup did not find, ``how`` how they were changed. Those the ledger recorded on another side
+    effect are left out first, as :func:`choose` leaves them."""
+    kept = [candidate for candidate in candidates if not sought.elsewhere(id_of(candidate))]
+    if kept:
+        shown = ", ".join(id_of(candidate) for candidate in kept[:5])
+        raise Ambiguous(f"{nothing}; but {shown} {how}: any may be the call's, and a person decides")
 
 
 def by_content(lookup: Lookup) -> Lookup:

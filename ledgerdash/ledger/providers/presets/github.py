@@ -194,12 +194,12 @@ class _GitHub(PresetAdapter):
         if not sought.request_id.isdigit():
             return None
         answer = self.call("GET", path)
-        if answer.ok and read_marker((answer.document or {}).get("body"))[0] == ref(sought.key):
+        if answer.ok and _carries(answer.document, sought):
             return self._found(answer.document, sought.request_id)
         return None
 
     def _mine(self, items: list[dict[str, Any]], sought: Sought) -> list[dict[str, Any]]:
-        return [item for item in items if read_marker(item.get("body"))[0] == ref(sought.key)]
+        return [item for item in items if _carries(item, sought)]
 
     def _found(self, item: dict[str, Any], request_id: str) -> Lookup:
         return found(
@@ -286,7 +286,7 @@ class Issue(_GitHub):
             answer = self.call("GET", moved_to)
         document = answer.document if answer.ok and isinstance(answer.document, dict) else None
         where = f" (transferred to {document.get('html_url', moved_to)})" if moved_to and document else ""
-        if document is not None and read_marker(document.get("body"))[0] == ref(sought.key):
+        if document is not None and _carries(document, sought):
             lookup = self._found(document, str(number))
             return replace(lookup, detail=lookup.detail + where)
         if recorded and (document is None or not read_marker(document.get("body"))[0]):
@@ -296,9 +296,7 @@ class Issue(_GitHub):
                 if document is not None
                 else f"GitHub answers {answer.status} for it now ({gone})"
             )
-            return found(
-                str(number), "", document, f"issue #{number} is the number GitHub answered this call with; {fate}"
-            )
+            return self.receipt(str(number), document, f"issue #{number}", fate)
         if document is None and answer.status in (404, 410):
             return Lookup(LookupStatus.NOT_EVIDENCE, detail=f"#{number}: HTTP {answer.status}")
         return None
@@ -331,6 +329,11 @@ class IssueComment(_GitHub):
         if chosen.match is None:
             return not_found(f"no comment on issue {number} made since the call carries its marker", chosen)
         return self._found(chosen.match, str(chosen.match.get("id", "")))
+
+
+def _carries(item: Any, sought: Sought) -> bool:
+    """Whether ``item``'s body carries the marker of the call ``sought`` describes."""
+    return isinstance(item, dict) and read_marker(item.get("body"))[0] == ref(sought.key)
 
 
 def _made(item: Any) -> datetime | None:

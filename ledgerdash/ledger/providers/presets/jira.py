@@ -124,14 +124,9 @@ class JiraIssue(PresetAdapter):
             if answer.status == 404 or (answer.ok and not _reference(answer.document)):
                 # The id Jira answered the call with is its receipt: the issue is the call's, whatever became of it.
                 fate = "its property was deleted since" if answer.ok else "Jira answers 404 for it now (deleted?)"
-                return found(
-                    sought.request_id,
-                    "",
-                    answer.document,
-                    f"issue {sought.request_id} is the one Jira answered this call with; {fate}",
-                )
+                return self.receipt(sought.request_id, answer.document, f"issue {sought.request_id}", fate)
         params = {
-            "jql": f'labels = "{ref(sought.key)}"',
+            "jql": f'labels = "{reference}"',
             "fields": "summary,labels",
             "properties": MARK,
             "maxResults": "50",

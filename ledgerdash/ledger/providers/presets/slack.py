@@ -51,11 +51,11 @@ from ledgerdash.ledger.errors import PermanentFailure
 from ledgerdash.ledger.providers.base import BlindSpot, Dispatched, Lookup, ProviderAmbiguous, Sought
 from ledgerdash.ledger.providers.presets.common import (
     MARK,
-    Ambiguous,
     LookupUnavailable,
     Option,
     PresetAdapter,
     args_hash,
+    changed_may_be,
     choose,
     found,
     not_found,
@@ -198,7 +198,7 @@ class PostMessage(PresetAdapter):
             if progress.cursor:
                 params["cursor"] = progress.cursor
             try:
-                answer = self.call("GET", method, params=params)
+                document = self._read(method, params)
             except LookupUnavailable as exc:
                 if closed and exc.retry_after is not None and progress.pages:
                     with _progress_lock:
@@ -211,9 +211,6 @@ class PostMessage(PresetAdapter):
                         exc.retry_after,
                     ) from None
                 raise
-            document = answer.document if isinstance(answer.document, dict) else {}
-            if document.get("ok") is not True:
-                raise LookupUnavailable(f"Slack answered {document.get('error', f'HTTP {answer.status}')}")
             messages = [m for m in document.get("messages") or [] if isinstance(m, dict)]
             progress.pages, progress.read = progress.pages + 1, progress.read + len(messages)
             progress.matches += [m for m in messages if _reference(m) == reference]
@@ -230,44 +227,45 @@ class PostMessage(PresetAdapter):
             )
         chosen = choose(progress.matches, sought, lambda m: f"{channel}:{m.get('ts', '')}", "messages")
         if chosen.match is not None:
-            return self._found(channel, chosen.match, "carries this call's reference")
-        kept = [m for m in progress.changed if not sought.elsewhere(f"{channel}:{m.get('ts', '')}")]
-        if kept:
-            shown = ", ".join(str(m.get("ts")) for m in kept[:5])
-            raise Ambiguous(
-                f"no message in {channel} since the call carries its reference, but {shown} has its text and its "
-                "metadata was changed or removed since: it may be the call's; a person decides"
-            )
-        return not_found(f"no message in {channel} since the call carries its reference", chosen)
+            return self._found(channel, chosen.match)
+        nothing = f"no message in {channel} since the call carries its reference"
+        changed_may_be(
+            progress.changed,
+            sought,
+            lambda m: f"{channel}:{m.get('ts', '')}",
+            nothing,
+            "carry the call's text, and their metadata was changed or removed since",
+        )
+        return not_found(nothing, chosen)
 
     def _by_receipt(self, sought: Sought, method: str, params: dict[str, str]) -> Lookup:
         """The message read by the conversation and timestamp Slack answered the call with (its receipt):
         the call's, whatever became of it since."""
         channel, ts = sought.request_id.split(":", 1)
-        params = {**params, "channel": channel, "oldest": ts, "latest": ts, "inclusive": "true"}
+        document = self._read(method, {**params, "channel": channel, "oldest": ts, "latest": ts, "inclusive": "true"})
+        message = next((m for m in document.get("messages") or [] if m.get("ts") == ts), None)
+        if message is not None and _reference(message) == ref(sought.key):
+            return self._found(channel, message)
+        fate = "its metadata was changed or removed since" if message is not None else "it was deleted since"
+        shown = {"ok": True, "channel": channel, "ts": ts, "message": message}
+        return self.receipt(sought.request_id, shown, f"message {ts} in {channel}", fate)
+
+    def _read(self, method: str, params: dict[str, str]) -> dict[str, Any]:
+        """One page of ``method`` (history or replies); Slack's ``"ok": false`` decides nothing."""
         answer = self.call("GET", method, params=params)
         document = answer.document if isinstance(answer.document, dict) else {}
         if document.get("ok") is not True:
             raise LookupUnavailable(f"Slack answered {document.get('error', f'HTTP {answer.status}')}")
-        message = next((m for m in document.get("messages") or [] if m.get("ts") == ts), None)
-        if message is not None and _reference(message) == ref(sought.key):
-            return self._found(channel, message, "carries this call's reference")
-        fate = "its metadata was changed or removed since" if message is not None else "it was deleted since"
-        return found(
-            sought.request_id,
-            "",
-            {"ok": True, "channel": channel, "ts": ts, "message": message},
-            f"message {ts} in {channel} is the one Slack answered this call with; {fate}",
-        )
+        return document
 
     @staticmethod
-    def _found(channel: str, message: dict[str, Any], how: str) -> Lookup:
+    def _found(channel: str, message: dict[str, Any]) -> Lookup:
         payload = (message.get("metadata") or {}).get("event_payload") or {}
         return found(
             f"{channel}:{message.get('ts', '')}",
             str(payload.get("args_sha256", "")),
             {"ok": True, "channel": channel, "ts": message.get("ts"), "message": message},
-            f"message {message.get('ts')} in {channel} {how}",
+            f"message {message.get('ts')} in {channel} carries this call's reference",
         )
 
 

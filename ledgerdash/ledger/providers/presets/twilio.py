@@ -54,6 +54,7 @@ import base64
 import contextlib
 import email.utils
 import enum
+import functools
 import urllib.parse
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -65,12 +66,12 @@ from anyascii import anyascii
 from ledgerdash.ledger.errors import PermanentFailure
 from ledgerdash.ledger.providers.base import BlindSpot, Dispatched, Lookup, Sought
 from ledgerdash.ledger.providers.presets.common import (
-    Ambiguous,
     LookupUnavailable,
     Option,
     PresetAdapter,
     args_hash,
     by_content,
+    changed_may_be,
     choose,
     found,
     not_found,
@@ -235,15 +236,16 @@ class Message(PresetAdapter):
         if chosen.match is not None:
             match = self._found(chosen.match, sought, f"by recipient, body and time, not by a key{chosen.note}")
             return by_content(match)
-        kept = [m for m in changed if not sought.elsewhere(str(m.get("sid", "")))]
-        if kept:
-            sids = ", ".join(str(m.get("sid")) for m in kept[:5])
-            raise Ambiguous(
-                f"{len(kept)} message(s) since the call ({sids}) may be this call's, but Twilio changed what it shows "
-                "of them (a body emptied or rewritten, a number masked by redaction or Smart Encoding): a person "
-                "decides"
-            )
-        return not_found(f"no message to {to} with this body since the call was made", chosen)
+        nothing = f"no message to {to} with this body since the call was made"
+        changed_may_be(
+            changed,
+            sought,
+            lambda m: str(m.get("sid", "")),
+            nothing,
+            "(Twilio changed what it shows of them: a body emptied or rewritten, a number masked, by redaction or "
+            "Smart Encoding)",
+        )
+        return not_found(nothing, chosen)
 
     def _found(self, message: dict[str, Any], sought: Sought, how: str, seen: Seen = Seen.SAME) -> Lookup:
         # What Twilio shows is the call's in every field compared (as E.164, byte for byte): the call's own
@@ -257,6 +259,7 @@ class Message(PresetAdapter):
         )
 
 
+@functools.lru_cache(maxsize=4096)
 def e164(number: str, sender: str | None = None) -> str:
     """``number`` as Twilio stores it (E.164), read in the sender's country (the United States unless the
     sender's number says another); unchanged when it is not a phone number (a short code, a sender id)."""
