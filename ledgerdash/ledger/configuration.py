@@ -38,7 +38,7 @@ from django.db.models.signals import pre_delete
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from ledgerdash.ledger import audited
+from ledgerdash.ledger import audited, retention
 from ledgerdash.ledger.events import Actor, EventDraft, EventKind
 from ledgerdash.ledger.models import Membership, OnCallShift, Policy, Tenant, Tool, ToolCredential
 from ledgerdash.ledger.store import append_events
@@ -304,6 +304,8 @@ def record_change(*, before: Snapshot | None, instance: Model | None, deleted: b
         if instance.approvals:
             details["approvals"] = instance.approvals
         summary = f"policy v{instance.version} published" + (f": {instance.note}" if instance.note else "")
+    if isinstance(instance, Tool) and not deleted:
+        retention.note(instance, before.values["config"] if before is not None else None)
     tenant_ids = current.tenant_ids | (before.tenant_ids if before is not None else frozenset())
     if not tenant_ids:
         return  # a tool no tenant allows: no chain is affected

@@ -7,10 +7,11 @@ edit history, so the app must not connect as one:
 - the **owner** owns the database, its schema objects and every table; it
   runs ``manage.py migrate`` (and restores, and this command), nothing else;
 - the **runtime** role can connect, use the schema, and SELECT, INSERT,
-  UPDATE and DELETE rows, with no UPDATE or DELETE on the events and the
-  providers' ids, no DELETE on attempts and chain heads, and no TRUNCATE, REFERENCES or TRIGGER on
-  anything. It owns nothing, so it can neither alter a table nor switch a
-  trigger off.
+  UPDATE and DELETE rows, with no UPDATE or DELETE on the events, the
+  providers' ids and the tools' retention history, no DELETE on attempts
+  and chain heads, and no TRUNCATE, REFERENCES or TRIGGER on anything.
+  It owns nothing, so it can neither alter a table nor switch a trigger
+  off.
 
 Default privileges make the owner's future tables and sequences usable by
 the runtime role as soon as a migration creates them. The statements are
@@ -25,8 +26,9 @@ import re
 
 from django.conf import settings
 
-#: Rows the app adds but never changes or removes (history; a provider's id and the side effect it is the outcome of).
-APPEND_ONLY = ("ledger_attemptevent", "ledger_providerid")
+#: Rows the app adds but never changes or removes (history; a provider's id and the side effect it is the
+#: outcome of; what a tool's retention said from when).
+APPEND_ONLY = ("ledger_attemptevent", "ledger_providerid", "ledger_toolretention")
 #: Rows the app changes but never removes.
 NEVER_DELETED = ("ledger_attempt", "ledger_chainhead", "ledger_incident")
 #: Rows only the owner writes (archive_events and restore_events run as the owner); the app reads them.

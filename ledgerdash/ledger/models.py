@@ -639,6 +639,25 @@ class Tool(AuditedModel):
             )
 
 
+class ToolRetention(models.Model):
+    """From when a tool said its provider keeps what the lookup reads for
+    ``days`` (a preset's ``retention_days``, where the account chooses), until
+    the tool's next row. Written with every change of the setting, in the
+    change's transaction (:mod:`ledgerdash.ledger.retention`); kept by tool
+    name, so a tool removed and made again keeps its history. Append-only."""
+
+    tool_name = models.CharField(max_length=255)
+    days = models.PositiveIntegerField()
+    since = models.DateTimeField(default=clock.now)
+
+    class Meta:
+        ordering = ["tool_name", "since", "id"]
+        indexes = [models.Index(fields=["tool_name", "since"], name="ledger_toolretention_since")]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name}: {self.days} days from {self.since:%Y-%m-%d %H:%M:%S}"
+
+
 #: How a secret is named: the ``${NAME}`` placeholders of a tool's header
 #: templates and the names of secrets in the environment or secrets file.
 SECRET_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"  # noqa: S105 - a pattern, not a secret

@@ -66,7 +66,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from ledgerdash.ledger import clock, landing, moves, provider_ids
+from ledgerdash.ledger import clock, landing, moves, provider_ids, retention
 from ledgerdash.ledger.authority import standing_of
 from ledgerdash.ledger.errors import (
     AlreadyHappened,
@@ -362,7 +362,7 @@ class Reconciler:
                 attempt, f"the provider's lookup could not have seen this call: {lookup.detail}", details, asked_at
             )
         if lookup.status == LookupStatus.NOT_FOUND:
-            kept, first = tool.adapter.lookup_retention, attempt.first_dispatched_at
+            kept, first = retention.kept(tool.name, tool.adapter, attempt, asked_at), attempt.first_dispatched_at
             if kept is not None and first is not None and first + kept <= asked_at:
                 return self._escalate(
                     attempt,

@@ -10,6 +10,9 @@ stream) and ``metadata_<name>`` filters, and shows a message only once its
 activity is indexed (the search lag);
 ``GET /messages/outbound/<id>/details`` reads one message at once. No
 idempotency. ``inactive@…`` recipients are inactive.
+
+Its mode (``PUT /modes``): the account's retention, which keeps each
+message as long as the setting in force when it was processed said.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ledgerdash.replicas.core import ACT, READ, SEARCH, Effect, Handler, Replica, Request, Response, iso
+from ledgerdash.replicas.core import ACT, READ, SEARCH, Effect, Handler, Mode, Replica, Request, Response, iso
+
+DAY = 86400.0
 
 
 def refusal(status: int, code: int, message: str) -> Response:
@@ -26,6 +31,15 @@ def refusal(status: int, code: int, message: str) -> Response:
 
 class Postmark(Replica):
     name = "postmark"
+    MODES = {
+        "retention_days": Mode(
+            45,
+            "messages and their metadata are kept 45 days by default; an account may choose 7 to 365, and a "
+            "change applies only to messages processed afterwards",
+            "Postmark, How does the Retention Add-on work?, "
+            "https://postmarkapp.com/support/article/1289-how-does-the-retention-add-on-work",
+        ),
+    }
 
     def routes(self) -> list[tuple[str, str, str, Handler]]:
         return [
@@ -78,8 +92,24 @@ class Postmark(Replica):
             "Status": "Sent",
             "Attachments": [],
         }
+        # Kept as long as the retention in force now says, whatever the account chooses later.
+        self.kept_days[message_id] = float(self.mode("retention_days"))
         self.record(Effect("email", message_id, self.now(), message))
         return Response(200, {"To": to, "SubmittedAt": at, "MessageID": message_id, "ErrorCode": 0, "Message": "OK"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: How many days each message is kept: the retention in force when it was processed.
+        self.kept_days: dict[str, float] = {}
+
+    def kept(self, *, searching: bool = False) -> list[dict[str, Any]]:
+        """The messages Postmark still keeps, the most recent first."""
+        now = self.now()
+        return [
+            e.document
+            for e in reversed(self.of_kind("email", searching=searching))
+            if now - e.created < self.kept_days.get(e.id, 45.0) * DAY
+        ]
 
     @staticmethod
     def _summary(message: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +122,7 @@ class Postmark(Replica):
             return refusal(422, 1100, "count and offset are required")
         if not 1 <= count <= 500 or offset < 0:
             return refusal(422, 1100, "count must be 1 to 500, offset 0 or more")
-        messages = [e.document for e in reversed(self.of_kind("email", searching=True))]
+        messages = self.kept(searching=True)
         wanted = {
             name[len("metadata_") :]: values[-1]
             for name, values in request.query.items()
@@ -111,7 +141,7 @@ class Postmark(Replica):
         return Response(200, {"TotalCount": len(messages), "Messages": page})
 
     def details(self, request: Request) -> Response:
-        message = next((e.document for e in self.of_kind("email") if e.id == request.groups[0]), None)
+        message = next((m for m in self.kept() if m["MessageID"] == request.groups[0]), None)
         if message is None:
             return refusal(422, 701, "This message was not found.")
         return Response(200, {**message, "Body": message["HtmlBody"] or message["TextBody"], "MessageEvents": []})

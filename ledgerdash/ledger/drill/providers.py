@@ -87,7 +87,13 @@ PROVIDERS = {
                 "reset_header": True,
             },
         ),
-        DrillProvider("postmark", "postmark.email", credentials={"server_token": "crashdrill"}),
+        DrillProvider(
+            "postmark",
+            "postmark.email",
+            settings={"retention_days": "7"},
+            credentials={"server_token": "crashdrill"},
+            modes={"retention_days": 7},
+        ),
         DrillProvider(
             "twilio",
             "twilio.message",

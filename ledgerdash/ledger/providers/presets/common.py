@@ -117,6 +117,10 @@ class PresetAdapter(HttpCalls):
     #: Where an account chooses how long that is (fewest, most days): the tool's ``retention_days``
     #: setting says, ``kept_days`` (the provider's default) unless told.
     retention_range: ClassVar[tuple[int, int] | None] = None
+    #: Which of the account's choices keeps a call: the one in force when the provider processed it
+    #: (``WHEN_SENT``: a change applies to what is processed afterwards), or any in force since
+    #: (``WHEN_READ``: a window over what the API shows, a shorter one hiding what was kept).
+    retention_applies: ClassVar[str] = "when_read"
     default_base_url: ClassVar[str]
     #: The preset's settings beyond ``preset`` and ``base_url``.
     options: ClassVar[dict[str, Option]] = {}

@@ -5,14 +5,18 @@ Each email carries Postmark metadata (``ledgerdash_ref``, the call's
 reference; ``ledgerdash_args``, the hash of its arguments), which Postmark
 keeps with the message; the lookup asks the outbound message search for
 ``metadata_ledgerdash_ref``, or reads the message's details by its
-``MessageID`` when a dispatcher recorded it. The search is built from
+``MessageID`` when a dispatcher recorded it (Postmark answered the call
+with that id, so it took the email: one it no longer shows is still the
+call's). The search is built from
 Postmark's activity, which shows a message moments after it was accepted:
 Postmark documents no figure, so the preset waits a minute before it takes
 "not found" for an answer. The search reads one message stream (the
 transactional ``outbound`` one unless told): the preset asks for the
 stream the email went to. Postmark keeps a server's messages 45 days by
-default (an account sets 7 to 365: the ``retention_days`` setting); a
-"not found" later than that after the email was sent proves nothing.
+default (an account sets 7 to 365: the ``retention_days`` setting), and a
+change "will apply only to messages processed going forward": an email is
+kept as long as the setting in force when it was sent said, and a "not
+found" later than that proves nothing.
 
 A 422 names what was wrong with the email (``ErrorCode`` 300, 406 for an
 inactive recipient…) and a 401 a bad token: nothing was sent. A 500 says
@@ -42,6 +46,8 @@ from ledgerdash.ledger.providers.presets.common import (
 REF = "ledgerdash_ref"
 ARGS_HASH = "ledgerdash_args"
 UUID = re.compile(r"[0-9a-fA-F-]{36}")
+#: Postmark's ErrorCode for a message it does not have (any more).
+NOT_KEPT = 701
 
 
 class Email(PresetAdapter):
@@ -56,6 +62,7 @@ class Email(PresetAdapter):
     }
     kept_days = 45
     retention_range = (7, 365)
+    retention_applies = "when_sent"
     refused_statuses = frozenset({400, 401, 403, 404, 413, 422})
 
     @classmethod
@@ -96,12 +103,24 @@ class Email(PresetAdapter):
             answer = self.call("GET", f"/messages/outbound/{sought.request_id}/details")
             if answer.ok and _reference(answer.document) == ref(sought.key):
                 return self._found(answer.document)
+            if answer.status == 404 or _error_code(answer.document) == NOT_KEPT:
+                # Postmark answered the call with this id, so it took the email; it no longer keeps it.
+                return self.receipt(
+                    sought.request_id,
+                    answer.document,
+                    f"email {sought.request_id}",
+                    "Postmark no longer shows it (past its retention, or deleted)",
+                )
+            if not answer.ok:
+                raise LookupUnavailable(f"Postmark answered HTTP {answer.status}: {answer.text[:200]}")
         stream = sought.args.get("MessageStream") or self.settings["message_stream"]
         params = {"count": "50", "offset": "0", "messagestream": str(stream), f"metadata_{REF}": ref(sought.key)}
         answer = self.call("GET", "/messages/outbound", params=params)
         messages = answer.document.get("Messages") if isinstance(answer.document, dict) else None
         if not isinstance(messages, list):
-            raise LookupUnavailable(f"Postmark's message search answered without Messages (HTTP {answer.status})")
+            raise LookupUnavailable(
+                f"Postmark's message search answered without Messages (HTTP {answer.status}): {answer.text[:200]}"
+            )
         total = answer.document.get("TotalCount")
         if not isinstance(total, int) or total > len(messages):
             raise LookupUnavailable(
@@ -122,6 +141,9 @@ class Email(PresetAdapter):
             )
         return self._found(chosen.match)
 
+    def lookup_absent_statuses(self) -> frozenset[int]:
+        return frozenset({404, 422})  # a message's details answer 422 with ErrorCode 701 when it is not kept
+
     def _found(self, message: dict[str, Any]) -> Lookup:
         metadata = message.get("Metadata") or {}
         return found(
@@ -130,6 +152,10 @@ class Email(PresetAdapter):
             message,
             f"email {message.get('MessageID')} carries this call's reference (status {message.get('Status', '?')})",
         )
+
+
+def _error_code(document: Any) -> Any:
+    return document.get("ErrorCode") if isinstance(document, dict) else None
 
 
 def _reference(message: Any) -> str:

@@ -28,8 +28,10 @@ What Twilio changes of a message, and how the lookup allows for it:
   the sender's messages instead. Found by the ``sid`` the ledger recorded, a
   redacted message is the call's: the sid is Twilio's own receipt.
 - Twilio shows a message for 400 days by default; an account may choose 7
-  to 400 (``retention_days``). A lookup later than that after the call
-  proves nothing.
+  to 400 (``retention_days``). It is a window over what the API shows, and
+  Twilio does not say that a shorter one spares messages already kept: a
+  lookup later after the call than the shortest window in force since it
+  was sent proves nothing.
 
 What that can prove: no such message since the call was made, read back
 to before it, means it was not sent. A message whose sid the ledger
