@@ -79,3 +79,53 @@ def test_a_project_without_labels_on_its_create_screen_is_refused_with_what_to_c
     with pytest.raises(PermanentFailure, match="add Labels to the project's create screen"):
         jira.dispatch(key=key, args=PRESETS["jira.issue"].example_args(key))
     assert replicas.control("jira").count(key) == 0
+
+
+def test_the_projects_named_are_read_for_labels_on_their_create_screens_before_any_call(replicas: Replicas) -> None:
+    told = adapter_for("jira.issue", replicas.url("jira"), projects="OPS, SUP")
+    assert told.setup_warnings() == []
+    assert adapter_for("jira.issue", replicas.url("jira")).setup_warnings() == []  # none named: nothing read
+
+    replicas.control("jira").modes(no_labels_on_create_screen=True)
+    before = len(replicas.control("jira").effects())
+    warnings = told.setup_warnings()
+
+    assert len(warnings) == 2
+    assert warnings[0].startswith("project OPS has no Labels on its create screen for Task, Bug: Jira refuses")
+    assert "add Labels to the screen" in warnings[0]
+    assert len(replicas.control("jira").effects()) == before  # reading the screens made nothing
+
+
+def test_a_project_whose_screens_cannot_be_read_is_said_so(replicas: Replicas) -> None:
+    warnings = adapter_for("jira.issue", replicas.url("jira"), projects="GONE").setup_warnings()
+
+    assert len(warnings) == 1
+    assert warnings[0].startswith("could not read project GONE's create screens: Jira answered HTTP 404")
+
+
+@pytest.mark.django_db
+def test_ledger_config_plan_warns_of_a_create_screen_without_labels(replicas: Replicas, tmp_path: Any) -> None:
+    from tests.test_ledger_config import run, write
+
+    replicas.control("jira").modes(no_labels_on_create_screen=True)
+    path = write(
+        tmp_path,
+        f"""
+[tools."jira.escalate"]
+adapter = "preset"
+
+[tools."jira.escalate".config]
+preset = "jira.issue"
+base_url = "{replicas.url("jira")}"
+email = "agent@example.com"
+projects = "OPS"
+""",
+    )
+
+    out = run("plan", path)
+
+    assert (
+        'warning: tools."jira.escalate".config: project OPS has no Labels on its create screen for Task, Bug'
+    ) in out
+    replicas.control("jira").kind()
+    assert "warning" not in run("plan", path)

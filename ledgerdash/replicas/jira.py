@@ -7,8 +7,10 @@ with ``id``, ``key`` and ``self``, or 400 with ``errorMessages`` and
 and ``properties`` reads it at once; ``/rest/api/3/search/jql`` takes JQL
 (here: ``labels = "…"``, ``project = KEY`` and ``key = K-1``, joined by
 ``AND``), ``fields``, ``properties``, ``maxResults`` and ``nextPageToken``,
-and shows an issue only once it is indexed (the search lag). No
-idempotency. Every project key exists except ``GONE``.
+and shows an issue only once it is indexed (the search lag);
+``/rest/api/3/issue/createmeta/<project>/issuetypes`` lists a project's
+issue types and ``…/issuetypes/<id>`` the fields on its create screen, a
+page at a time. No idempotency. Every project key exists except ``GONE``.
 
 Its modes (``PUT /modes``) are what people do to an issue after it was
 made, and a project set up without Labels, from Atlassian's own pages
@@ -34,6 +36,10 @@ PROPERTIES = (
 
 API = r"/rest/api/(?:2|3)"
 CLAUSE = re.compile(r'(labels|project|key)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([A-Za-z0-9_.-]+))', re.IGNORECASE)
+
+
+#: The issue types every project offers.
+ISSUE_TYPES = {"10001": "Task", "10002": "Bug"}
 
 
 def problem(status: int, messages: list[str] | None = None, **errors: str) -> Response:
@@ -73,6 +79,8 @@ class Jira(Replica):
             ("GET", API + r"/issue/([^/]+)", READ, self.get),
             ("GET", API + r"/search/jql", SEARCH, self.search),
             ("POST", API + r"/search/jql", SEARCH, self.search),
+            ("GET", API + r"/issue/createmeta/([^/]+)/issuetypes", READ, self.issue_types),
+            ("GET", API + r"/issue/createmeta/([^/]+)/issuetypes/([^/]+)", READ, self.create_fields),
             ("GET", API + r"/field", READ, lambda _request: Response(200, [])),
             ("GET", API + r"/serverInfo", READ, self.server_info),
         ]
@@ -94,6 +102,27 @@ class Jira(Replica):
         return Response(
             200, {"baseUrl": base, "version": "1001.0.0", "versionNumbers": [1001, 0, 0], "deploymentType": "Cloud"}
         )
+
+    def issue_types(self, request: Request) -> Response:
+        """The issue types a project's issues may be created with (Task and Bug in every project)."""
+        if request.groups[0] == "GONE":
+            return problem(404, ["No project could be found with key 'GONE'."])
+        types = [{"id": id_, "name": name, "subtask": False} for id_, name in ISSUE_TYPES.items()]
+        return Response(200, {"issueTypes": types, "maxResults": 50, "startAt": 0, "total": len(types)})
+
+    def create_fields(self, request: Request) -> Response:
+        """The fields on a project's create screen for an issue type, a page at a time (``startAt``,
+        ``maxResults``); Labels is among them unless the project was set up without it."""
+        project, issue_type = request.groups
+        if project == "GONE" or issue_type not in ISSUE_TYPES:
+            return problem(404, ["The project or issue type was not found."])
+        names = ["summary", "issuetype", "project", "description", "reporter"]
+        if not self.mode("no_labels_on_create_screen"):
+            names.append("labels")
+        fields = [{"fieldId": n, "key": n, "name": n.title(), "required": n in ("summary", "issuetype")} for n in names]
+        start, size = int(request.arg("startAt", "0") or 0), int(request.arg("maxResults", "50") or 50)
+        page = fields[start : start + size]
+        return Response(200, {"fields": page, "maxResults": size, "startAt": start, "total": len(fields)})
 
     def create(self, request: Request) -> Response:
         body = request.json()

@@ -25,7 +25,8 @@ from ledgerdash.ledger.config.parse import Desired, PolicySpec, TenantSpec
 from ledgerdash.ledger.config.schema import TOOL_FIELDS
 from ledgerdash.ledger.configuration import masked, secret_names
 from ledgerdash.ledger.models import Membership, OnCallShift, Policy, Tenant, Tool, ToolCredential
-from ledgerdash.ledger.providers.factory import preset_facts
+from ledgerdash.ledger.providers.factory import build_adapter, preset_facts
+from ledgerdash.ledger.providers.presets import PresetAdapter
 from ledgerdash.notify import services
 from ledgerdash.notify.models import Channel, ChannelKind, Rule
 
@@ -133,7 +134,10 @@ def make_plan(desired: Desired) -> Plan:
 def _tool_warnings(desired: Desired, tools: dict[str, Tool]) -> list[str]:
     """A tool the file describes whose calls the reconciler cannot look up at
     the provider (an HTTP tool without a ``lookup_url``): every call whose
-    outcome its agent could not tell (a crash, a timeout) will wait for a person."""
+    outcome its agent could not tell (a crash, a timeout) will wait for a person.
+    A preset tool whose provider is set up to refuse or hide its calls, as
+    the provider answers now (a Jira project without Labels on its create
+    screen)."""
     warnings = []
     for spec in desired.tools:
         tool = tools[spec.name]
@@ -143,6 +147,10 @@ def _tool_warnings(desired: Desired, tools: dict[str, Tool]) -> list[str]:
                 "call whose outcome its agent could not tell (a crash, a timeout) goes to a person "
                 "(docs/providers.md says what a lookup answers)"
             )
+        if tool.adapter == "preset":
+            adapter = build_adapter(tool)
+            if isinstance(adapter, PresetAdapter):
+                warnings += [f"{spec.where}.config: {warning}" for warning in adapter.setup_warnings()]
     return warnings
 
 

@@ -344,6 +344,11 @@ class PresetAdapter(HttpCalls):
             f"{answer.text[:200]}"
         )
 
+    def setup_warnings(self) -> list[str]:
+        """What the account's setup at the provider will refuse or hide, read from the provider before
+        any call is made (``ledger_config plan`` prints it); nothing, for most presets."""
+        return []
+
     def blind(self, name: str, detail: str) -> Blind:
         """The answer when the call may lie in the blind spot ``name`` (one the preset
         states in :attr:`blind_spots`): raise it from :meth:`search`."""

@@ -21,11 +21,16 @@ a tool that states its lag takes as outside the promise.
 
 A 400 names the fields that were wrong, a 401 or 403 the credentials, a
 404 the project: nothing was created. A 5xx says nothing of whether it was.
+A project whose create screen lacks Labels refuses every call (the label
+cannot be set): name the projects the agent creates issues in
+(``projects``) and ``ledger_config plan`` reads each one's create screens
+(the create-meta endpoints) and warns before any call is refused.
 """
 
 from __future__ import annotations
 
 import base64
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -44,6 +49,9 @@ from ledgerdash.ledger.providers.presets.common import (
     ref,
 )
 
+#: The most pages of create metadata read for one project or issue type.
+SETUP_PAGES = 20
+
 
 class JiraIssue(PresetAdapter):
     name = "jira.issue"
@@ -54,6 +62,11 @@ class JiraIssue(PresetAdapter):
     options: ClassVar[dict[str, Option]] = {
         "email": Option("the account's email (basic auth with an API token)", required=True),
         "api_token": Option("the account's API token, as ${NAME}", default="${JIRA_API_TOKEN}"),
+        "projects": Option(
+            "the keys of the projects the agent creates issues in, comma-separated: ledger_config plan checks "
+            "that each one's create screens have Labels",
+            default="",
+        ),
     }
     refused_statuses = frozenset({400, 401, 403, 404})
     blind_spots = (
@@ -149,6 +162,47 @@ class JiraIssue(PresetAdapter):
                 raise self.blind("search_lag_unbounded", said)
             return not_found(f"{said} (its index can lag: the tool states {self.lookup_lag_seconds:g} s)", chosen)
         return self._found(chosen.match)
+
+    def setup_warnings(self) -> list[str]:
+        warnings = []
+        for project in [p.strip() for p in self.settings["projects"].split(",") if p.strip()]:
+            try:
+                lacking = self._types_without_labels(project)
+            except LookupUnavailable as exc:
+                warnings.append(f"could not read project {project}'s create screens: {exc.detail}")
+                continue
+            if lacking:
+                warnings.append(
+                    f"project {project} has no Labels on its create screen for {', '.join(lacking)}: Jira refuses "
+                    "every call that creates one (the ledger labels each issue it makes so its lookup can find it); "
+                    "add Labels to the screen"
+                )
+        return warnings
+
+    def _types_without_labels(self, project: str) -> list[str]:
+        """The names of ``project``'s issue types whose create screen lacks Labels."""
+        base = f"/rest/api/3/issue/createmeta/{urllib.parse.quote(project, safe='')}/issuetypes"
+        lacking = []
+        for issue_type in self._pages(base, "issueTypes"):
+            fields = self._pages(f"{base}/{urllib.parse.quote(str(issue_type.get('id', '')), safe='')}", "fields")
+            if not any("labels" in (field.get("fieldId"), field.get("key")) for field in fields):
+                lacking.append(str(issue_type.get("name") or issue_type.get("id")))
+        return lacking
+
+    def _pages(self, path: str, name: str) -> list[dict[str, Any]]:
+        """Every item of a paged create-meta answer (``startAt``, ``maxResults``, ``total``)."""
+        items: list[dict[str, Any]] = []
+        for _ in range(SETUP_PAGES):
+            answer = self.call("GET", path, params={"startAt": str(len(items)), "maxResults": "50"})
+            document = answer.document if isinstance(answer.document, dict) else {}
+            page = document.get(name, document.get("values"))
+            if not answer.ok or not isinstance(page, list):
+                raise LookupUnavailable(f"Jira answered HTTP {answer.status}: {answer.text[:200]}")
+            items += [item for item in page if isinstance(item, dict)]
+            total = document.get("total")
+            if not page or document.get("isLast") or (isinstance(total, int) and len(items) >= total):
+                return items
+        raise LookupUnavailable(f"more than {SETUP_PAGES} pages of {name}")
 
     def _found(self, issue: dict[str, Any]) -> Lookup:
         value = (issue.get("properties") or {}).get(MARK) or {}
