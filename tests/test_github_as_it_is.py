@@ -140,3 +140,75 @@ def test_old_issues_updated_since_the_call_do_not_hide_it(replicas: Replicas, mo
         control.advance(-3600)
     assert answer.status == LookupStatus.FOUND, answer.detail
     assert answer.request_id == sent.request_id
+
+
+# --- what is another call's is left out ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "without"),
+    [("marker_removed_every", LookupStatus.AMBIGUOUS), ("delete_every", LookupStatus.NOT_EVIDENCE)],
+)
+def test_an_altered_issue_the_ledger_recorded_on_another_call_hides_nothing(
+    mode: str, without: LookupStatus, replicas: Replicas
+) -> None:
+    """#2, edited or deleted since, is the outcome of another side effect the ledger recorded: it cannot be
+    this call's, so it neither clouds nor blinds the lookup."""
+    replicas.control("github").modes(**{mode: 2})
+    adapter = a_repository(replicas)
+    adapter.dispatch(key="first", args=call("first"))
+    adapter.dispatch(key="another", args=call("another"))
+    adapter.dispatch(key="third", args=call("third"))
+    key = f"issue:{uuid.uuid4().hex[:8]}"  # never sent
+
+    assert adapter.find(sought(key, call(key))).status == without
+    answer = adapter.find(sought(key, call(key), elsewhere={"2"}))
+
+    assert answer.status == LookupStatus.NOT_FOUND, answer.detail
+
+
+def a_discussion(replicas: Replicas) -> tuple[Any, int]:
+    """A comment adapter on a repository of its own, and the issue its comments go to."""
+    repository = f"acme/r{uuid.uuid4().hex[:8]}"
+    issue = adapter_for("github.issue", replicas.url("github"), repository=repository)
+    number = int(issue.dispatch(key="the issue", args=call("the issue")).request_id)
+    return adapter_for("github.issue_comment", replicas.url("github"), repository=repository), number
+
+
+def comment(key: str, number: int) -> dict[str, Any]:
+    return {"issue_number": number, "body": f"Retried the export ({key})."}
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [("comment_edited_every", "marker was edited out"), ("comment_deleted_every", "GitHub answers 404")],
+)
+def test_the_id_github_answered_a_comment_with_finds_it_whatever_became_of_it(
+    mode: str, said: str, replicas: Replicas
+) -> None:
+    replicas.control("github").modes(**{mode: 1})
+    adapter, number = a_discussion(replicas)
+    key = f"comment:{uuid.uuid4().hex[:8]}"
+    sent = adapter.dispatch(key=key, args=comment(key, number))
+
+    answer = adapter.find(sought(key, comment(key, number), request_id=sent.request_id))
+
+    assert answer.status == LookupStatus.FOUND, answer.detail
+    assert answer.request_id == sent.request_id
+    assert said in answer.detail
+
+
+def test_a_comment_whose_marker_was_edited_out_is_for_a_person_unless_it_is_anothers(replicas: Replicas) -> None:
+    replicas.control("github").modes(comment_edited_every=1)
+    adapter, number = a_discussion(replicas)
+    key = f"comment:{uuid.uuid4().hex[:8]}"
+    sent = adapter.dispatch(key=key, args=comment(key, number))
+
+    answer = adapter.find(sought(key, comment(key, number)))
+
+    assert answer.status == LookupStatus.AMBIGUOUS, answer.detail
+    assert "edited" in answer.detail
+    other = f"comment:{uuid.uuid4().hex[:8]}"
+    assert adapter.find(sought(other, comment(other, number), elsewhere={sent.request_id})).status == (
+        LookupStatus.NOT_FOUND
+    )

@@ -274,10 +274,10 @@ class Replica:
         with self.lock:
             return self.mode_settings[name]
 
-    def fate(self, number: int) -> str:
-        """What was done to the ``number``-th effect after it was made: the first of :attr:`FATES` whose
-        every Nth takes it, without its ``_every`` ("" for nothing)."""
-        for mode in self.FATES:
+    def fate(self, number: int, fates: tuple[str, ...] | None = None) -> str:
+        """What was done to the ``number``-th effect after it was made: the first of ``fates`` (of
+        :attr:`FATES` unless told) whose every Nth takes it, without its ``_every`` ("" for nothing)."""
+        for mode in self.FATES if fates is None else fates:
             every = int(self.mode(mode))
             if every > 0 and number % every == 0:
                 return mode.removesuffix("_every")

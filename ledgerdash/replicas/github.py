@@ -14,7 +14,7 @@ it was made, and how GitHub limits a caller, from GitHub's own pages
 (:attr:`GitHub.MODES`): every Nth issue made is transferred (to
 ``<owner>/<name>-moved``, answered 301 by its old number; or where the token
 cannot read, 404), deleted (410), or has its body edited so the hidden
-marker is gone.
+marker is gone; every Nth comment is deleted or edited the same way.
 """
 
 from __future__ import annotations
@@ -64,6 +64,18 @@ class GitHub(Replica):
             "GitHub, Editing an issue, "
             "https://docs.github.com/en/issues/tracking-your-work-with-issues/using-issues/editing-an-issue",
         ),
+        "comment_edited_every": Mode(
+            0,
+            "anyone who can edit a comment can change its body, the hidden marker with it",
+            "GitHub, REST API endpoints for issue comments: Update an issue comment, "
+            "https://docs.github.com/en/rest/issues/comments#update-an-issue-comment",
+        ),
+        "comment_deleted_every": Mode(
+            0,
+            "a comment can be deleted: by its id, 404 Not Found, and gone from its issue's listing",
+            "GitHub, REST API endpoints for issue comments: Delete an issue comment, "
+            "https://docs.github.com/en/rest/issues/comments#delete-an-issue-comment",
+        ),
         "secondary_limit": Mode(
             False,
             "a secondary rate limit answers 403 or 429, possibly with neither retry-after nor "
@@ -78,6 +90,8 @@ class GitHub(Replica):
         ),
     }
     FATES = ("delete_every", "transfer_away_every", "transfer_every", "marker_removed_every")
+    #: What may befall every Nth comment made (counted by its id).
+    COMMENT_FATES = ("comment_deleted_every", "comment_edited_every")
 
     def routes(self) -> list[tuple[str, str, str, Handler]]:
         return [
@@ -250,7 +264,18 @@ class GitHub(Replica):
         return Response(200, self._shown(self._as_now(issue)))
 
     def _comments(self, repo: str) -> list[dict[str, Any]]:
-        return [e.document for e in self.of_kind("comment") if e.document["repository"] == repo]
+        """``repo``'s comments as GitHub shows them now: those deleted left out, those edited without
+        the marker (a minute after they were made)."""
+        shown = []
+        for comment in (e.document for e in self.of_kind("comment") if e.document["repository"] == repo):
+            fate = self.fate(comment["id"], self.COMMENT_FATES)
+            if fate == "comment_deleted":
+                continue
+            if fate == "comment_edited":
+                edited = iso(calendar.timegm(time.strptime(comment["created_at"], "%Y-%m-%dT%H:%M:%SZ")) + 60)
+                comment = {**comment, "body": MARKER.sub("", comment["body"]), "updated_at": edited}
+            shown.append(comment)
+        return shown
 
     def create_comment(self, request: Request) -> Response:
         repo, number = request.groups

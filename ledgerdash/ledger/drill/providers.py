@@ -86,6 +86,11 @@ PROVIDERS = {
                 "secondary_limit": True,
                 "reset_header": True,
             },
+            left_off={
+                mode: "the drill's calls open issues and make no comment; tests/test_github_as_it_is.py finds "
+                "comments edited and deleted since"
+                for mode in ("comment_edited_every", "comment_deleted_every")
+            },
         ),
         DrillProvider(
             "postmark",

@@ -29,7 +29,13 @@ lookup allows for it:
   issues of the window is looked up: transferred, it is followed; deleted
   or moved out of reach, it is a blind spot (``transferred_or_deleted``),
   not evidence. An issue the newest of all or alone in its window and then
-  deleted or moved out of reach leaves no gap: outside the promise.
+  deleted or moved out of reach leaves no gap: outside the promise. An
+  issue whose number the ledger recorded on another side effect is that
+  call's: it neither clouds nor blinds this lookup.
+- A comment is read by the id a dispatcher recorded the same way (edited
+  or deleted since, it is the call's); without one, a comment of the window
+  edited since that carries no marker is ambiguous. A comment deleted
+  before its id was recorded leaves no trace: outside the promise.
 
 A refusal is definitive when GitHub says what was wrong (401, 404, 410
 when issues are off, 422 for a field). A 429, or a 403 with
@@ -189,17 +195,29 @@ class _GitHub(PresetAdapter):
                 return list(items.values())
         raise self.blind("page_cap", f"no {self.noun} among the {PAGES * 100} read carries this call's marker")
 
-    def _by_id(self, path: str, sought: Sought) -> Lookup | None:
-        """The item a dispatcher recorded the id of, read at ``path``, when it carries the call's marker."""
-        if not sought.request_id.isdigit():
-            return None
-        answer = self.call("GET", path)
-        if answer.ok and _carries(answer.document, sought):
-            return self._found(answer.document, sought.request_id)
-        return None
-
     def _mine(self, items: list[dict[str, Any]], sought: Sought) -> list[dict[str, Any]]:
         return [item for item in items if _carries(item, sought)]
+
+    def _edited(self, items: list[dict[str, Any]], sought: Sought, id_of: Callable[[Any], str]) -> None:
+        """Raise :class:`Ambiguous` when an item of the window carries no marker and was edited since it
+        was made: the marker may have been edited out of the call's. One the ledger recorded as another
+        side effect's outcome is that call's, and clouds nothing."""
+        edited = [
+            item
+            for item in items
+            if not read_marker(item.get("body"))[0]
+            and item.get("updated_at") != item.get("created_at")
+            and not sought.elsewhere(id_of(item))
+        ]
+        if edited:
+            shown = ", ".join(self.shown_id(id_of(item)) for item in edited[:5])
+            raise Ambiguous(
+                f"no {self.noun} made since the call carries its marker, but {shown} were edited and carry "
+                "none: the marker may have been edited out of the call's; a person decides"
+            )
+
+    def shown_id(self, request_id: str) -> str:
+        return request_id
 
     def _found(self, item: dict[str, Any], request_id: str) -> Lookup:
         return found(
@@ -246,7 +264,12 @@ class Issue(_GitHub):
         if chosen.match is not None:
             return self._found(chosen.match, str(chosen.match.get("number", "")))
         numbers = {item["number"] for item in items if isinstance(item.get("number"), int)}
-        gaps = [n for n in range(min(numbers, default=0) + 1, max(numbers, default=0)) if n not in numbers]
+        # A number the ledger recorded on another side effect is that call's issue, wherever it went.
+        gaps = [
+            n
+            for n in range(min(numbers, default=0) + 1, max(numbers, default=0))
+            if n not in numbers and not sought.elsewhere(str(n))
+        ]
         out_of_reach = []
         for number in gaps[:PROBES]:
             lookup = self._by_number(number, sought, recorded=False)
@@ -260,18 +283,11 @@ class Issue(_GitHub):
             raise self.blind(
                 "transferred_or_deleted", f"no issue of {repository} made since the call carries its marker ({shown})"
             )
-        edited = [
-            item
-            for item in items
-            if not read_marker(item.get("body"))[0] and item.get("updated_at") != item.get("created_at")
-        ]
-        if edited:
-            numbers_shown = ", ".join(f"#{item.get('number')}" for item in edited[:5])
-            raise Ambiguous(
-                f"no issue of {repository} made since the call carries its marker, but {numbers_shown} were edited "
-                "and carry none: the marker may have been edited out of the call's; a person decides"
-            )
+        self._edited(items, sought, lambda item: str(item.get("number", "")))
         return not_found(f"no issue of {repository} made since the call carries its marker", chosen)
+
+    def shown_id(self, request_id: str) -> str:
+        return f"#{request_id}"
 
     def _by_number(self, number: int, sought: Sought, *, recorded: bool) -> Lookup | None:
         """Issue ``number`` read by its number, following a transfer. ``recorded``: the number the
@@ -322,13 +338,33 @@ class IssueComment(_GitHub):
         number = sought.args.get("issue_number")
         if not isinstance(number, int):
             raise LookupUnavailable("a comment is found on its issue; the call's arguments name none")
-        if (by_id := self._by_id(f"{self.repo_path}/issues/comments/{sought.request_id}", sought)) is not None:
-            return by_id
-        comments = self._mine(self._listing(f"{self.repo_path}/issues/{number}/comments", sought, {}), sought)
-        chosen = choose(comments, sought, lambda m: str(m.get("id", "")), "comments")
+        if sought.request_id.isdigit():
+            receipt = self._by_id(sought)
+            if receipt is not None:
+                return receipt
+        comments = self._listing(f"{self.repo_path}/issues/{number}/comments", sought, {})
+        chosen = choose(self._mine(comments, sought), sought, lambda m: str(m.get("id", "")), "comments")
         if chosen.match is None:
+            self._edited(comments, sought, lambda item: str(item.get("id", "")))
             return not_found(f"no comment on issue {number} made since the call carries its marker", chosen)
         return self._found(chosen.match, str(chosen.match.get("id", "")))
+
+    def _by_id(self, sought: Sought) -> Lookup | None:
+        """The comment read by the id GitHub answered the call with: GitHub's receipt, so one edited or
+        deleted since is still the call's. None when it carries another call's marker."""
+        comment_id = sought.request_id
+        answer = self.call("GET", f"{self.repo_path}/issues/comments/{comment_id}")
+        document = answer.document if answer.ok and isinstance(answer.document, dict) else None
+        if document is not None and _carries(document, sought):
+            return self._found(document, comment_id)
+        if document is None and answer.status in (404, 410):
+            fate = (
+                f"GitHub answers {answer.status} for it now (deleted, or its issue moved where the token cannot read)"
+            )
+            return self.receipt(comment_id, None, f"comment {comment_id}", fate)
+        if document is not None and not read_marker(document.get("body"))[0]:
+            return self.receipt(comment_id, document, f"comment {comment_id}", "its marker was edited out")
+        return None
 
 
 def _carries(item: Any, sought: Sought) -> bool:
