@@ -1,8 +1,9 @@
 """``/healthz`` and ``/readyz``: unauthenticated, cheap, for load balancers and orchestrators.
 
 - ``/healthz``: the process answers (no database): restart it when this fails.
-- ``/readyz``: the database answers and every migration this code knows is
-  applied: send traffic only when this passes. A failing check answers 503
+- ``/readyz``: the database answers, takes writes (not a standby reached
+  after a failover) and has every migration this code knows applied: send
+  traffic only when this passes. A failing check answers 503
   with JSON naming it.
 
 Both are answered by :class:`ProbeMiddleware`, in ``MIDDLEWARE`` after the
@@ -32,11 +33,20 @@ _migrations_applied = False
 
 
 def _database() -> str | None:
+    """None when the database answers and takes writes, through the connection the app's requests use
+    (a standby reached after a failover answers, read-only)."""
+    connection = connections[DEFAULT_DB_ALIAS]
     try:
-        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
-            cursor.execute("SELECT 1")
+        with connection.cursor() as cursor:
+            if connection.vendor != "postgresql":
+                cursor.execute("SELECT 1")
+                return None
+            cursor.execute("SHOW transaction_read_only")
+            row = cursor.fetchone()
     except DatabaseError as exc:
         return f"unreachable: {first_line(exc)}"
+    if row is not None and row[0] == "on":
+        return "read-only: it answers but takes no writes (a standby, or default_transaction_read_only)"
     return None
 
 

@@ -1,8 +1,11 @@
-"""When the database is down, refusing connections or too slow: a fast, clean 503.
+"""When the database is down, refusing connections, too slow or taking no writes: a fast, clean 503.
 
 A lost connection, "too many clients", a pool with no free connection, or a
 statement ended by ``statement_timeout`` / ``lock_timeout`` all reach Django
-as ``OperationalError`` or ``InterfaceError``. Instead of a 500, the
+as ``OperationalError`` or ``InterfaceError``; a server that answers but
+takes no writes (a standby after a failover, still reached through a pooler
+or an old address) as an ``InternalError`` whose SQLSTATE is 25006,
+``read_only_sql_transaction``. Instead of a 500, the
 dashboard answers a page in its own look and the API its JSON
 ``ledger_unavailable``, both with status 503 and ``Retry-After``; nothing
 was changed (the ledger's transactions commit whole or not at all). The
@@ -21,7 +24,7 @@ import json
 import logging
 from collections.abc import Callable
 
-from django.db import InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.template import loader
@@ -36,8 +39,19 @@ log = logging.getLogger(__name__)
 #: Seconds a client should wait before trying again.
 RETRY_AFTER = 5
 UNAVAILABLE_ERRORS = (OperationalError, InterfaceError)
+#: SQLSTATEs of a server that answers but cannot take the ledger's writes now: a read-only transaction
+#: (a hot standby, ``default_transaction_read_only``).
+UNAVAILABLE_STATES = frozenset({"25006"})
 API_PREFIX = "/api/"
 MESSAGE = "the ledger's database is unavailable; nothing was changed, retry later"
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot serve the request now (rather than that the request or
+    the code is wrong): unreachable, overloaded, timed out, or taking no writes."""
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return True
+    return isinstance(exc, DatabaseError) and getattr(exc.__cause__, "sqlstate", None) in UNAVAILABLE_STATES
 
 
 def unavailable_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
@@ -71,7 +85,7 @@ class DatabaseUnavailableMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
-        if isinstance(exc, UNAVAILABLE_ERRORS):
+        if is_unavailable(exc):
             return unavailable_response(request, exc)
         return None
 
@@ -82,6 +96,6 @@ def server_error(request: HttpRequest, template_name: str = "500.html") -> HttpR
     import sys
 
     exc = sys.exc_info()[1]
-    if isinstance(exc, UNAVAILABLE_ERRORS):
+    if exc is not None and is_unavailable(exc):
         return unavailable_response(request, exc)
     return errorpages.server_error(request, template_name)

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
-from django.db import InterfaceError, OperationalError
+from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import HttpError
@@ -38,6 +38,7 @@ from ledgerdash.ledger.errors import (
 from ledgerdash.ledger.models import ApiToken, Attempt, State
 from ledgerdash.ops.logs import first_line
 from ledgerdash.ops.requests import note_problem
+from ledgerdash.ops.unavailable import is_unavailable
 from ledgerdash_client import errorcodes
 
 log = logging.getLogger("ledgerdash.api")
@@ -211,6 +212,11 @@ def _unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
     )
 
 
+def _database_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """A database error: unavailable (a server taking no writes) or the ledger's own failure."""
+    return _unavailable(request, exc) if is_unavailable(exc) else _internal(request, exc)
+
+
 def _internal(request: HttpRequest, exc: Exception) -> HttpResponse:
     log.exception("API request failed: %s %s", request.method, request.path, exc_info=exc)
     return error_response(500, "internal_error", "the ledger failed to answer; nothing is known to have changed")
@@ -228,6 +234,7 @@ def install_handlers(api: NinjaAPI) -> None:
         (SuspiciousOperation, _suspicious),
         (OperationalError, _unavailable),
         (InterfaceError, _unavailable),
+        (DatabaseError, _database_error),
         (Exception, _internal),
     ):
         api.add_exception_handler(exc, handler)  # type: ignore[arg-type]
