@@ -55,6 +55,15 @@ class Traits:
     #: What the lookup finds a call by: "key" (a key or a correlation field the
     #: call carries) or "content" (its arguments, within a window: two alike are ambiguous).
     lookup_by: str = "key"
+    #: Chance an effect is changed within a minute of being made so that its lookup can no longer
+    #: match it (a marker, label or metadata edited out, a body redacted or rewritten): found by
+    #: the provider's id the ledger recorded, it is the call's; otherwise it clouds every lookup
+    #: of its window (ambiguous), as the presets answer.
+    changes: float = 0.0
+    #: Chance an effect is taken out of the lookup's reach within a minute (deleted, moved where
+    #: the credential cannot read) leaving a trace the lookup sees: by the recorded id it is the
+    #: call's; otherwise every lookup of its window cannot tell (not evidence).
+    vanishes: float = 0.0
 
 
 @dataclass
@@ -100,9 +109,16 @@ class Effect:
     attempt_id: int | None
     #: When a lookup first shows it (its index's lag after ``at``).
     visible_at: datetime | None = None
+    #: What people or the provider did to it after it was made ("changed", "vanished"), and when.
+    fate: str = ""
+    fate_at: datetime | None = None
 
     def shown(self, now: datetime) -> bool:
         return self.visible_at is None or self.visible_at <= now
+
+    def befallen(self, now: datetime) -> str:
+        """Its fate, once it has befallen it ("" before, or for none)."""
+        return self.fate if self.fate_at is not None and self.fate_at <= now else ""
 
 
 @dataclass
@@ -228,6 +244,13 @@ class Provider:
         )
         if self.traits.lookup_lag:
             effect.visible_at = self.world.now + timedelta(seconds=self.world.rng.uniform(0, self.traits.lookup_lag))
+        if self.traits.changes or self.traits.vanishes:
+            # As the provider's own pages allow: edited, redacted, deleted or moved, a minute later at most.
+            draw, after = self.world.fates.random(), self.world.fates.uniform(0, 60)
+            fate = "changed" if draw < self.traits.changes else ""
+            fate = fate or ("vanished" if draw < self.traits.changes + self.traits.vanishes else "")
+            if fate:
+                effect.fate, effect.fate_at = fate, self.world.now + timedelta(seconds=after)
         self.effects.append(effect)
         request.outcome, request.acted_at = "acted", self.world.now
         request.effect, request.request_id = effect.n, effect.request_id
@@ -261,12 +284,34 @@ class Provider:
         return matches[-1] if matches else None
 
     def alike(self, args_hash: str, since: datetime | None) -> list[Effect]:
-        """Effects a lookup by content finds now: the same arguments, made since ``since``."""
+        """Effects a lookup by content finds now: the same arguments, made since ``since``, as shown."""
         return [
             e
             for e in self.effects
-            if e.args_hash == args_hash and e.shown(self.world.now) and (since is None or e.at >= since)
+            if e.args_hash == args_hash
+            and e.shown(self.world.now)
+            and not e.befallen(self.world.now)
+            and (since is None or e.at >= since)
         ]
+
+    def receipt(self, request_id: str) -> Effect | None:
+        """The effect the provider answered a call with ``request_id`` for, read by that id: whatever
+        befell it since, it is the call's."""
+        if not request_id:
+            return None
+        return next((e for e in self.effects if e.request_id == request_id), None)
+
+    def clouded(self, sought: Sought | None) -> str:
+        """What befell an effect of the lookup's window that it can no longer match ("vanished" before
+        "changed"; "" for none), as a preset's lookup sees it: the effects the ledger recorded on other
+        side effects are theirs, and cloud nothing."""
+        since = sought.sent_after if sought is not None else None
+        fates = {
+            e.befallen(self.world.now)
+            for e in self.effects
+            if (since is None or e.at >= since) and not (sought is not None and sought.elsewhere(e.request_id))
+        }
+        return "vanished" if "vanished" in fates else "changed" if "changed" in fates else ""
 
 
 def call(
@@ -358,6 +403,21 @@ def look_up(world: World, provider: Provider, key: str, sought: Sought | None = 
         if rng.random() < 0.2:
             # An outage of its lookup (a search API down for minutes), not one failed request.
             provider.lookups_down_until = world.now + timedelta(seconds=rng.uniform(60, 900))
+    # A provider whose effects may change reads a recorded id first, as the presets of such providers do.
+    reads_receipts = provider.traits.changes or provider.traits.vanishes
+    receipt = provider.receipt(sought.request_id) if reads_receipts and sought is not None and not down else None
+    if receipt is not None:
+        world.sleep(rng.uniform(0, 10.0 if slow else NETWORK), f"waiting on {provider.name}'s lookup of {key}")
+        # Read by the id the provider answered the call with: the call's, with nothing left to compare
+        # once something befell it (the reconciler accepts the recorded id alone).
+        befallen = receipt.befallen(world.now)
+        return Lookup(
+            LookupStatus.FOUND,
+            request_id=receipt.request_id,
+            payload_hash="" if befallen else receipt.args_hash,
+            document={"id": receipt.request_id},
+            detail=f"read by the recorded id ({befallen} since)" if befallen else "read by the recorded id",
+        )
     if provider.traits.lookup_by == "content" and sought is not None and not down:
         # As a preset's search does (presets.common.choose): another side effect's effect is not this call's.
         matches = [e for e in provider.alike(sought.args_hash, sought.sent_after) if not sought.elsewhere(e.request_id)]
@@ -367,10 +427,21 @@ def look_up(world: World, provider: Provider, key: str, sought: Sought | None = 
             return Lookup(LookupStatus.AMBIGUOUS, detail=f"{len(matches)} effects with these arguments")
     else:
         effect = None if down else provider.found(key)
+        if effect is not None and effect.befallen(world.now):
+            effect = None  # its marker is gone, or it is out of reach: the lookup cannot match it
     world.sleep(rng.uniform(0, 10.0 if slow else NETWORK), f"waiting on {provider.name}'s lookup of {key}")
     if down:
         return Lookup(LookupStatus.UNAVAILABLE, detail=f"{provider.name} answered 503")
     if effect is None:
+        clouded = provider.clouded(sought)
+        if clouded == "vanished":
+            return Lookup(
+                LookupStatus.NOT_EVIDENCE,
+                detail="an effect of the window is out of the lookup's reach",
+                extra={"blind_spot": "out_of_reach"},
+            )
+        if clouded == "changed":
+            return Lookup(LookupStatus.AMBIGUOUS, detail="an effect of the window was changed so nothing matches it")
         return Lookup(LookupStatus.NOT_FOUND)
     return Lookup(
         LookupStatus.FOUND,

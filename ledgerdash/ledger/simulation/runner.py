@@ -89,6 +89,8 @@ class Outcome:
     states: Counter[str] = field(default_factory=Counter)
     injected: Counter[str] = field(default_factory=Counter)
     decisions: Counter[str] = field(default_factory=Counter)
+    #: What befell providers' effects after they were made (changed, vanished), as their modes allow.
+    afterwards: Counter[str] = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -316,6 +318,7 @@ class Run:
         outcome.injected.update(self.truth.faults)
         outcome.injected.update(self.provider_faults.counts)
         outcome.decisions.update(self.truth.decisions)
+        outcome.afterwards.update(e.fate for p in self.network.providers.values() for e in p.effects if e.fate)
 
 
 def run_seed(databases: ScratchDatabases, seed: int, *, steps: int, faults: Iterable[str]) -> Outcome:

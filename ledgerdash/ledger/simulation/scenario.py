@@ -21,7 +21,10 @@ how long, that it refuses a caller that comes too often (a 429), how far
 its lookup lags (each effect shows up to the preset's
 documented lag after it happened, and the tool's lookup lag is that), and
 what the lookup finds a call by (Twilio's by its content, where two alike
-are ambiguous).
+are ambiguous), and what the provider's unkind modes do to an effect after
+it was made (``AFTERWARDS``): changed so the lookup cannot match it (then
+it is ambiguous for every lookup of its window) or taken out of its reach
+(not evidence), each the call's when read by the id the ledger recorded.
 """
 
 from __future__ import annotations
@@ -65,7 +68,22 @@ PRESET_TOOLS = {
 }
 
 
+#: What the replicas' modes do to a preset's effects after they were made (docs/providers.md), as
+#: chances for each effect: changed so the lookup cannot match it, and taken out of its reach.
+AFTERWARDS: dict[str, tuple[float, float]] = {
+    # metadata edited or deleted; the message deleted
+    "slack.post_message": (0.1, 0.1),
+    # the marker edited out; transferred out of reach or deleted
+    "github.issue": (0.1, 0.1),
+    # the body redacted or rewritten by Smart Encoding, the number masked
+    "twilio.message": (0.15, 0.0),
+    # the issue property deleted (a label removed without a recorded id is outside the promise)
+    "jira.issue": (0.1, 0.0),
+}
+
+
 def _modelled_on(preset: type[PresetAdapter]) -> Traits:
+    changes, vanishes = AFTERWARDS.get(preset.name, (0.0, 0.0))
     return Traits(
         idempotent=preset.deduplicates,
         retention=preset.retention_seconds,
@@ -74,6 +92,8 @@ def _modelled_on(preset: type[PresetAdapter]) -> Traits:
         refuses=0.1,
         lookup_lag=preset.documented_lag_seconds,
         lookup_by="content" if preset.name == "twilio.message" else "key",
+        changes=changes,
+        vanishes=vanishes,
     )
 
 

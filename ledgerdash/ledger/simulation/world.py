@@ -119,6 +119,9 @@ class World:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)  # noqa: S311 - a simulation's choices, not secrets
+        #: What befalls providers' effects after they were made, drawn apart from :attr:`rng`: a seed's
+        #: other choices stay what they were, and only what these fates change of its history changes.
+        self.fates = random.Random(f"{seed}:afterwards")  # noqa: S311
         self.now = EPOCH
         self.step = 0
         self._queue: list[tuple[datetime, float, int, Any]] = []

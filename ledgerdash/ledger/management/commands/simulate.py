@@ -214,11 +214,13 @@ class Command(BaseCommand):
         states: Counter[str] = Counter()
         injected: Counter[str] = Counter()
         decisions: Counter[str] = Counter()
+        afterwards: Counter[str] = Counter()
         for outcome in results:
             moves.update(outcome.moves)
             states.update(outcome.states)
             injected.update(outcome.injected)
             decisions.update(outcome.decisions)
+            afterwards.update(outcome.afterwards)
         steps = sum(o.steps_run for o in results)
         failed = sum(1 for o in results if not o.ok)
         legal = runner.legal_moves()
@@ -238,6 +240,10 @@ class Command(BaseCommand):
         lines.append("faults injected: " + ", ".join(f"{k} {injected[k]}" for k in kinds))
         lines.append(f"fault kinds not injected: {', '.join(quiet) or 'none'}")
         lines.append("people's decisions: " + ", ".join(f"{k} {n}" for k, n in sorted(decisions.items())))
+        lines.append(
+            "effects the providers' modes changed after they were made: "
+            + (", ".join(f"{k} {n}" for k, n in sorted(afterwards.items())) or "none")
+        )
         cover = runner.covering(results)
         if len(results) > 1:
             lines.append(
@@ -251,6 +257,7 @@ class Command(BaseCommand):
             "quiet": quiet,
             "moves": {self._move(m): n for m, n in sorted(moves.items())},
             "faults": dict(sorted(injected.items())),
+            "afterwards": dict(sorted(afterwards.items())),
             "covering_seeds": cover,
         }
 
@@ -280,6 +287,7 @@ class Command(BaseCommand):
             "faults_not_injected": summary["quiet"],
             "moves": summary["moves"],
             "faults": summary["faults"],
+            "afterwards": summary["afterwards"],
             "covering_seeds": summary["covering_seeds"],
         }
 
