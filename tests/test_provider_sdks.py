@@ -1,6 +1,9 @@
-"""Each provider's official Python SDK, pointed at its replica: the replicas
-answer in the shapes real clients parse, and what a preset writes into a
-call is what the SDK reads back."""
+"""Each provider's Python SDK, pointed at its replica: the replicas answer
+in the shapes real clients parse, and what a preset writes into a call is
+what the SDK reads back. Then with the replicas' unkind modes on: what the
+SDK makes of a search that is not offered, a page cap and a rate limit, an
+issue deleted or edited, mail past its retention, a redacted message, a
+property deleted and a field the create screen lacks."""
 
 from __future__ import annotations
 
@@ -10,9 +13,10 @@ import pytest
 
 from ledgerdash.ledger.providers.presets import PRESETS
 from ledgerdash.ledger.providers.presets.common import ref
-from tests.replicas import ACCOUNT_SID, SECRETS, Replicas, adapter_for, provider_secrets, replicas
+from tests.replicas import ACCOUNT_SID, SECRETS, Replicas, adapter_for, kind_again, provider_secrets, replicas
 
-__all__ = ["provider_secrets", "replicas"]
+__all__ = ["kind_again", "provider_secrets", "replicas"]
+pytestmark = pytest.mark.usefixtures("kind_again")
 
 
 def new_key(name: str) -> str:
@@ -167,4 +171,140 @@ def test_jira_sdk(replicas: Replicas) -> None:
     assert found[0].raw["properties"]["ledgerdash"]["ref"] == ref(key)
     with pytest.raises(JIRAError) as refused:
         client.create_issue(fields={"project": {"key": "GONE"}, "summary": "x", "issuetype": {"name": "Task"}})
+    assert refused.value.status_code == 400
+
+
+# --- the SDKs against the providers as they behave -------------------------------------------
+
+
+def test_stripe_sdk_with_search_unavailable_and_conflicts_typed_as_invalid_requests(replicas: Replicas) -> None:
+    import stripe
+
+    replicas.control("stripe").modes(search_unavailable=True, conflict_as_invalid_request=True)
+    client = stripe.StripeClient(SECRETS["STRIPE_SECRET_KEY"], base_addresses={"api": replicas.url("stripe")})
+    key = new_key("stripe")
+    sent = adapter_for("stripe.payment_intent", replicas.url("stripe")).dispatch(
+        key=key, args=PRESETS["stripe.payment_intent"].example_args(key)
+    )
+
+    listed = client.v1.payment_intents.list(params={"limit": 100})
+
+    assert sent.request_id in [i.id for i in listed.data]  # the list endpoints answer where search does not
+    with pytest.raises(stripe.InvalidRequestError):
+        client.v1.payment_intents.search(params={"query": f"metadata['ledgerdash_ref']:'{ref(key)}'"})
+
+
+def test_slack_sdk_reads_messages_whose_metadata_was_deleted_and_meets_the_one_read_a_minute(
+    replicas: Replicas,
+) -> None:
+    from slack_sdk import WebClient
+    from slack_sdk.errors import SlackApiError
+
+    replicas.control("slack").modes(metadata_deleted_every=1, non_marketplace=True)
+    client = WebClient(token=SECRETS["SLACK_BOT_TOKEN"], base_url=replicas.url("slack") + "/api/")
+    channel = f"C{uuid.uuid4().hex[:8].upper()}"
+    for n in range(16):
+        client.chat_postMessage(channel=channel, text=f"m{n}", metadata={"event_type": "o", "event_payload": {"n": n}})
+
+    first = client.conversations_history(channel=channel, include_all_metadata=True, limit=100)
+
+    assert len(first["messages"]) == 15  # at most 15 a page
+    assert first["has_more"]
+    assert all("metadata" not in m for m in first["messages"])
+    with pytest.raises(SlackApiError) as limited:
+        client.conversations_history(channel=channel, cursor=first["response_metadata"]["next_cursor"])
+    assert limited.value.response.status_code == 429
+    assert int(limited.value.response.headers["Retry-After"]) > 0
+
+
+@pytest.mark.parametrize(("mode", "status"), [("delete_every", 410), ("transfer_away_every", 404)])
+def test_github_sdk_meets_issues_deleted_or_moved_out_of_reach(mode: str, status: int, replicas: Replicas) -> None:
+    from github import Auth, Github, GithubException
+
+    replicas.control("github").modes(**{mode: 1})
+    repository = f"acme/r{uuid.uuid4().hex[:8]}"
+    client = Github(auth=Auth.Token(SECRETS["GITHUB_TOKEN"]), base_url=replicas.url("github"))
+    sent = adapter_for("github.issue", replicas.url("github"), repository=repository).dispatch(
+        key=new_key("github"), args={"title": "From the ledger", "body": "hello"}
+    )
+
+    with pytest.raises(GithubException) as gone:
+        client.get_repo(repository).get_issue(int(sent.request_id))
+    assert gone.value.status == status
+
+
+def test_github_sdk_reads_an_issue_whose_marker_was_edited_out(replicas: Replicas) -> None:
+    from github import Auth, Github
+
+    replicas.control("github").modes(marker_removed_every=1)
+    repository = f"acme/r{uuid.uuid4().hex[:8]}"
+    client = Github(auth=Auth.Token(SECRETS["GITHUB_TOKEN"]), base_url=replicas.url("github"))
+    key = new_key("github")
+    sent = adapter_for("github.issue", replicas.url("github"), repository=repository).dispatch(
+        key=key, args={"title": "From the ledger", "body": "hello"}
+    )
+
+    issue = client.get_repo(repository).get_issue(int(sent.request_id))
+
+    assert issue.body == "hello"
+    assert ref(key) not in issue.body
+    assert issue.updated_at > issue.created_at
+
+
+def test_postmark_sdk_no_longer_finds_an_email_past_the_retention_it_was_sent_under(replicas: Replicas) -> None:
+    from postmarker.core import PostmarkClient
+    from postmarker.exceptions import ClientError
+
+    control = replicas.control("postmark")
+    control.modes(retention_days=7)
+    client = PostmarkClient(server_token=SECRETS["POSTMARK_SERVER_TOKEN"], root_api_url=replicas.url("postmark") + "/")
+    answer = client.emails.send(From="a@example.com", To="b@example.com", Subject="hi", TextBody="by hand")
+    control.modes(retention_days=45)  # lengthened afterwards: it applies to later mail only
+    control.advance(8 * 86400)
+    try:
+        with pytest.raises(ClientError) as gone:
+            client.messages.outbound.get(answer["MessageID"])
+    finally:
+        control.advance(-8 * 86400)
+    assert gone.value.error_code == 701
+
+
+def test_twilio_sdk_reads_a_redacted_message(replicas: Replicas) -> None:
+    from twilio.rest import Client
+
+    replicas.control("twilio").modes(redact_body=True, redact_number=True)
+    client = Client(ACCOUNT_SID, SECRETS["TWILIO_AUTH_TOKEN"])
+    client.api.base_url = replicas.url("twilio")
+    made = client.messages.create(to="+15550003333", from_="+15017122661", body="your code is 1234")
+
+    fetched = client.messages(made.sid).fetch()
+
+    assert fetched.body == ""
+    assert fetched.to == "+1555000XXXX"
+
+
+def test_jira_sdk_meets_a_property_deleted_and_a_create_screen_without_labels(replicas: Replicas) -> None:
+    from jira import JIRA, JIRAError
+
+    control = replicas.control("jira")
+    control.modes(property_removed_every=1)
+    client = JIRA(
+        server=replicas.url("jira"),
+        basic_auth=("agent@example.com", SECRETS["JIRA_API_TOKEN"]),
+        options={"rest_api_version": "3"},
+    )
+    key = new_key("jira")
+    sent = adapter_for("jira.issue", replicas.url("jira")).dispatch(
+        key=key, args=PRESETS["jira.issue"].example_args(key)
+    )
+
+    found = client.enhanced_search_issues(f'labels = "{ref(key)}"', properties="ledgerdash")
+
+    assert [i.id for i in found] == [sent.request_id]
+    assert not found[0].raw.get("properties")
+    control.modes(no_labels_on_create_screen=True)
+    with pytest.raises(JIRAError) as refused:
+        client.create_issue(
+            fields={"project": {"key": "OPS"}, "summary": "x", "issuetype": {"name": "Task"}, "labels": ["a"]}
+        )
     assert refused.value.status_code == 400
