@@ -570,3 +570,16 @@ def test_a_tenant_is_made_with_its_chains_and_they_cannot_change(tmp_path: Path)
     assert "tenants.initech.chain_stripes: the tenant's events are kept in 4 chain(s)" in str(raised.value)
     assert written() == before
     assert audit.verify([tenant])[0].ok
+
+
+@pytest.mark.django_db
+def test_the_older_approvals_event_is_applied_with_a_warning_until_held_calls_have_a_rule(tmp_path: Path) -> None:
+    """retry_awaiting_approval covered first calls held for approval too; they fire awaiting_approval
+    now, and a file that names only the older event is told so (it still works for a release)."""
+    older = FULL + '\n[[tenants.initech.rules]]\nevent = "retry_awaiting_approval"\nchannel = "ops"\n'
+    out = run("apply", write(tmp_path, older))
+    assert "warning: tenants.initech.rules[1]: retry_awaiting_approval no longer stands for first calls" in out
+    both = older + '\n[[tenants.initech.rules]]\nevent = "awaiting_approval"\nchannel = "ops"\n'
+    assert "warning" not in run("plan", write(tmp_path, both, "both.toml"))
+    run("apply", write(tmp_path, both, "both.toml"))
+    assert "warning" not in run("plan", write(tmp_path, older, "older.toml"))  # the twin is kept in the database

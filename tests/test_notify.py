@@ -213,30 +213,65 @@ def test_a_linked_retry_awaiting_approval_goes_to_approvers(tenant_a: Tenant, op
     assert delivery.recipients == ["approver@example.com"]
 
 
-def test_a_first_call_held_for_approval_goes_to_approvers_too(
-    guarded: Tenant, approver_a: Any, receiver: Receiver
-) -> None:
-    """What awaits approval is the ledger's one answer (rules.awaiting_approval):
-    a first call its policy held reaches the approvers' rule, not the rule
-    for work that entered manual review."""
-    awaiting = webhook(guarded, receiver, RuleEvent.RETRY_AWAITING_APPROVAL)
-    review = services.rule_create(
-        tenant=guarded, actor=ADMIN, event=RuleEvent.ENTERED_MANUAL_REVIEW, channel_id=awaiting.channel_id
-    )
+def held_call(tenant: Tenant, key: str = "order:1:charge") -> Attempt:
+    """A first call its policy holds for an approver."""
     held = recording.record_intent(
-        tenant=guarded,
+        tenant=tenant,
         task_id="t",
         tool_name="charge_card",
-        idempotency_key="order:1:charge",
+        idempotency_key=key,
         args={"amount_cents": 90000},
         actor=AGENT,
     ).attempt
     assert held.state == "MANUAL_REVIEW"
+    return held
+
+
+def test_a_first_call_held_for_approval_fires_its_own_event(guarded: Tenant, receiver: Receiver) -> None:
+    """What awaits approval is the ledger's one answer (rules.awaiting_approval): a first call its policy
+    held reaches the awaiting_approval rule, neither the linked retries' rule on the same channel nor
+    the rule for work that entered manual review."""
+    awaiting = webhook(guarded, receiver, RuleEvent.AWAITING_APPROVAL)
+    retries = services.rule_create(
+        tenant=guarded, actor=ADMIN, event=RuleEvent.RETRY_AWAITING_APPROVAL, channel_id=awaiting.channel_id
+    )
+    review = services.rule_create(
+        tenant=guarded, actor=ADMIN, event=RuleEvent.ENTERED_MANUAL_REVIEW, channel_id=awaiting.channel_id
+    )
+    held_call(guarded)
     assert outbox.collect_events() == 1
     delivery = Delivery.objects.get()
     assert delivery.rule_id == awaiting.pk
-    assert delivery.rule_id != review.pk
+    assert delivery.rule_id not in (retries.pk, review.pk)
     assert "awaits approval" in json.dumps(delivery.payload)
+
+
+def test_a_linked_retry_is_not_a_held_first_call(tenant_a: Tenant, operator_a: Any, receiver: Receiver) -> None:
+    awaiting = webhook(tenant_a, receiver, RuleEvent.AWAITING_APPROVAL)
+    retries = services.rule_create(
+        tenant=tenant_a, actor=ADMIN, event=RuleEvent.RETRY_AWAITING_APPROVAL, channel_id=awaiting.channel_id
+    )
+    original = to_review(tenant_a, "retry-me")
+    moves.retry_request(attempt=original, actor=Actor.user(operator_a), reason="provider says not found")
+    assert outbox.collect_events() == 1
+    assert Delivery.objects.get().rule_id == retries.pk
+
+
+def test_the_retries_rule_alone_still_hears_of_held_first_calls_for_a_release(
+    guarded: Tenant, receiver: Receiver
+) -> None:
+    """A channel that only has the older rule, which covered both, keeps hearing of held first calls
+    until the next release; a rule for awaiting_approval on it takes them over at once."""
+    retries = webhook(guarded, receiver, RuleEvent.RETRY_AWAITING_APPROVAL)
+    held_call(guarded, "order:1:charge")
+    assert outbox.collect_events() == 1
+    assert Delivery.objects.get().rule_id == retries.pk
+    awaiting = services.rule_create(
+        tenant=guarded, actor=ADMIN, event=RuleEvent.AWAITING_APPROVAL, channel_id=retries.channel_id
+    )
+    held_call(guarded, "order:2:charge")
+    assert outbox.collect_events() == 1
+    assert Delivery.objects.order_by("-id").first().rule_id == awaiting.pk  # type: ignore[union-attr]
 
 
 def test_sla_overdue_repeats_until_the_attempt_moves_on(tenant_a: Tenant, receiver: Receiver) -> None:

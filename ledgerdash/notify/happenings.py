@@ -20,7 +20,7 @@ from django.db.models import F, OuterRef, Subquery
 from ledgerdash.ledger import chain, rules, workers
 from ledgerdash.ledger.events import EventKind
 from ledgerdash.ledger.models import Attempt, AttemptEvent, ChainCheck, State
-from ledgerdash.notify.models import Channel, Rule, RuleEvent
+from ledgerdash.notify.models import ALSO_HELD_CALLS, Channel, Rule, RuleEvent
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,17 @@ def attempt_url(attempt_id: int) -> str:
 # --- events ----------------------------------------------------------------------------------------
 
 
+def _hears_held_calls(rule: Rule) -> bool:
+    """Whether ``rule`` sends first calls held for approval: an awaiting_approval rule, or (until the
+    next release) a retry_awaiting_approval rule whose channel has no awaiting_approval rule."""
+    if rule.event == RuleEvent.AWAITING_APPROVAL:
+        return True
+    if rule.event != RuleEvent.RETRY_AWAITING_APPROVAL or not ALSO_HELD_CALLS:
+        return False
+    twin = Rule.objects.filter(tenant_id=rule.tenant_id, channel_id=rule.channel_id, event=RuleEvent.AWAITING_APPROVAL)
+    return not twin.exists()
+
+
 def matches(rule: Rule, event: AttemptEvent) -> Happening | None:
     """The happening ``event`` is for ``rule``, or None."""
     if not chain.past(event.seq, rule.from_seqs):
@@ -51,15 +62,14 @@ def matches(rule: Rule, event: AttemptEvent) -> Happening | None:
     key = f"event:{event.seq}"
     if event.kind == EventKind.TRANSITION and event.to_state == State.MANUAL_REVIEW and attempt is not None:
         awaits = rules.recorded_awaiting_approval(attempt, event.from_state, event.to_state)
-        if rule.event == RuleEvent.RETRY_AWAITING_APPROVAL and awaits:
-            if attempt.parent_id is None:
-                title = f"Call #{attempt.pk} awaits approval"
-                body = f"{attempt.tool_name}: its policy holds this call for an approver. {event.reason}"
-            else:
-                title = f"Linked retry #{attempt.pk} of #{attempt.parent_id} awaits approval"
-                body = f"{attempt.tool_name}: a linked retry of attempt #{attempt.parent_id} needs an approver. "
-                body += event.reason
+        if awaits and attempt.parent_id is None and _hears_held_calls(rule):
+            title = f"Call #{attempt.pk} awaits approval"
+            body = f"{attempt.tool_name}: its policy holds this call for an approver. {event.reason}"
             return Happening(key, title, body, event.created_at, attempt, event.seq)
+        if awaits and attempt.parent_id is not None and rule.event == RuleEvent.RETRY_AWAITING_APPROVAL:
+            title = f"Linked retry #{attempt.pk} of #{attempt.parent_id} awaits approval"
+            body = f"{attempt.tool_name}: a linked retry of attempt #{attempt.parent_id} needs an approver. "
+            return Happening(key, title, body + event.reason, event.created_at, attempt, event.seq)
         if rule.event == RuleEvent.ENTERED_MANUAL_REVIEW and not awaits and event.from_state != event.to_state:
             return Happening(
                 key,

@@ -34,14 +34,26 @@ class RuleEvent(models.TextChoices):
     event log; those are conditions the notify worker looks at each loop."""
 
     ENTERED_MANUAL_REVIEW = "entered_manual_review", "an attempt entered manual review"
-    # The name is older than first calls held for approval; it covers both.
-    RETRY_AWAITING_APPROVAL = "retry_awaiting_approval", "a linked retry or a held call awaits approval"
+    AWAITING_APPROVAL = "awaiting_approval", "a first call its policy holds awaits approval"
+    #: Older than first calls held for approval, it covered them too: a channel whose only rule is this
+    #: one still hears of them until the next release (:data:`ALSO_HELD_CALLS`).
+    RETRY_AWAITING_APPROVAL = "retry_awaiting_approval", "a linked retry awaits approval"
     DUPLICATE_INCIDENT = "duplicate_incident", "a duplicate incident was raised"
     RETRY_NOT_SENT = "retry_not_sent", "an approved call was not sent: its side effect had happened"
     SLA_OVERDUE = "sla_overdue", "an attempt is UNKNOWN or in manual review longer than its SLA"
     AUDIT_BREAK = "audit_break", "verify_audit found a break in the event chain"
     RECONCILER_STALLED = "reconciler_stalled", "the reconciler has not completed a pass for a while"
 
+
+#: Until the next release, a retry_awaiting_approval rule also sends a held first call, unless its
+#: channel has an awaiting_approval rule (the deprecation ``ledger_config plan`` warns of).
+ALSO_HELD_CALLS = True
+#: Why a retry_awaiting_approval rule without its awaiting_approval twin is warned of.
+HELD_CALLS_MOVED = (
+    "retry_awaiting_approval no longer stands for first calls held for approval: they fire awaiting_approval. "
+    "Until the next release this rule still sends them while its channel has no awaiting_approval rule; "
+    "add one to keep hearing of them"
+)
 
 #: Rules evaluated against the clock each loop rather than against events.
 TIMED_EVENTS = frozenset({RuleEvent.SLA_OVERDUE, RuleEvent.AUDIT_BREAK, RuleEvent.RECONCILER_STALLED})

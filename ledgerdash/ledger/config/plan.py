@@ -28,7 +28,7 @@ from ledgerdash.ledger.models import Membership, OnCallShift, Policy, Tenant, To
 from ledgerdash.ledger.providers.factory import build_adapter, preset_facts
 from ledgerdash.ledger.providers.presets import PresetAdapter
 from ledgerdash.notify import services
-from ledgerdash.notify.models import Channel, ChannelKind, Rule
+from ledgerdash.notify.models import HELD_CALLS_MOVED, Channel, ChannelKind, Rule, RuleEvent
 
 NEW_USER_NOTE = (
     "no usable password: set one with manage.py set_password (no prompt) or changepassword, or sign in through"
@@ -128,7 +128,24 @@ def make_plan(desired: Desired) -> Plan:
         steps += _channel_steps(tenant)
         steps += _rule_steps(tenant)
     steps += _kept_steps(desired)
-    return Plan(desired.source, steps, _tool_warnings(desired, tools))
+    return Plan(desired.source, steps, _tool_warnings(desired, tools) + _rule_warnings(desired))
+
+
+def _rule_warnings(desired: Desired) -> list[str]:
+    """A rule written with an event whose meaning is changing (retry_awaiting_approval without an
+    awaiting_approval rule for the same channel)."""
+    warnings = []
+    for tenant in desired.tenants:
+        twins = {rule.channel for rule in tenant.rules if rule.event == RuleEvent.AWAITING_APPROVAL}
+        for rule in tenant.rules:
+            if rule.event != RuleEvent.RETRY_AWAITING_APPROVAL or rule.channel in twins:
+                continue
+            kept = Rule.objects.filter(
+                tenant__slug=tenant.slug, channel__name=rule.channel, event=RuleEvent.AWAITING_APPROVAL
+            )
+            if not kept.exists():
+                warnings.append(f"{rule.where}: {HELD_CALLS_MOVED}")
+    return warnings
 
 
 def _tool_warnings(desired: Desired, tools: dict[str, Tool]) -> list[str]:
