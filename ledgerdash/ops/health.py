@@ -32,7 +32,7 @@ from ledgerdash.ops.logs import first_line
 _migrations_applied = False
 
 
-def _database() -> str | None:
+def database_problem() -> str | None:
     """None when the database answers and takes writes, through the connection the app's requests use
     (a standby reached after a failover answers, read-only)."""
     connection = connections[DEFAULT_DB_ALIAS]
@@ -72,7 +72,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
     checks: dict[str, str] = {}
-    problem = _database()
+    problem = database_problem()
     checks["database"] = problem or "ok"
     if problem:
         checks["migrations"] = "not checked"
