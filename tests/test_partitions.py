@@ -330,3 +330,26 @@ def test_a_report_sent_again_after_its_event_was_archived_is_still_a_replay(
     assert again.replayed
     assert not AttemptEvent.objects.filter(attempt_id=dispatched.pk).exists()
     assert Attempt.objects.get(pk=dispatched.pk).fence == applied.attempt.fence
+
+
+def test_a_restore_loads_exactly_the_bytes_it_hashed(tmp_path: Path, tenant_a: Tenant) -> None:
+    """The same events compressed again are other bytes than the ledger archived: read once, hashed as
+    they are loaded, they are refused at the end of the file (inside the restore's transaction)."""
+    path = tmp_path / "ledger_attemptevent_5.ndjson.gz"
+    lines = [
+        json.dumps({"tenant_id": tenant_a.pk, "seq": n, "created_at": "2026-01-01T00:00:00+00:00"}) + "\n"
+        for n in range(1, 200)
+    ]
+    with gzip.open(path, "wt", compresslevel=9) as handle:
+        handle.writelines(lines)
+    record_ = EventArchive(
+        name="ledger_attemptevent_5", high=10, file=path.name, sha256=archive._sha256(path), events=len(lines)
+    )
+    assert [row["seq"] for row in archive.hashed_rows(tmp_path, record_)] == list(range(1, 200))
+
+    with gzip.open(path, "wt", compresslevel=1) as handle:  # the same rows, other bytes
+        handle.writelines(lines)
+    read = []
+    with pytest.raises(archive.ArchiveError, match="the file was changed or replaced"):
+        read.extend(row["seq"] for row in archive.hashed_rows(tmp_path, record_))
+    assert read == list(range(1, 200))  # every row read before the digest could be known

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, BinaryIO
 
 from django.db import connection, transaction
 from django.utils.dateparse import parse_datetime
@@ -350,8 +351,9 @@ def _archive(partition: partitions.Partition, directory: Path, now: datetime) ->
     return record
 
 
-def read_manifest(directory: Path, archive: EventArchive) -> dict[str, Any]:
-    """The archive's manifest, checked against its row in the database and its file's digest."""
+def read_manifest(directory: Path, archive: EventArchive, *, digest: bool = True) -> dict[str, Any]:
+    """The archive's manifest, checked against its row in the database and (``digest``) its file's
+    digest."""
     path = directory / f"{archive.name}.json"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -364,15 +366,55 @@ def read_manifest(directory: Path, archive: EventArchive) -> dict[str, Any]:
     data = directory / archive.file
     if not data.exists():
         raise ArchiveError(f"{archive.name}: no {archive.file} in {directory}")
-    digest = _sha256(data)
-    if digest != archive.sha256 or manifest.get("sha256") != archive.sha256:
+    if digest:
+        _digest_is(_sha256(data), archive)
+    if manifest.get("sha256") != archive.sha256:
+        raise ArchiveError(f"{path}: names another SHA-256 than the ledger recorded when it archived it")
+    if manifest.get("chains") != archive.chains or manifest.get("events") != archive.events:
+        raise ArchiveError(f"{path}: its chains or counts differ from what the ledger recorded when it archived it")
+    return manifest
+
+
+def _digest_is(digest: str, archive: EventArchive) -> None:
+    if digest != archive.sha256:
         raise ArchiveError(
             f"{archive.file}: its SHA-256 is {digest[:16]}…, the ledger recorded {archive.sha256[:16]}… "
             "when it archived it: the file was changed or replaced"
         )
-    if manifest.get("chains") != archive.chains or manifest.get("events") != archive.events:
-        raise ArchiveError(f"{path}: its chains or counts differ from what the ledger recorded when it archived it")
-    return manifest
+
+
+class _Hashing(io.RawIOBase):
+    """A file read once, front to back, hashing every byte it hands on."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.sha256 = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.raw.read(len(buffer))
+        self.sha256.update(data)
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def hashed_rows(directory: Path, archive: EventArchive) -> Iterator[dict[str, Any]]:
+    """The archive's events as :func:`rows` gives them, from one reading of its file whose bytes are
+    hashed as they are read: once the last row is given, the digest of exactly those bytes is held to
+    what the ledger recorded (:class:`ArchiveError` if it differs), so a file changed after a check
+    cannot be what is loaded."""
+    with open(directory / archive.file, "rb") as raw:
+        hashing = _Hashing(raw)
+        with gzip.open(io.BufferedReader(hashing), "rt", encoding="utf-8") as handle:
+            for line in handle:
+                row = json.loads(line)
+                row["created_at"] = parse_datetime(row["created_at"])
+                yield row
+        while hashing.read(1 << 20):
+            pass  # whatever follows the compressed stream is part of the file too
+    _digest_is(hashing.sha256.hexdigest(), archive)
 
 
 def rows(directory: Path, archive: EventArchive) -> Iterator[dict[str, Any]]:
@@ -428,7 +470,8 @@ def restore(directory: Path, name: str) -> EventArchive:
     if archive is not waiting[-1]:
         # The archive stays the oldest part of every chain (what the walks rely on).
         raise ArchiveError(f"restore {waiting[-1].name} first: the newest archive comes back first")
-    read_manifest(directory, archive)
+    # The file's digest is checked on the very bytes loaded (hashed_rows), not on an earlier reading.
+    read_manifest(directory, archive, digest=False)
     low = "MINVALUE" if archive.low is None else str(archive.low)
     loading = f"{name}_restoring"
     columns = ", ".join(COLUMNS)
@@ -437,7 +480,7 @@ def restore(directory: Path, name: str) -> EventArchive:
         cursor.execute(f"CREATE TABLE {loading} (LIKE {partitions.PARENT} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
         count = 0
         with cursor.cursor.copy(f"COPY {loading} ({columns}) FROM STDIN") as copy:
-            for row in rows(directory, archive):
+            for row in hashed_rows(directory, archive):
                 _check_row(dict(row, created_at=chain.timestamp(row["created_at"])), name)
                 copy.write_row([json.dumps(row[c]) if c == "details" else row[c] for c in COLUMNS])
                 count += 1
