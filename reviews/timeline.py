@@ -23,7 +23,7 @@ from typing import Any
 from django.core.paginator import Page, Paginator
 
 from ledgerdash.ledger.events import EventKind
-from ledgerdash.ledger.models import Attempt, AttemptEvent
+from ledgerdash.ledger.models import Attempt, AttemptEvent, EventArchive
 from reviews import history
 
 #: Rows (single events or folded runs) per page of the timeline.
@@ -97,6 +97,9 @@ class Timeline:
     total_events: int
     #: The attempt's first event (for "recorded by"), wherever the page is.
     creating: AttemptEvent | None
+    #: Archives (``archive_events``, not restored) that may hold the attempt's earlier events, when
+    #: the database no longer holds the event that recorded it.
+    archived: list[EventArchive] = field(default_factory=list)
 
 
 def _fold(shorts: list[_Short]) -> list[_Run]:
@@ -134,4 +137,10 @@ def timeline(attempt: Attempt, page: str | int = 1, per_page: int | None = None)
             row.reasons, row.more_reasons = counted[:REASONS_SHOWN], max(0, len(counted) - REASONS_SHOWN)
         rows.append(row)
     creating = full.get(shorts[0].pk) if shorts else None
-    return Timeline(page=chosen, rows=rows, total_events=len(shorts), creating=creating)
+    archived: list[EventArchive] = []
+    if creating is None or creating.from_state:
+        # The event that recorded it is gone from the database: archived, with any other of its time.
+        until = creating.created_at if creating is not None else None
+        candidates = EventArchive.objects.filter(restored_at__isnull=True, last_at__gte=attempt.created_at)
+        archived = list(candidates.filter(first_at__lte=until) if until is not None else candidates)
+    return Timeline(page=chosen, rows=rows, total_events=len(shorts), creating=creating, archived=archived)

@@ -353,3 +353,27 @@ def test_a_restore_loads_exactly_the_bytes_it_hashed(tmp_path: Path, tenant_a: T
     with pytest.raises(archive.ArchiveError, match="the file was changed or replaced"):
         read.extend(row["seq"] for row in archive.hashed_rows(tmp_path, record_))
     assert read == list(range(1, 200))  # every row read before the digest could be known
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_attempt_whose_events_were_archived_says_where_they_went(
+    tenant_a: Tenant, operator_a: Any, tmp_path: Path
+) -> None:
+    from django.test import Client
+
+    _small_ranges()
+    _settled(tenant_a, "pay:old")
+    original = Attempt.objects.get(idempotency_key="pay:old")
+    _archive_the_first_two(tenant_a, tmp_path)
+    assert not AttemptEvent.objects.filter(attempt_id=original.pk).exists()
+    held = EventArchive.objects.get(name="ledger_attemptevent_10000000")
+    browser = Client()
+    browser.force_login(operator_a)
+
+    page = browser.get(f"/attempts/{original.pk}/").content.decode()
+
+    assert f"archived to {held.file}" in page
+    assert "verify_audit --archive" in page
+    assert f"restore_events DIR {held.name}" in page
+    settled_late = record(tenant_a, "pay:new")
+    assert "archived to" not in browser.get(f"/attempts/{settled_late.pk}/").content.decode()
