@@ -377,3 +377,33 @@ def test_an_attempt_whose_events_were_archived_says_where_they_went(
     assert f"restore_events DIR {held.name}" in page
     settled_late = record(tenant_a, "pay:new")
     assert "archived to" not in browser.get(f"/attempts/{settled_late.pk}/").content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_person_named_by_archived_events_cannot_be_deleted(
+    tenant_a: Tenant, operator_a: Any, admin_user: Any, tmp_path: Path
+) -> None:
+    """Their id is in the archived events (and in their hashes): deleting them would leave an archive
+    that restores into a database that refuses it."""
+    from django.db.models import ProtectedError
+    from django.test import Client
+
+    _small_ranges()
+    attempt = recording.mark_dispatched(record(tenant_a, "pay:person"), actor=AGENT)
+    attempt = recording.mark_unknown(attempt, reason="the connection dropped", fence=attempt.fence)
+    attempt = moves.attempt_escalate(attempt=attempt, actor=RECONCILER, fence=attempt.fence, reason="checks ran out")
+    moves.attempt_mark_failed(attempt=attempt, actor=Actor.user(operator_a), reason="the customer saw nothing")
+    _archive_the_first_two(tenant_a, tmp_path)
+    held = EventArchive.objects.get(name="ledger_attemptevent_10000000")
+    assert operator_a.pk in held.people
+    assert not AttemptEvent.objects.filter(actor_user=operator_a).exists()  # no live event protects them
+
+    with pytest.raises(ProtectedError, match=f"archived to {held.file}"):
+        operator_a.delete()
+
+    browser = Client()
+    browser.force_login(admin_user)
+    page = browser.get(f"/admin/auth/user/{operator_a.pk}/delete/").content.decode()
+    assert held.file in page
+    assert browser.post(f"/admin/auth/user/{operator_a.pk}/delete/", {"post": "yes"}).status_code == 200
+    assert type(operator_a).objects.filter(pk=operator_a.pk).exists()

@@ -10,12 +10,15 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from ledgerdash.ledger import archive
 from ledgerdash.ledger.errors import InvalidField
 from ledgerdash.ledger.models import (
     ApiToken,
@@ -321,3 +324,17 @@ class DrillRunAdmin(ReadOnlyAdmin):
 
     list_display = ["id", "tenant", "ok", "cases_total", "cases_failed", "mode", "seed", "database", "started_at"]
     list_filter = ["ok", "tenant", "database"]
+
+
+class PersonAdmin(UserAdmin):
+    """Django's user admin, whose delete page also names the archives that keep a person (their
+    events left the database, so no foreign key shows them)."""
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        to_delete, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
+        kept = [reason for person in objs if (reason := archive.keeps_person(person)) is not None]
+        return to_delete, model_count, perms_needed, [*protected, *kept]
+
+
+admin.site.unregister(get_user_model())
+admin.site.register(get_user_model(), PersonAdmin)

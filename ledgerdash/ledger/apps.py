@@ -12,5 +12,6 @@ class LedgerConfig(AppConfig):
     def ready(self) -> None:
         # Imported for what they connect: configuration, the hook that makes
         # every configuration delete an event; store, the check that refuses
-        # an unknown name in LEDGER_FAST_PATHS_OFF.
-        from ledgerdash.ledger import configuration, store  # noqa: F401
+        # an unknown name in LEDGER_FAST_PATHS_OFF; archive, the refusal to
+        # delete a person archived events name.
+        from ledgerdash.ledger import archive, configuration, store  # noqa: F401

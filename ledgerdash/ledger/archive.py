@@ -43,7 +43,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, BinaryIO
 
+from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import ProtectedError
+from django.db.models.signals import pre_delete
 from django.utils.dateparse import parse_datetime
 
 from ledgerdash.ledger import chain, clock, partitions
@@ -334,7 +337,12 @@ def _archive(partition: partitions.Partition, directory: Path, now: datetime) ->
         (still,) = cursor.fetchone()
         if still != count:
             raise ArchiveError(f"{partition.name} holds {still} events now, {count} when it was written: nothing left")
+        cursor.execute(
+            f'SELECT DISTINCT actor_user_id FROM "{partition.name}" WHERE actor_user_id IS NOT NULL ORDER BY 1'
+        )
+        people = [user_id for (user_id,) in cursor.fetchall()]
         record = EventArchive.objects.create(
+            people=people,
             name=partition.name,
             low=partition.low,
             high=partition.high,
@@ -349,6 +357,35 @@ def _archive(partition: partitions.Partition, directory: Path, now: datetime) ->
         cursor.execute(f"ALTER TABLE {partitions.PARENT} DETACH PARTITION {partition.name}")
         cursor.execute(f"DROP TABLE {partition.name}")
     return record
+
+
+def keeps_person(user: Any) -> str | None:
+    """Why ``user`` may not be deleted (None: nothing archived names them): an archive waiting to be
+    restored holds events that name them, and the database would refuse those events without them."""
+    waiting = EventArchive.objects.filter(restored_at__isnull=True)
+    joined = getattr(user, "date_joined", None)
+    holding = [
+        archive.file
+        for archive in waiting
+        if (archive.people is not None and user.pk in archive.people)
+        # Archived before the people were kept: anyone who could have acted in it.
+        or (archive.people is None and (joined is None or archive.last_at is None or joined <= archive.last_at))
+    ]
+    if not holding:
+        return None
+    return (
+        f"{user} acted in events archived to {', '.join(holding)}: those events name them (and their hashes "
+        "cover it), so the archive could not be restored without them. Deactivate the account instead "
+        "(Active: off)"
+    )
+
+
+def _refuse_deleting_archived_people(sender: Any, instance: Any, **kwargs: Any) -> None:
+    if connection.vendor != "postgresql":
+        return  # archives are PostgreSQL's
+    reason = keeps_person(instance)
+    if reason is not None:
+        raise ProtectedError(reason, {instance})
 
 
 def read_manifest(directory: Path, archive: EventArchive, *, digest: bool = True) -> dict[str, Any]:
@@ -497,3 +534,6 @@ def restore(directory: Path, name: str) -> EventArchive:
         archive.restored_at = clock.now()
         archive.save(update_fields=["restored_at"])
     return archive
+
+
+pre_delete.connect(_refuse_deleting_archived_people, sender=settings.AUTH_USER_MODEL, dispatch_uid="archived-people")

@@ -1012,6 +1012,9 @@ class EventArchive(models.Model):
     chains = models.JSONField(default=list)
     archived_at = models.DateTimeField()
     restored_at = models.DateTimeField(null=True, blank=True)
+    #: The people its events name (their ``actor_user`` ids, which the events' hashes cover): none of
+    #: them may be deleted while it waits to be restored. None: archived before this was kept.
+    people = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["high"]
