@@ -682,6 +682,7 @@ def test_a_preset_providers_effect_changed_or_out_of_reach_is_answered_as_the_pr
 PRESET_SEEDS = "1,3"
 
 
+@ON_SQLITE_PASS
 def test_the_preset_providers_modes_befall_effects_in_a_run(tmp_path: Path) -> None:
     code, report, output = simulate(tmp_path, "--seed-list", PRESET_SEEDS)
     assert code == 0, output[-3000:]
