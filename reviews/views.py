@@ -164,7 +164,7 @@ def _detail_context(request: HttpRequest, attempt: Attempt) -> dict[str, Any]:
             "risk": standing.risk if standing else None,
             "safe_because": standing.proof if standing else None,
             "changes": check.authority,
-            "self_requested": attempt.requested_by_id == request.user.pk,
+            "self_requested": check.own,
         }
     fence = {"fence": attempt.fence}
     history_page = timeline.timeline(attempt, request.GET.get("events") or 1)
