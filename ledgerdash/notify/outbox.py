@@ -1,7 +1,7 @@
 """The outbox: how a happening in the ledger becomes a delivery that cannot be lost.
 
 Every change to the ledger already commits, in its own transaction, an
-event in its tenant's append-only chain (:func:`ledgerdash.ledger.events.append_events`).
+event in its tenant's append-only chain (:func:`ledgerdash.ledger.store.append_events`).
 That event *is* the outbox record of the change: the notify worker reads
 each tenant's chain past a durable :class:`~ledgerdash.notify.models.Cursor`
 and, in ONE transaction, writes the deliveries the tenant's rules ask for

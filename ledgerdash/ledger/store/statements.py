@@ -2,7 +2,7 @@
 root attempt) and its events, linked into the tenant's chain by the server
 while it holds the chain head's lock, so the lock is held only while the
 server executes and commits, never across a round trip. The ORM path
-(:func:`ledgerdash.ledger.events.append_events` in the caller's
+(:func:`ledgerdash.ledger.store.append_events` in the caller's
 transaction) says the same in three to six round trips.
 """
 
