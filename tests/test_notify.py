@@ -269,9 +269,9 @@ def test_the_retries_rule_alone_still_hears_of_held_first_calls_for_a_release(
     awaiting = services.rule_create(
         tenant=guarded, actor=ADMIN, event=RuleEvent.AWAITING_APPROVAL, channel_id=retries.channel_id
     )
-    held_call(guarded, "order:2:charge")
+    second = held_call(guarded, "order:2:charge")
     assert outbox.collect_events() == 1
-    assert Delivery.objects.order_by("-id").first().rule_id == awaiting.pk  # type: ignore[union-attr]
+    assert Delivery.objects.get(attempt_id=second.pk).rule_id == awaiting.pk
 
 
 def test_sla_overdue_repeats_until_the_attempt_moves_on(tenant_a: Tenant, receiver: Receiver) -> None:
