@@ -37,10 +37,9 @@ from ledgerdash.ledger.models import Attempt, Tool, ToolRetention
 from ledgerdash.ledger.providers.base import ProviderAdapter
 from ledgerdash.ledger.providers.factory import ToolSpec, preset_facts
 from ledgerdash.ledger.providers.presets import PresetAdapter
+from ledgerdash.ledger.providers.presets.common import WHEN_SENT
 
-WHEN_SENT = "when_sent"
-WHEN_READ = "when_read"
-#: Where a tool's history starts when its first recorded change is older than the setting it replaced.
+#: When the value a tool had before its first recorded change is taken to hold from.
 BEGINNING = datetime(1970, 1, 1, tzinfo=UTC)
 
 

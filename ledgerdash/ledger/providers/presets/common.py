@@ -98,6 +98,11 @@ class Answer:
         return 200 <= self.status < 300
 
 
+#: How an account's retention applies (:attr:`PresetAdapter.retention_applies`).
+WHEN_SENT = "when_sent"
+WHEN_READ = "when_read"
+
+
 class PresetAdapter(HttpCalls):
     """The base of every preset. A subclass states its provider's facts as
     class attributes and implements :meth:`send` and :meth:`search`."""
@@ -118,9 +123,9 @@ class PresetAdapter(HttpCalls):
     #: setting says, ``kept_days`` (the provider's default) unless told.
     retention_range: ClassVar[tuple[int, int] | None] = None
     #: Which of the account's choices keeps a call: the one in force when the provider processed it
-    #: (``WHEN_SENT``: a change applies to what is processed afterwards), or any in force since
-    #: (``WHEN_READ``: a window over what the API shows, a shorter one hiding what was kept).
-    retention_applies: ClassVar[str] = "when_read"
+    #: (:data:`WHEN_SENT`: a change applies to what is processed afterwards), or any in force since
+    #: (:data:`WHEN_READ`: a window over what the API shows, a shorter one hiding what was kept).
+    retention_applies: ClassVar[str] = WHEN_READ
     default_base_url: ClassVar[str]
     #: The preset's settings beyond ``preset`` and ``base_url``.
     options: ClassVar[dict[str, Option]] = {}

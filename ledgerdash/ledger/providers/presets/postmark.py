@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from ledgerdash.ledger.errors import PermanentFailure
 from ledgerdash.ledger.providers.base import Dispatched, Lookup, Sought
 from ledgerdash.ledger.providers.presets.common import (
+    WHEN_SENT,
     LookupUnavailable,
     Option,
     PresetAdapter,
@@ -62,7 +63,7 @@ class Email(PresetAdapter):
     }
     kept_days = 45
     retention_range = (7, 365)
-    retention_applies = "when_sent"
+    retention_applies = WHEN_SENT
     refused_statuses = frozenset({400, 401, 403, 404, 413, 422})
 
     @classmethod
