@@ -443,14 +443,21 @@ def choose(candidates: list[Any], sought: Sought, id_of: Callable[[Any], str], w
     return Chosen(one_match(kept, what), tuple(left))
 
 
-def changed_may_be(candidates: list[Any], sought: Sought, id_of: Callable[[Any], str], nothing: str, how: str) -> None:
+def changed_may_be(
+    candidates: list[Any],
+    sought: Sought,
+    id_of: Callable[[Any], str],
+    nothing: str,
+    how: str,
+    shown_as: Callable[[str], str] = str,
+) -> None:
     """Raise :class:`Ambiguous` when an effect the provider changed since it was made, so that it cannot
     be compared with the call (its reference or content gone), may still be the call's: ``nothing`` says
-    what the lookup did not find, ``how`` how they were changed. Those the ledger recorded on another side
-    effect are left out first, as :func:`choose` leaves them."""
+    what the lookup did not find, ``how`` how they were changed, ``shown_as`` how an id reads to a person.
+    Those the ledger recorded on another side effect are left out first, as :func:`choose` leaves them."""
     kept = [candidate for candidate in candidates if not sought.elsewhere(id_of(candidate))]
     if kept:
-        shown = ", ".join(id_of(candidate) for candidate in kept[:5])
+        shown = ", ".join(shown_as(id_of(candidate)) for candidate in kept[:5])
         raise Ambiguous(f"{nothing}; but {shown} {how}: any may be the call's, and a person decides")
 
 

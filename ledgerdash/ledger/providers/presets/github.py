@@ -60,12 +60,12 @@ from ledgerdash.ledger.errors import PermanentFailure
 from ledgerdash.ledger.providers.base import BlindSpot, Dispatched, Lookup, LookupStatus, Sought
 from ledgerdash.ledger.providers.presets.common import (
     MARK,
-    Ambiguous,
     Answer,
     LookupUnavailable,
     Option,
     PresetAdapter,
     args_hash,
+    changed_may_be,
     choose,
     found,
     not_found,
@@ -198,23 +198,16 @@ class _GitHub(PresetAdapter):
     def _mine(self, items: list[dict[str, Any]], sought: Sought) -> list[dict[str, Any]]:
         return [item for item in items if _carries(item, sought)]
 
-    def _edited(self, items: list[dict[str, Any]], sought: Sought, id_of: Callable[[Any], str]) -> None:
+    def _edited(self, items: list[dict[str, Any]], sought: Sought, id_of: Callable[[Any], str], nothing: str) -> None:
         """Raise :class:`Ambiguous` when an item of the window carries no marker and was edited since it
-        was made: the marker may have been edited out of the call's. One the ledger recorded as another
-        side effect's outcome is that call's, and clouds nothing."""
+        was made: the marker may have been edited out of the call's (:func:`changed_may_be`)."""
         edited = [
             item
             for item in items
-            if not read_marker(item.get("body"))[0]
-            and item.get("updated_at") != item.get("created_at")
-            and not sought.elsewhere(id_of(item))
+            if not read_marker(item.get("body"))[0] and item.get("updated_at") != item.get("created_at")
         ]
-        if edited:
-            shown = ", ".join(self.shown_id(id_of(item)) for item in edited[:5])
-            raise Ambiguous(
-                f"no {self.noun} made since the call carries its marker, but {shown} were edited and carry "
-                "none: the marker may have been edited out of the call's; a person decides"
-            )
+        how = "were edited and carry no marker: it may have been edited out of the call's"
+        changed_may_be(edited, sought, id_of, nothing, how, shown_as=self.shown_id)
 
     def shown_id(self, request_id: str) -> str:
         return request_id
@@ -283,8 +276,9 @@ class Issue(_GitHub):
             raise self.blind(
                 "transferred_or_deleted", f"no issue of {repository} made since the call carries its marker ({shown})"
             )
-        self._edited(items, sought, lambda item: str(item.get("number", "")))
-        return not_found(f"no issue of {repository} made since the call carries its marker", chosen)
+        nothing = f"no issue of {repository} made since the call carries its marker"
+        self._edited(items, sought, lambda item: str(item.get("number", "")), nothing)
+        return not_found(nothing, chosen)
 
     def shown_id(self, request_id: str) -> str:
         return f"#{request_id}"
@@ -345,8 +339,9 @@ class IssueComment(_GitHub):
         comments = self._listing(f"{self.repo_path}/issues/{number}/comments", sought, {})
         chosen = choose(self._mine(comments, sought), sought, lambda m: str(m.get("id", "")), "comments")
         if chosen.match is None:
-            self._edited(comments, sought, lambda item: str(item.get("id", "")))
-            return not_found(f"no comment on issue {number} made since the call carries its marker", chosen)
+            nothing = f"no comment on issue {number} made since the call carries its marker"
+            self._edited(comments, sought, lambda item: str(item.get("id", "")), nothing)
+            return not_found(nothing, chosen)
         return self._found(chosen.match, str(chosen.match.get("id", "")))
 
     def _by_id(self, sought: Sought) -> Lookup | None:
