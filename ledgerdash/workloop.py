@@ -51,12 +51,10 @@ def wait_for_database(stop: Waiter, seconds: float, answers: Callable[[], bool],
 
 
 def database_answers() -> bool:
-    """Whether the database answers and takes writes, on a fresh connection."""
+    """Whether the database answers and takes writes, on a fresh connection (kept for the next pass
+    when it does)."""
     connections.close_all()
-    try:
-        return health.database_problem() is None
-    finally:
-        connections.close_all()
+    return health.database_problem() is None
 
 
 class Summary(Protocol):

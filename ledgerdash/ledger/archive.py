@@ -36,7 +36,7 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -445,10 +445,7 @@ def hashed_rows(directory: Path, archive: EventArchive) -> Iterator[dict[str, An
     with open(directory / archive.file, "rb") as raw:
         hashing = _Hashing(raw)
         with gzip.open(io.BufferedReader(hashing), "rt", encoding="utf-8") as handle:
-            for line in handle:
-                row = json.loads(line)
-                row["created_at"] = parse_datetime(row["created_at"])
-                yield row
+            yield from _parsed(handle)
         while hashing.read(1 << 20):
             pass  # whatever follows the compressed stream is part of the file too
     _digest_is(hashing.sha256.hexdigest(), archive)
@@ -458,10 +455,15 @@ def rows(directory: Path, archive: EventArchive) -> Iterator[dict[str, Any]]:
     """The archive's events in its file's order ((tenant, seq)), each as the
     fields a walk reads (``created_at`` a datetime again)."""
     with gzip.open(directory / archive.file, "rt", encoding="utf-8") as handle:
-        for line in handle:
-            row = json.loads(line)
-            row["created_at"] = parse_datetime(row["created_at"])
-            yield row
+        yield from _parsed(handle)
+
+
+def _parsed(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """Each line of an archive file as the fields a walk reads (``created_at`` a datetime again)."""
+    for line in lines:
+        row = json.loads(line)
+        row["created_at"] = parse_datetime(row["created_at"])
+        yield row
 
 
 class Reader:

@@ -41,6 +41,11 @@ class Postmark(Replica):
         ),
     }
 
+    def __init__(self) -> None:
+        super().__init__()
+        #: How many days each message is kept: the retention in force when it was processed.
+        self.kept_days: dict[str, float] = {}
+
     def routes(self) -> list[tuple[str, str, str, Handler]]:
         return [
             ("POST", r"/email", ACT, self.send_email),
@@ -97,18 +102,13 @@ class Postmark(Replica):
         self.record(Effect("email", message_id, self.now(), message))
         return Response(200, {"To": to, "SubmittedAt": at, "MessageID": message_id, "ErrorCode": 0, "Message": "OK"})
 
-    def __init__(self) -> None:
-        super().__init__()
-        #: How many days each message is kept: the retention in force when it was processed.
-        self.kept_days: dict[str, float] = {}
-
     def kept(self, *, searching: bool = False) -> list[dict[str, Any]]:
         """The messages Postmark still keeps, the most recent first."""
         now = self.now()
         return [
             e.document
             for e in reversed(self.of_kind("email", searching=searching))
-            if now - e.created < self.kept_days.get(e.id, 45.0) * DAY
+            if now - e.created < self.kept_days[e.id] * DAY
         ]
 
     @staticmethod
